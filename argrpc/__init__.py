@@ -1,0 +1,14 @@
+"""argrpc: drop-in shared-memory/RDMA accelerated transport for Python gRPC services.
+
+Swap ``grpc.insecure_channel``/``grpc.secure_channel`` for ``argrpc.insecure_channel``/
+``argrpc.secure_channel`` and ``grpc.server`` for ``argrpc.server``; generated stubs and
+servicers stay unchanged. Everything else (status codes, ``grpc.RpcError``,
+interceptors...) is still imported from ``grpc``.
+"""
+
+from ._channel import Channel, insecure_channel, secure_channel
+from ._server import server
+
+__version__ = "0.1.0"
+
+__all__ = ["Channel", "__version__", "insecure_channel", "secure_channel", "server"]

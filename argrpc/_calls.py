@@ -1,0 +1,729 @@
+"""Client multicallables and call objects.
+
+Every multicallable decides per call (after the channel negotiated) whether the call
+goes over the shm ``_core.Connection`` or to the real grpc multicallable it wraps. On the
+shm path:
+
+* blocking unary-unary is one ``conn.unary(...)``: no thread, queue or lock (DESIGN.md:
+  every Python hand-off costs 15-100 us here);
+* everything else uses a ``_core.ClientCall`` wrapped in ``_Call``, which is an iterator,
+  a ``grpc.Call`` and a ``grpc.Future`` like grpc's ``_MultiThreadedRendezvous``. Waits
+  happen inside the engine with the GIL released.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import threading
+import time
+import types
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+
+import grpc
+
+from ._errors import (_RpcError, code_from_int, local_error, rpc_state_string,
+                      status_error)
+from ._metadata import InvalidMetadataError, from_core, to_core
+
+if TYPE_CHECKING:
+    from ._channel import Channel
+
+__all__ = ["StreamStream", "StreamUnary", "UnaryStream", "UnaryUnary"]
+
+_LOGGER = logging.getLogger("argrpc")
+
+_OK = grpc.StatusCode.OK
+_CANCELLED = grpc.StatusCode.CANCELLED
+_UNKNOWN = grpc.StatusCode.UNKNOWN
+_INTERNAL = grpc.StatusCode.INTERNAL
+_RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
+_UNAVAILABLE_INT = grpc.StatusCode.UNAVAILABLE.value[0]
+
+_SERIALIZE_FAILED = "Exception serializing request!"
+_DESERIALIZE_FAILED = "Exception deserializing response!"
+_ITERATE_FAILED = "Exception iterating requests!"
+_LOCAL_CANCEL = "Locally cancelled by application!"
+_GC_CANCEL = "Cancelled upon garbage collection!"
+# grpc 1.85 reports in-flight calls of a closed channel as CANCELLED with this text.
+CHANNEL_CLOSED = "Stream removed (Channel closed!)"
+
+
+def _nbytes(payload: Any) -> int:
+    if isinstance(payload, bytes):
+        return len(payload)
+    return memoryview(payload).nbytes
+
+
+def _too_large(n: int, limit: int) -> _RpcError:
+    details = f"CLIENT: Sent message larger than max ({n} vs. {limit})"
+    return local_error(_RESOURCE_EXHAUSTED, details, f"RESOURCE_EXHAUSTED:{details}")
+
+
+def _core_metadata(metadata: Any) -> list:
+    try:
+        return to_core(metadata)
+    except InvalidMetadataError as e:
+        _LOGGER.error("%s", e)
+        raise local_error(_INTERNAL, "Invalid metadata", "") from None
+
+
+def _deadline(timeout: Optional[float]) -> Optional[float]:
+    return None if timeout is None else time.time() + timeout
+
+
+def _map_status(channel: "Channel", code: int, details: str) -> tuple[grpc.StatusCode, str]:
+    # The engine ends every call of a closed connection UNAVAILABLE; if it was our
+    # close(), grpc's answer is CANCELLED.
+    if code == _UNAVAILABLE_INT and channel._closed:
+        return _CANCELLED, CHANNEL_CLOSED
+    return code_from_int(code, details)
+
+
+def _status_exception(channel: "Channel", code: int, details: str, imd: Any, tmd: Any) -> _RpcError:
+    if code == _UNAVAILABLE_INT and channel._closed:
+        return local_error(_CANCELLED, CHANNEL_CLOSED, f"CANCELLED:{CHANNEL_CLOSED}")
+    return status_error(code, details, imd, tmd)
+
+
+class _CompletedCall(grpc.Call, grpc.Future):
+    """The ``grpc.Call`` that ``with_call`` returns next to an OK response."""
+
+    __slots__ = ("_imd", "_tmd", "_details", "_response", "_deadline")
+
+    def __init__(self, imd: Any, tmd: Any, details: str, response: Any,
+                 deadline: Optional[float]) -> None:
+        self._imd = imd  # engine form; converted on first access (usually never)
+        self._tmd = tmd
+        self._details = details
+        self._response = response
+        self._deadline = deadline
+
+    def initial_metadata(self) -> tuple:
+        if not isinstance(self._imd, tuple):
+            self._imd = from_core(self._imd)
+        return self._imd
+
+    def trailing_metadata(self) -> tuple:
+        if not isinstance(self._tmd, tuple):
+            self._tmd = from_core(self._tmd)
+        return self._tmd
+
+    def code(self) -> grpc.StatusCode:
+        return _OK
+
+    def details(self) -> str:
+        return self._details
+
+    def debug_error_string(self) -> Optional[str]:
+        return None
+
+    def is_active(self) -> bool:
+        return False
+
+    def time_remaining(self) -> Optional[float]:
+        if self._deadline is None:
+            return None
+        return max(self._deadline - time.time(), 0)
+
+    def add_callback(self, callback: Callable[[], None]) -> bool:
+        return False
+
+    def cancel(self) -> bool:
+        return False
+
+    def cancelled(self) -> bool:
+        return False
+
+    def running(self) -> bool:
+        return False
+
+    def done(self) -> bool:
+        return True
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        return self._response
+
+    def exception(self, timeout: Optional[float] = None) -> None:
+        return None
+
+    def traceback(self, timeout: Optional[float] = None) -> None:
+        return None
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        fn(self)
+
+    def __repr__(self) -> str:
+        return rpc_state_string("_MultiThreadedRendezvous", _OK, self._details, None)
+
+    __str__ = __repr__
+
+
+class DoneWatcher:
+    """One lazily started daemon thread per channel that completes calls with callbacks.
+
+    The engine has no completion callback and can wait on one call at a time, so the
+    thread waits (GIL released) on the oldest watched call in short slices and polls the
+    others with ``done()`` between slices. Only calls with pending callbacks are watched,
+    so the hot paths never touch this.
+    """
+
+    _IDLE_EXIT_S = 10.0
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition(threading.Lock())
+        self._calls: list[_Call] = []
+        self._thread: Optional[threading.Thread] = None
+        self._closed = False
+
+    def watch(self, call: "_Call") -> None:
+        with self._cv:
+            if call in self._calls:
+                return
+            self._calls.append(call)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="argrpc-callbacks",
+                                                daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def close(self, timeout: float = 2.0) -> None:
+        with self._cv:
+            self._closed = True
+            thread = self._thread
+            self._cv.notify()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._calls:
+                    if self._closed:
+                        self._thread = None
+                        return
+                    if not self._cv.wait(self._IDLE_EXIT_S) and not self._calls:
+                        self._thread = None
+                        return
+                calls = list(self._calls)
+            finished = [c for c in calls if c._poll()]
+            if finished:
+                with self._cv:
+                    self._calls = [c for c in self._calls if c not in finished]
+                continue
+            # Waiting in the engine on one call wakes us the moment it ends; the slice
+            # bounds how late the others (and newly watched calls) are noticed.
+            calls[0]._core.status(0.005 if len(calls) == 1 else 0.001)
+
+
+class _Call(grpc.RpcError, grpc.Call, grpc.Future):
+    """A shm call in progress: iterator + ``grpc.Call`` + ``grpc.Future``."""
+
+    def __init__(self, channel: "Channel", core: Any, deserializer: Optional[Callable],
+                 unary_response: bool, deadline: Optional[float]) -> None:
+        super().__init__()
+        self._channel = channel
+        self._core = core
+        self._deser = deserializer
+        self._unary = unary_response
+        self._deadline = deadline
+        self._lock = threading.Lock()
+        self._code: Optional[grpc.StatusCode] = None
+        self._details: Optional[str] = None
+        self._debug: Optional[str] = None
+        self._imd: Optional[tuple] = None
+        self._tmd: Optional[tuple] = None
+        self._response: Any = None
+        self._cancelled = False
+        self._callbacks: Optional[list[Callable[[], None]]] = []
+        # Set by the request-consumer thread when it ends the call itself, so the status
+        # is grpc's even if the engine reports its cancel differently.
+        self.override: list = [None]
+
+    # ------------------------------------------------------------------ completion
+    def _complete(self, status: tuple) -> None:
+        """Record the engine's final status (once) and run callbacks."""
+        with self._lock:
+            if self._code is not None:
+                return
+            code_int, details, tmd = status
+            override = self.override[0]
+            if override is not None:
+                code, details = override
+                self._debug = None
+                self._tmd = ()
+            else:
+                code, details = _map_status(self._channel, code_int, details)
+                self._debug = None if code is _OK else f"{code.name}:{details}"
+                self._tmd = from_core(tmd)
+            if code is _OK and self._unary:
+                message = self._core.recv()  # buffered: the call has ended
+                if message is not None and self._deser is not None:
+                    try:
+                        message = self._deser(message)
+                    except Exception:  # noqa: BLE001 - user code: any failure is a status
+                        _LOGGER.exception("Exception deserializing message!")
+                        code, details, self._debug = _INTERNAL, _DESERIALIZE_FAILED, None
+                        message = None
+                self._response = message
+            self._code = code
+            self._details = details
+            callbacks, self._callbacks = self._callbacks, None
+        self._run_callbacks(callbacks)
+
+    def _complete_locally(self, code: grpc.StatusCode, details: str, cancelled: bool,
+                          force: bool = False) -> bool:
+        """End the call here with our own status (engine call already cancelled).
+
+        ``force`` replaces an OK status too: a response that cannot be deserialized is an
+        error even when the stream had already ended well.
+        """
+        with self._lock:
+            if self._code is not None:
+                if force and self._code is _OK:
+                    self._code, self._details, self._debug = code, details, None
+                return False
+            self._code, self._details, self._debug = code, details, None
+            self._tmd = ()
+            self._cancelled = cancelled
+            callbacks, self._callbacks = self._callbacks, None
+        self._run_callbacks(callbacks)
+        return True
+
+    @staticmethod
+    def _run_callbacks(callbacks: Optional[list]) -> None:
+        for callback in callbacks or ():
+            try:
+                callback()
+            except Exception as e:  # noqa: BLE001 - grpc logs and goes on
+                _LOGGER.error("Exception in callback %r: %r", callback, e)
+
+    def _poll(self) -> bool:
+        """True if the call ended (completing it if the engine says so)."""
+        if self._code is not None:
+            return True
+        if self._core.done():
+            status = self._core.status(0)
+            if status is not None:
+                self._complete(status)
+                return True
+        return False
+
+    def _wait(self, timeout: Optional[float]) -> bool:
+        if self._code is not None:
+            return True
+        status = self._core.status(timeout)
+        if status is None:
+            return self._code is not None
+        self._complete(status)
+        return True
+
+    def _error(self) -> _RpcError:
+        return _RpcError(self._code, self._details, self.initial_metadata(),
+                         self._tmd or (), self._debug)
+
+    # ------------------------------------------------------------------ grpc.Call
+    def initial_metadata(self) -> tuple:
+        imd = self._imd
+        if imd is None:
+            raw = self._core.initial_metadata()  # waits for headers or the end
+            imd = self._imd = from_core(raw) if raw is not None else ()
+        return imd
+
+    def trailing_metadata(self) -> tuple:
+        self._wait(None)
+        return self._tmd
+
+    def code(self) -> grpc.StatusCode:
+        self._wait(None)
+        return self._code
+
+    def details(self) -> str:
+        self._wait(None)
+        return self._details
+
+    def debug_error_string(self) -> Optional[str]:
+        self._wait(None)
+        return self._debug
+
+    # ------------------------------------------------------------------ grpc.RpcContext
+    def is_active(self) -> bool:
+        return not self._poll()
+
+    def time_remaining(self) -> Optional[float]:
+        if self._deadline is None:
+            return None
+        return max(self._deadline - time.time(), 0)
+
+    def cancel(self) -> bool:
+        if self._code is not None:
+            return False
+        if not self._core.cancel(_CANCELLED.value[0], _LOCAL_CANCEL):
+            self._poll()  # it ended on its own first
+            return False
+        return self._complete_locally(_CANCELLED, _LOCAL_CANCEL, cancelled=True)
+
+    def _add(self, callback: Callable[[], None]) -> bool:
+        with self._lock:
+            if self._callbacks is None:
+                return False
+            self._callbacks.append(callback)
+        self._channel._watcher.watch(self)
+        return True
+
+    def add_callback(self, callback: Callable[[], None]) -> bool:
+        self._poll()
+        return self._add(callback)
+
+    # ------------------------------------------------------------------ grpc.Future
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def running(self) -> bool:
+        return not self._poll()
+
+    def done(self) -> bool:
+        return self._poll()
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        if not self._wait(timeout):
+            raise grpc.FutureTimeoutError()
+        if self._code is _OK:
+            return self._response
+        if self._cancelled:
+            raise grpc.FutureCancelledError()
+        raise self
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        if not self._wait(timeout):
+            raise grpc.FutureTimeoutError()
+        if self._code is _OK:
+            return None
+        if self._cancelled:
+            raise grpc.FutureCancelledError()
+        return self
+
+    def traceback(self, timeout: Optional[float] = None) -> Optional[types.TracebackType]:
+        if not self._wait(timeout):
+            raise grpc.FutureTimeoutError()
+        if self._code is _OK:
+            return None
+        if self._cancelled:
+            raise grpc.FutureCancelledError()
+        try:
+            raise self
+        except grpc.RpcError:
+            return sys.exc_info()[2]
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        if not self._poll() and self._add(functools.partial(fn, self)):
+            return
+        fn(self)
+
+    # ------------------------------------------------------------------ iterator
+    def __iter__(self) -> "_Call":
+        return self
+
+    def __next__(self) -> Any:
+        return self._next()
+
+    def next(self) -> Any:
+        return self._next()
+
+    def _next(self) -> Any:
+        code = self._code
+        if code is not None and code is not _OK:
+            raise self
+        message = self._core.recv()  # GIL released while waiting
+        if message is None:
+            self._wait(None)
+            if self._code is _OK:
+                raise StopIteration()
+            raise self
+        if self._deser is None:
+            return message
+        try:
+            return self._deser(message)
+        except Exception:  # noqa: BLE001 - user code: any failure is a status
+            _LOGGER.exception("Exception deserializing message!")
+        self._core.cancel(_INTERNAL.value[0], _DESERIALIZE_FAILED)
+        self._complete_locally(_INTERNAL, _DESERIALIZE_FAILED, cancelled=False, force=True)
+        raise self
+
+    # ------------------------------------------------------------------ misc
+    def __repr__(self) -> str:
+        return rpc_state_string("_MultiThreadedRendezvous", self._code, self._details,
+                                self._debug)
+
+    __str__ = __repr__
+
+    def __del__(self) -> None:
+        # grpc cancels an abandoned call so the server stops producing for nobody.
+        try:
+            if self._code is None and not self._core.done():
+                self._core.cancel(_CANCELLED.value[0], _GC_CANCEL)
+        except Exception:  # noqa: BLE001 - interpreter shutdown, engine gone...
+            pass
+
+
+def _consume_requests(core: Any, request_iterator: Any, serializer: Optional[Callable],
+                      max_send: int, override: list) -> None:
+    """Feed the request iterator into the call on a daemon thread, then half-close.
+
+    The thread holds the engine call and the override slot, not the ``_Call``, so an
+    abandoned ``_Call`` can still be garbage-collected (and cancelled).
+    """
+
+    def fail(code: grpc.StatusCode, details: str) -> None:
+        override[0] = (code, details)
+        if not core.cancel(code.value[0], details):
+            override[0] = None  # the call had already ended: its own status stands
+
+    def run() -> None:
+        try:
+            iterator = iter(request_iterator)
+        except Exception:  # noqa: BLE001
+            _LOGGER.exception(_ITERATE_FAILED)
+            fail(_UNKNOWN, _ITERATE_FAILED)
+            return
+        while True:
+            try:
+                request = next(iterator)
+            except StopIteration:
+                break
+            except Exception:  # noqa: BLE001 - user code
+                _LOGGER.exception(_ITERATE_FAILED)
+                fail(_UNKNOWN, _ITERATE_FAILED)
+                return
+            if core.done():
+                return
+            try:
+                payload = request if serializer is None else serializer(request)
+            except Exception:  # noqa: BLE001 - user code
+                _LOGGER.exception("Exception serializing message!")
+                fail(_INTERNAL, _SERIALIZE_FAILED)
+                return
+            if max_send >= 0:
+                n = _nbytes(payload)
+                if n > max_send:
+                    err = _too_large(n, max_send)
+                    fail(err.code(), err.details())
+                    return
+            if not core.send(payload):
+                return
+        core.half_close()
+
+    threading.Thread(target=run, name="argrpc-requests", daemon=True).start()
+
+
+class _MultiCallable:
+    __slots__ = ("_channel", "_method", "_ser", "_deser", "_grpc", "_max_send", "_raw_send")
+
+    def __init__(self, channel: "Channel", method: str, serializer: Optional[Callable],
+                 deserializer: Optional[Callable], grpc_callable: Any) -> None:
+        self._channel = channel
+        self._method = method.decode("ascii") if isinstance(method, bytes) else method
+        self._ser = serializer
+        self._deser = deserializer
+        self._grpc = grpc_callable
+        self._max_send = channel._max_send
+        # No serializer and no send limit: the request object goes to the engine as is.
+        self._raw_send = serializer is None and self._max_send < 0
+
+    def _serialize(self, request: Any) -> Any:
+        if self._ser is None:
+            payload = request
+        else:
+            try:
+                payload = self._ser(request)
+            except Exception:  # noqa: BLE001 - user code: any failure is a status
+                _LOGGER.exception("Exception serializing message!")
+                payload = _SERIALIZE_ERROR
+            if payload is _SERIALIZE_ERROR:
+                raise local_error(_INTERNAL, _SERIALIZE_FAILED)
+        if self._max_send >= 0:
+            n = _nbytes(payload)
+            if n > self._max_send:
+                raise _too_large(n, self._max_send)
+        return payload
+
+    def _start(self, conn: Any, metadata: Any, timeout: Optional[float],
+               unary_response: bool) -> _Call:
+        core = conn.start_call(self._method, _core_metadata(metadata), timeout)
+        return _Call(self._channel, core, self._deser, unary_response, _deadline(timeout))
+
+    def _start_unary_request(self, conn: Any, request: Any, metadata: Any,
+                             timeout: Optional[float], unary_response: bool) -> _Call:
+        payload = self._serialize(request)
+        call = self._start(conn, metadata, timeout, unary_response)
+        call._core.send(payload)  # False means it already ended: the status says why
+        call._core.half_close()
+        return call
+
+    def _start_stream_request(self, conn: Any, request_iterator: Any, metadata: Any,
+                              timeout: Optional[float], unary_response: bool) -> _Call:
+        call = self._start(conn, metadata, timeout, unary_response)
+        _consume_requests(call._core, request_iterator, self._ser, self._max_send,
+                          call.override)
+        return call
+
+
+_SERIALIZE_ERROR = object()
+
+
+class UnaryUnary(_MultiCallable, grpc.UnaryUnaryMultiCallable):
+    __slots__ = ()
+
+    def __call__(self, request: Any, timeout: Optional[float] = None, metadata: Any = None,
+                 credentials: Optional[grpc.CallCredentials] = None,
+                 wait_for_ready: Optional[bool] = None,
+                 compression: Optional[grpc.Compression] = None) -> Any:
+        channel = self._channel
+        conn = channel._fast
+        if conn is None or credentials is not None or not conn.alive:
+            conn, timeout = channel._route(timeout, wait_for_ready, credentials)
+            if conn is None:
+                return self._grpc(request, timeout=timeout, metadata=metadata,
+                                  credentials=credentials, wait_for_ready=wait_for_ready,
+                                  compression=compression)
+        payload = request if self._raw_send else self._serialize(request)
+        code, details, imd, tmd, response = conn.unary(
+            self._method, _core_metadata(metadata) if metadata else [], timeout, payload)
+        if code != 0:
+            raise _status_exception(channel, code, details, imd, tmd)
+        if self._deser is None or response is None:
+            return response
+        try:
+            return self._deser(response)
+        except Exception:  # noqa: BLE001 - user code: any failure is a status
+            _LOGGER.exception("Exception deserializing message!")
+        raise local_error(_INTERNAL, _DESERIALIZE_FAILED)
+
+    def with_call(self, request: Any, timeout: Optional[float] = None, metadata: Any = None,
+                  credentials: Optional[grpc.CallCredentials] = None,
+                  wait_for_ready: Optional[bool] = None,
+                  compression: Optional[grpc.Compression] = None) -> tuple[Any, grpc.Call]:
+        channel = self._channel
+        conn = channel._fast
+        if conn is None or credentials is not None or not conn.alive:
+            conn, timeout = channel._route(timeout, wait_for_ready, credentials)
+            if conn is None:
+                return self._grpc.with_call(request, timeout=timeout, metadata=metadata,
+                                            credentials=credentials,
+                                            wait_for_ready=wait_for_ready,
+                                            compression=compression)
+        payload = self._serialize(request)
+        code, details, imd, tmd, response = conn.unary(
+            self._method, _core_metadata(metadata), timeout, payload)
+        if code != 0:
+            raise _status_exception(channel, code, details, imd, tmd)
+        if self._deser is not None and response is not None:
+            try:
+                response = self._deser(response)
+            except Exception:  # noqa: BLE001 - user code: any failure is a status
+                _LOGGER.exception("Exception deserializing message!")
+                response = _SERIALIZE_ERROR
+            if response is _SERIALIZE_ERROR:
+                raise local_error(_INTERNAL, _DESERIALIZE_FAILED)
+        return response, _CompletedCall(imd, tmd, details, response, _deadline(timeout))
+
+    def future(self, request: Any, timeout: Optional[float] = None, metadata: Any = None,
+               credentials: Optional[grpc.CallCredentials] = None,
+               wait_for_ready: Optional[bool] = None,
+               compression: Optional[grpc.Compression] = None) -> Any:
+        channel = self._channel
+        try:
+            conn, timeout = channel._route(timeout, wait_for_ready, credentials)
+        except _RpcError as e:
+            return e
+        if conn is None:
+            return self._grpc.future(request, timeout=timeout, metadata=metadata,
+                                     credentials=credentials, wait_for_ready=wait_for_ready,
+                                     compression=compression)
+        return self._start_unary_request(conn, request, metadata, timeout, True)
+
+
+class UnaryStream(_MultiCallable, grpc.UnaryStreamMultiCallable):
+    __slots__ = ()
+
+    def __call__(self, request: Any, timeout: Optional[float] = None, metadata: Any = None,
+                 credentials: Optional[grpc.CallCredentials] = None,
+                 wait_for_ready: Optional[bool] = None,
+                 compression: Optional[grpc.Compression] = None) -> Any:
+        try:
+            conn, timeout = self._channel._route(timeout, wait_for_ready, credentials)
+        except _RpcError as e:
+            return e
+        if conn is None:
+            return self._grpc(request, timeout=timeout, metadata=metadata,
+                              credentials=credentials, wait_for_ready=wait_for_ready,
+                              compression=compression)
+        return self._start_unary_request(conn, request, metadata, timeout, False)
+
+
+class StreamUnary(_MultiCallable, grpc.StreamUnaryMultiCallable):
+    __slots__ = ()
+
+    def _blocking(self, conn: Any, request_iterator: Any, timeout: Optional[float],
+                  metadata: Any) -> tuple[Any, _Call]:
+        call = self._start_stream_request(conn, request_iterator, metadata, timeout, True)
+        call._wait(None)
+        if call._code is _OK:
+            return call._response, call
+        raise call._error()
+
+    def __call__(self, request_iterator: Iterator[Any], timeout: Optional[float] = None,
+                 metadata: Any = None, credentials: Optional[grpc.CallCredentials] = None,
+                 wait_for_ready: Optional[bool] = None,
+                 compression: Optional[grpc.Compression] = None) -> Any:
+        conn, timeout = self._channel._route(timeout, wait_for_ready, credentials)
+        if conn is None:
+            return self._grpc(request_iterator, timeout=timeout, metadata=metadata,
+                              credentials=credentials, wait_for_ready=wait_for_ready,
+                              compression=compression)
+        return self._blocking(conn, request_iterator, timeout, metadata)[0]
+
+    def with_call(self, request_iterator: Iterator[Any], timeout: Optional[float] = None,
+                  metadata: Any = None, credentials: Optional[grpc.CallCredentials] = None,
+                  wait_for_ready: Optional[bool] = None,
+                  compression: Optional[grpc.Compression] = None) -> tuple[Any, grpc.Call]:
+        conn, timeout = self._channel._route(timeout, wait_for_ready, credentials)
+        if conn is None:
+            return self._grpc.with_call(request_iterator, timeout=timeout, metadata=metadata,
+                                        credentials=credentials,
+                                        wait_for_ready=wait_for_ready,
+                                        compression=compression)
+        return self._blocking(conn, request_iterator, timeout, metadata)
+
+    def future(self, request_iterator: Iterator[Any], timeout: Optional[float] = None,
+               metadata: Any = None, credentials: Optional[grpc.CallCredentials] = None,
+               wait_for_ready: Optional[bool] = None,
+               compression: Optional[grpc.Compression] = None) -> Any:
+        try:
+            conn, timeout = self._channel._route(timeout, wait_for_ready, credentials)
+        except _RpcError as e:
+            return e
+        if conn is None:
+            return self._grpc.future(request_iterator, timeout=timeout, metadata=metadata,
+                                     credentials=credentials, wait_for_ready=wait_for_ready,
+                                     compression=compression)
+        return self._start_stream_request(conn, request_iterator, metadata, timeout, True)
+
+
+class StreamStream(_MultiCallable, grpc.StreamStreamMultiCallable):
+    __slots__ = ()
+
+    def __call__(self, request_iterator: Iterator[Any], timeout: Optional[float] = None,
+                 metadata: Any = None, credentials: Optional[grpc.CallCredentials] = None,
+                 wait_for_ready: Optional[bool] = None,
+                 compression: Optional[grpc.Compression] = None) -> Any:
+        try:
+            conn, timeout = self._channel._route(timeout, wait_for_ready, credentials)
+        except _RpcError as e:
+            return e
+        if conn is None:
+            return self._grpc(request_iterator, timeout=timeout, metadata=metadata,
+                              credentials=credentials, wait_for_ready=wait_for_ready,
+                              compression=compression)
+        return self._start_stream_request(conn, request_iterator, metadata, timeout, False)

@@ -1,0 +1,239 @@
+"""``argrpc.Channel``: a ``grpc.Channel`` that uses shared memory when the server can.
+
+The channel always holds a real grpc channel: it carries the bootstrap RPC, every call
+when the fast path is not possible, and ``subscribe`` (so ``grpc.channel_ready_future``
+works). The transport is negotiated lazily on the first call; the multicallables read
+``_fast`` (the live shm connection, or None) without a lock on every call.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Optional
+
+import grpc
+
+from . import _config
+from ._calls import DoneWatcher, StreamStream, StreamUnary, UnaryStream, UnaryUnary
+from ._errors import local_error
+
+__all__ = ["Channel", "insecure_channel", "secure_channel"]
+
+_LOGGER = logging.getLogger("argrpc")
+
+_NEGOTIATION_TIMEOUT_S = 5.0
+_RETRY_INTERVAL_S = 1.0
+
+# negotiation states
+_NEW = "new"          # not negotiated (or the shm connection died): negotiate on next call
+_SHM = "shm"          # _fast holds the connection
+_GRPC = "grpc"        # settled on grpc for the channel's lifetime
+_RETRY = "retry"      # server unreachable: grpc (or forced error) until _next_try
+_FORCED = "forced"    # TF_RDMA_TRANSPORT forces an impossible transport: calls fail
+
+
+class Channel(grpc.Channel):
+    """Drop-in for the channel ``grpc.insecure_channel``/``grpc.secure_channel`` return."""
+
+    def __init__(self, target: str, credentials: Optional[grpc.ChannelCredentials] = None,
+                 options: Any = None, compression: Optional[grpc.Compression] = None) -> None:
+        # Bad configuration is the caller's error, raised before anything is created.
+        self._cfg = _config.load(options)
+        grpc_options, _ = _config.split_options(options)
+        self._secure = credentials is not None
+        if credentials is None:
+            self._grpc = grpc.insecure_channel(target, grpc_options, compression)
+        else:
+            self._grpc = grpc.secure_channel(target, credentials, grpc_options, compression)
+        self._target = target
+        self._max_recv = _config.max_receive_length(grpc_options)
+        self._max_send = _config.max_send_length(grpc_options)
+        self._lock = threading.Lock()
+        self._fast: Any = None
+        self._state = _NEW
+        self._reason = ""
+        self._forced_error = ""
+        self._next_try = 0.0
+        self._logged = False
+        self._closed = False
+        self._watcher = DoneWatcher()
+
+    # ------------------------------------------------------------------ routing
+    def _route(self, timeout: Optional[float], wait_for_ready: Optional[bool],
+               credentials: Any = None) -> tuple[Any, Optional[float]]:
+        """Return (shm connection or None for grpc, the call's remaining timeout).
+
+        Raises the UNAVAILABLE RpcError when a forced transport is impossible.
+        """
+        if credentials is not None or self._closed or self._state == _GRPC:
+            # Call credentials are grpc plugins: only the grpc path can apply them.
+            return None, timeout
+        fast = self._fast
+        if fast is not None and fast.alive:
+            return fast, timeout
+        start = time.monotonic()
+        with self._lock:
+            fast = self._fast
+            if fast is not None and not fast.alive:
+                self._fast = None
+                self._state = _NEW
+                _LOGGER.info("argrpc: shm connection to %s lost (%s); renegotiating",
+                             self._target, fast.error or "closed")
+                try:
+                    fast.close()
+                except Exception:  # noqa: BLE001 - already dead; nothing to release
+                    pass
+                fast = None
+            if fast is None and not self._closed:
+                if self._state == _NEW or (self._state in (_RETRY, _FORCED)
+                                           and time.monotonic() >= self._next_try):
+                    self._negotiate_locked(timeout, wait_for_ready)
+                fast = self._fast
+            forced = self._forced_error if fast is None else ""
+        if forced:
+            raise local_error(grpc.StatusCode.UNAVAILABLE, forced, f"UNAVAILABLE:{forced}")
+        if fast is not None and timeout is not None:
+            timeout = max(0.0, timeout - (time.monotonic() - start))
+        return fast, timeout
+
+    def _negotiate_locked(self, timeout: Optional[float], wait_for_ready: Optional[bool]) -> None:
+        neg_timeout = _NEGOTIATION_TIMEOUT_S if timeout is None else timeout
+        try:
+            from . import _bootstrap  # late: needs the proto and engine modules
+
+            neg = _bootstrap.negotiate(self._grpc, self._cfg, self._max_recv,
+                                       timeout=neg_timeout, wait_for_ready=bool(wait_for_ready),
+                                       secure=self._secure)
+            transport, conn = neg.transport, neg.connection
+            reason, retryable, forced = neg.reason, neg.retryable, neg.forced_error
+        except Exception as e:  # noqa: BLE001 - negotiation must never break a call
+            _LOGGER.warning("argrpc: negotiation failed unexpectedly", exc_info=True)
+            transport, conn, reason, retryable, forced = "grpc", None, f"negotiation failed: {e}", False, ""
+        if transport == "shm" and conn is not None:
+            if self._closed:  # close() ran while we negotiated
+                conn.close()
+                return
+            self._fast = conn
+            self._state = _SHM
+            self._reason = ""
+            self._forced_error = ""
+            return
+        if conn is not None:
+            conn.close()
+        self._reason = reason or "no fast transport"
+        self._forced_error = forced
+        if retryable:
+            self._state = _RETRY
+            self._next_try = time.monotonic() + _RETRY_INTERVAL_S
+        elif forced:
+            self._state = _FORCED
+            self._next_try = float("inf")
+        else:
+            self._state = _GRPC
+        if not self._logged:
+            self._logged = True
+            level = logging.WARNING if forced or self._cfg.transport not in ("auto", "grpc") \
+                else logging.INFO
+            _LOGGER.log(level, "argrpc: channel to %s uses plain gRPC: %s%s", self._target,
+                        forced or self._reason, " (will retry)" if retryable else "")
+
+    def _ensure_negotiated(self) -> None:
+        try:
+            self._route(_NEGOTIATION_TIMEOUT_S, False)
+        except grpc.RpcError:
+            pass  # forced error: reported by fallback_reason and by every call
+
+    @property
+    def transport(self) -> str:
+        """"shm" or "grpc" (negotiates first if needed, at most 5 s)."""
+        self._ensure_negotiated()
+        return "shm" if self._fast is not None else "grpc"
+
+    @property
+    def fallback_reason(self) -> str:
+        """Why the channel is not on a fast transport ("" when it is)."""
+        self._ensure_negotiated()
+        if self._fast is not None:
+            return ""
+        return self._forced_error or self._reason
+
+    # ------------------------------------------------------------------ grpc.Channel
+    def subscribe(self, callback: Callable[[grpc.ChannelConnectivity], None],
+                  try_to_connect: bool = False) -> None:
+        self._grpc.subscribe(callback, try_to_connect=try_to_connect)
+
+    def unsubscribe(self, callback: Callable[[grpc.ChannelConnectivity], None]) -> None:
+        self._grpc.unsubscribe(callback)
+
+    def unary_unary(self, method: str, request_serializer: Optional[Callable] = None,
+                    response_deserializer: Optional[Callable] = None,
+                    _registered_method: Optional[bool] = False) -> UnaryUnary:
+        return UnaryUnary(self, method, request_serializer, response_deserializer,
+                          self._grpc.unary_unary(method, request_serializer,
+                                                 response_deserializer, _registered_method))
+
+    def unary_stream(self, method: str, request_serializer: Optional[Callable] = None,
+                     response_deserializer: Optional[Callable] = None,
+                     _registered_method: Optional[bool] = False) -> UnaryStream:
+        return UnaryStream(self, method, request_serializer, response_deserializer,
+                           self._grpc.unary_stream(method, request_serializer,
+                                                   response_deserializer, _registered_method))
+
+    def stream_unary(self, method: str, request_serializer: Optional[Callable] = None,
+                     response_deserializer: Optional[Callable] = None,
+                     _registered_method: Optional[bool] = False) -> StreamUnary:
+        return StreamUnary(self, method, request_serializer, response_deserializer,
+                           self._grpc.stream_unary(method, request_serializer,
+                                                   response_deserializer, _registered_method))
+
+    def stream_stream(self, method: str, request_serializer: Optional[Callable] = None,
+                      response_deserializer: Optional[Callable] = None,
+                      _registered_method: Optional[bool] = False) -> StreamStream:
+        return StreamStream(self, method, request_serializer, response_deserializer,
+                            self._grpc.stream_stream(method, request_serializer,
+                                                     response_deserializer, _registered_method))
+
+    def close(self) -> None:
+        """Close the shm connection (in-flight calls end CANCELLED) and the grpc channel."""
+        with self._lock:  # waits for a negotiation in progress, so nothing is left open
+            self._closed = True
+            fast, self._fast = self._fast, None
+        if fast is not None:
+            fast.close()
+        self._watcher.close()
+        self._grpc.close()
+
+    def __enter__(self) -> "Channel":
+        return self
+
+    def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> bool:
+        self.close()
+        return False
+
+    def __del__(self) -> None:
+        # Without close() the engine would keep the connection (and the peer's resources).
+        try:
+            fast = self._fast
+            if fast is not None:
+                self._closed = True
+                self._fast = None
+                fast.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+def insecure_channel(target: str, options: Any = None,
+                     compression: Optional[grpc.Compression] = None) -> Channel:
+    """Like ``grpc.insecure_channel``; TF_RDMA_* options configure argrpc."""
+    return Channel(target, None, options, compression)
+
+
+def secure_channel(target: str, credentials: grpc.ChannelCredentials, options: Any = None,
+                   compression: Optional[grpc.Compression] = None) -> Channel:
+    """Like ``grpc.secure_channel``. The fast path is used over TLS only with
+    TF_RDMA_OVER_TLS=true (the shared-memory data path is not encrypted)."""
+    if credentials is None:
+        raise ValueError("secure_channel requires credentials (use insecure_channel)")
+    return Channel(target, credentials, options, compression)

@@ -1,0 +1,207 @@
+"""ServicerContext for calls that arrive over the fast path (a `_core.ServerCall`).
+
+Mirrors `grpc._server._Context`: same methods, same exceptions, same final-status rules.
+The state of one call lives in `_CallState`, shared by the context (user code), the
+handler runner (`_handlers.py`) and the server (cancellation watcher, stop()).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import grpc
+
+from . import _metadata
+
+_LOGGER = logging.getLogger(__name__)
+
+MetadataType = Sequence[tuple[str, Any]]
+
+# grpc reports INT64_MAX seconds as the deadline of a call that has none.
+_INFINITE_DEADLINE = float(2**63 - 1)
+
+
+class AbortError(Exception):
+    """Raised by `context.abort()`; grpc raises a bare `Exception` there, so user code
+    that catches `Exception` behaves the same with both servers."""
+
+
+class _CallState:
+    """Everything the handler may change about the outcome of one call."""
+
+    __slots__ = (
+        "sc",
+        "method",
+        "code",
+        "details",
+        "trailing_metadata",
+        "aborted",
+        "initial_metadata_sent",
+        "finished",
+        "rpc_errors",
+        "callbacks",
+        "lock",
+        "_invocation_metadata",
+    )
+
+    def __init__(self, sc: Any, method: str) -> None:
+        self.sc = sc
+        self.method = method
+        self.code: Optional[grpc.StatusCode] = None
+        self.details: Optional[str] = None
+        self.trailing_metadata: Optional[MetadataType] = None
+        self.aborted = False
+        self.initial_metadata_sent = False
+        # True once a status went out (or the call was given up): nothing else is sent.
+        self.finished = False
+        # RpcErrors we raised into user code because the call died; a handler that lets
+        # one escape must not be reported as an application exception.
+        self.rpc_errors: list[BaseException] = []
+        # None once the callbacks have been taken (run): add_callback then returns False.
+        self.callbacks: Optional[list[Callable[[], None]]] = []
+        # Guards `callbacks`: the worker (normal finish), the cancellation watcher and
+        # stop() may all try to run them; they must run exactly once.
+        self.lock = threading.Lock()
+        self._invocation_metadata: Optional[tuple] = None
+
+    def invocation_metadata(self) -> tuple:
+        # Converted lazily: the registered-method hot path never looks at it.
+        md = self._invocation_metadata
+        if md is None:
+            md = self._invocation_metadata = _metadata.from_core(self.sc.metadata)
+        return md
+
+    def raise_rpc_error(self) -> None:
+        error = grpc.RpcError()
+        self.rpc_errors.append(error)
+        raise error
+
+    def add_callback(self, callback: Callable[[], None]) -> bool:
+        with self.lock:
+            if self.callbacks is None:
+                return False
+            self.callbacks.append(callback)
+            return True
+
+    def run_callbacks(self) -> None:
+        with self.lock:
+            callbacks, self.callbacks = self.callbacks, None
+        if not callbacks:
+            return
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # user callback: report, keep going (as grpc does)
+                _LOGGER.exception("Exception calling callback!")
+
+
+class _ServicerContext(grpc.ServicerContext):
+    __slots__ = ("_state",)
+
+    def __init__(self, state: _CallState) -> None:
+        self._state = state
+
+    # --- RpcContext -----------------------------------------------------------------
+    def is_active(self) -> bool:
+        return self._state.sc.is_active()
+
+    def time_remaining(self) -> float:
+        remaining = self._state.sc.time_remaining()
+        if remaining is None:
+            # grpc's "no deadline" is an infinite-future deadline, not None: user code
+            # that compares the result must keep working.
+            return _INFINITE_DEADLINE - time.time()
+        return max(remaining, 0.0)
+
+    def cancel(self) -> None:
+        self._state.sc.cancel()
+
+    def add_callback(self, callback: Callable[[], None]) -> bool:
+        return self._state.add_callback(callback)
+
+    # --- ServicerContext ------------------------------------------------------------
+    def invocation_metadata(self) -> tuple:
+        return self._state.invocation_metadata()
+
+    def peer(self) -> str:
+        return self._state.sc.peer
+
+    def peer_identities(self) -> Optional[Sequence[bytes]]:
+        return None
+
+    def peer_identity_key(self) -> Optional[str]:
+        return None
+
+    def auth_context(self) -> Mapping[str, Sequence[bytes]]:
+        return {}
+
+    def set_compression(self, compression: grpc.Compression) -> None:
+        # Shared memory is not compressed; accepted so servicers written for grpc run.
+        pass
+
+    def disable_next_message_compression(self) -> None:
+        pass
+
+    def send_initial_metadata(self, initial_metadata: MetadataType) -> None:
+        state = self._state
+        if state.sc.cancelled:
+            state.raise_rpc_error()
+        if state.initial_metadata_sent or state.finished:
+            raise ValueError("Initial metadata no longer allowed!")
+        state.initial_metadata_sent = True
+        try:
+            md = _metadata.to_core(initial_metadata)
+        except (ValueError, TypeError) as exc:
+            # grpc does not raise here: its core fails the call with INTERNAL.
+            _LOGGER.error("invalid initial metadata: %s", exc)
+            state.finished = True
+            state.sc.finish(grpc.StatusCode.INTERNAL.value[0], "Invalid metadata", [], None)
+            return
+        state.sc.send_initial_metadata(md)
+
+    def set_trailing_metadata(self, trailing_metadata: MetadataType) -> None:
+        self._state.trailing_metadata = trailing_metadata
+
+    def trailing_metadata(self) -> Optional[MetadataType]:
+        return self._state.trailing_metadata
+
+    def abort(self, code: grpc.StatusCode, details: str) -> None:
+        # grpc treats abort(OK) as an application error: the call fails with UNKNOWN.
+        if code == grpc.StatusCode.OK:
+            _LOGGER.error("abort() called with StatusCode.OK; returning UNKNOWN")
+            code = grpc.StatusCode.UNKNOWN
+            details = ""
+        state = self._state
+        state.code = code
+        state.details = _text(details)
+        state.aborted = True
+        raise AbortError()
+
+    def abort_with_status(self, status: grpc.Status) -> None:
+        self._state.trailing_metadata = status.trailing_metadata
+        self.abort(status.code, status.details)
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self._state.code = code
+
+    def code(self) -> Optional[grpc.StatusCode]:
+        return self._state.code
+
+    def set_details(self, details: str) -> None:
+        self._state.details = _text(details)
+
+    def details(self) -> Optional[bytes]:
+        # grpc hands back the encoded form.
+        details = self._state.details
+        return None if details is None else details.encode("utf-8")
+
+
+def _text(details: Any) -> str:
+    if details is None:
+        return ""
+    if isinstance(details, bytes):
+        return details.decode("utf-8", "replace")
+    return str(details)

@@ -1,0 +1,150 @@
+"""The RpcError the shm path raises, shaped like grpc's ``_InactiveRpcError``.
+
+It is a ``grpc.RpcError`` and also a finished ``grpc.Call`` and ``grpc.Future`` (grpc's
+interceptor machinery relies on that: a continuation returns the error as the outcome).
+It is also an iterator that raises itself, so a streaming call that failed before it
+started can be handed back where an iterator-Call is expected, as grpc does.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any, Callable, Optional, Sequence
+
+import grpc
+
+from ._metadata import from_core
+
+__all__ = ["CODE_BY_INT", "RpcError", "_RpcError", "code_from_int", "status_error"]
+
+CODE_BY_INT: dict[int, grpc.StatusCode] = {c.value[0]: c for c in grpc.StatusCode}
+
+_OK_FORMAT = '<{} of RPC that terminated with:\n\tstatus = {}\n\tdetails = "{}"\n>'
+_NON_OK_FORMAT = (
+    '<{} of RPC that terminated with:\n\tstatus = {}\n\tdetails = "{}"\n'
+    '\tdebug_error_string = "{}"\n>'
+)
+
+
+def code_from_int(code: int, details: str) -> tuple[grpc.StatusCode, str]:
+    """Map an engine status integer to grpc's enum; unknown values become UNKNOWN like grpc."""
+    status = CODE_BY_INT.get(code)
+    if status is None:
+        return grpc.StatusCode.UNKNOWN, f'Server sent unknown code {code} and details "{details}"'
+    return status, details
+
+
+def rpc_state_string(class_name: str, code: Optional[grpc.StatusCode], details: Optional[str],
+                     debug: Optional[str]) -> str:
+    if code is None:
+        return f"<{class_name} object>"
+    if code is grpc.StatusCode.OK:
+        return _OK_FORMAT.format(class_name, code, details)
+    return _NON_OK_FORMAT.format(class_name, code, details, debug)
+
+
+class _RpcError(grpc.RpcError, grpc.Call, grpc.Future):
+    """A terminated RPC (non-OK status). Immutable once built."""
+
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        details: str,
+        initial_metadata: Sequence[Any] = (),
+        trailing_metadata: Sequence[Any] = (),
+        debug_error_string: Optional[str] = None,
+    ) -> None:
+        super().__init__()
+        self._code = code
+        self._details = details
+        self._initial_metadata = tuple(initial_metadata)
+        self._trailing_metadata = tuple(trailing_metadata)
+        self._debug_error_string = debug_error_string
+
+    # grpc.Call
+    def initial_metadata(self) -> tuple:
+        return self._initial_metadata
+
+    def trailing_metadata(self) -> tuple:
+        return self._trailing_metadata
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def debug_error_string(self) -> Optional[str]:
+        return self._debug_error_string
+
+    # grpc.RpcContext
+    def is_active(self) -> bool:
+        return False
+
+    def time_remaining(self) -> Optional[float]:
+        return None
+
+    def add_callback(self, callback: Callable[[], None]) -> bool:
+        return False
+
+    # grpc.Future
+    def cancel(self) -> bool:
+        return False
+
+    def cancelled(self) -> bool:
+        return False
+
+    def running(self) -> bool:
+        return False
+
+    def done(self) -> bool:
+        return True
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        raise self
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        return self
+
+    def traceback(self, timeout: Optional[float] = None) -> Optional[types.TracebackType]:
+        try:
+            raise self
+        except grpc.RpcError:
+            return sys.exc_info()[2]
+
+    def add_done_callback(self, fn: Callable[[Any], None], timeout: Optional[float] = None) -> None:
+        fn(self)
+
+    # iterator form (a streaming call that failed up front)
+    def __iter__(self) -> "_RpcError":
+        return self
+
+    def __next__(self) -> Any:
+        raise self
+
+    def next(self) -> Any:
+        raise self
+
+    def __repr__(self) -> str:
+        return rpc_state_string("_InactiveRpcError", self._code, self._details,
+                                self._debug_error_string)
+
+    __str__ = __repr__
+
+
+RpcError = _RpcError
+
+
+def status_error(code: int, details: str, initial_md: Any = None,
+                 trailing_md: Any = None) -> _RpcError:
+    """Build the error for a non-OK status coming from the engine (metadata in core form)."""
+    status, details = code_from_int(code, details)
+    return _RpcError(status, details, from_core(initial_md), from_core(trailing_md),
+                     f"{status.name}:{details}")
+
+
+def local_error(code: grpc.StatusCode, details: str,
+                debug_error_string: Optional[str] = None) -> _RpcError:
+    """An error decided in this process before/without the peer (serializer, limits...)."""
+    return _RpcError(code, details, (), (), debug_error_string)

@@ -1,0 +1,227 @@
+"""Run one `grpc.RpcMethodHandler` of any arity against a `_core.ServerCall`.
+
+Statuses and details strings follow `grpc._server` exactly, so a client cannot tell from
+the outcome whether the call went over gRPC or the fast path. Runs in the worker thread
+that accepted the call: no handoff.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Iterator, Optional
+
+import grpc
+
+from . import _metadata
+from ._context import _CallState, _ServicerContext
+
+_LOGGER = logging.getLogger(__name__)
+
+_OK = grpc.StatusCode.OK.value[0]
+_UNKNOWN = grpc.StatusCode.UNKNOWN.value[0]
+_INTERNAL = grpc.StatusCode.INTERNAL.value[0]
+_UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
+_RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+
+INVALID_METADATA = "Invalid metadata"
+
+# Sentinel: "no request; the call was already ended (or is dead)".
+_NO_REQUEST = object()
+
+
+def code_int(code: Any) -> int:
+    """grpc maps anything that is not a StatusCode to UNKNOWN."""
+    if isinstance(code, grpc.StatusCode):
+        return code.value[0]
+    return _UNKNOWN
+
+
+def _finish(state: _CallState, code: int, details: str, message: Any = None) -> None:
+    if state.finished:
+        return
+    state.finished = True
+    md = state.trailing_metadata
+    trailing: list = []
+    if md:
+        try:
+            trailing = _metadata.to_core(md)
+        except (ValueError, TypeError) as exc:
+            # grpc's core refuses the status batch; its client sees this.
+            _LOGGER.error("invalid trailing metadata: %s", exc)
+            code, details, message = _INTERNAL, INVALID_METADATA, None
+    state.sc.finish(code, details, trailing, message)
+
+
+def _finish_with_state(state: _CallState, default_code: int, default_details: str) -> None:
+    """grpc's `_abort`: a code/details the application set win over the defaults."""
+    code = default_code if state.code is None else code_int(state.code)
+    details = default_details if state.details is None else state.details
+    _finish(state, code, details)
+
+
+def _finish_ok(state: _CallState, message: Any) -> None:
+    code = _OK if state.code is None else code_int(state.code)
+    details = "" if state.details is None else state.details
+    # A response next to an error status is discarded by every client: don't ship it.
+    _finish(state, code, details, message if code == _OK else None)
+
+
+def _on_exception(state: _CallState, exc: BaseException, what: str) -> None:
+    if state.aborted:
+        _finish_with_state(state, _UNKNOWN, "RPC Aborted")
+        return
+    if exc in state.rpc_errors:
+        # We raised it because the call died; there is nobody to report to.
+        state.finished = True
+        return
+    try:
+        details = "{}: {}".format(what, exc)
+    except Exception:  # an exception whose __str__ raises
+        details = "Calling application raised unprintable Exception!"
+    _LOGGER.exception(details)
+    _finish_with_state(state, _UNKNOWN, details)
+
+
+def _deserialize(state: _CallState, raw: Any, deserializer: Optional[Callable]) -> Any:
+    if deserializer is None:
+        return raw
+    try:
+        request = deserializer(raw)
+    except Exception:
+        _LOGGER.exception("Exception deserializing message!")
+        request = None
+    if request is None:
+        # grpc treats a None result like a failure too.
+        _finish(state, _INTERNAL, "Exception deserializing request!")
+        return _NO_REQUEST
+    return request
+
+
+def _serialize(state: _CallState, response: Any, serializer: Optional[Callable],
+               max_send: int) -> Any:
+    """Returns the wire form (bytes or any buffer: passed on as is), or None on failure
+    (the call is then finished)."""
+    if serializer is None:
+        serialized = response
+    else:
+        try:
+            serialized = serializer(response)
+        except Exception:
+            _LOGGER.exception("Exception serializing message!")
+            serialized = None
+    if serialized is None:
+        _finish_with_state(state, _INTERNAL, "Failed to serialize response!")
+        return None
+    if max_send >= 0:
+        size = len(serialized) if type(serialized) is bytes else memoryview(serialized).nbytes
+        if size > max_send:
+            # grpc's exact text, "SERVER: " prefix included.
+            _finish(state, _RESOURCE_EXHAUSTED,
+                    "SERVER: Sent message larger than max ({} vs. {})".format(size, max_send))
+            return None
+    return serialized
+
+
+def _unary_request(state: _CallState, deserializer: Optional[Callable]) -> Any:
+    sc = state.sc
+    raw = sc.recv()
+    if raw is None:
+        if sc.cancelled or not sc.is_active():
+            state.finished = True
+            return _NO_REQUEST
+        _finish(state, _UNIMPLEMENTED,
+                '"{}" requires exactly one request message.'.format(state.method))
+        return _NO_REQUEST
+    return _deserialize(state, raw, deserializer)
+
+
+class _RequestIterator:
+    """What a request-streaming handler iterates: pulls `sc.recv()` until None."""
+
+    __slots__ = ("_state", "_deserializer")
+
+    def __init__(self, state: _CallState, deserializer: Optional[Callable]) -> None:
+        self._state = state
+        self._deserializer = deserializer
+
+    def __iter__(self) -> "_RequestIterator":
+        return self
+
+    def __next__(self) -> Any:
+        state = self._state
+        if state.finished:
+            raise StopIteration()
+        raw = state.sc.recv()
+        if raw is None:
+            if state.sc.cancelled:
+                state.raise_rpc_error()
+            raise StopIteration()
+        request = _deserialize(state, raw, self._deserializer)
+        if request is _NO_REQUEST:
+            raise StopIteration()
+        return request
+
+    next = __next__
+
+
+def _call(state: _CallState, behavior: Callable, argument: Any,
+          context: _ServicerContext) -> tuple[Any, bool]:
+    try:
+        return behavior(argument, context), True
+    except Exception as exc:
+        _on_exception(state, exc, "Exception calling application")
+        return None, False
+
+
+def _respond_unary(state: _CallState, response: Any, serializer: Optional[Callable],
+                   max_send: int) -> None:
+    if state.finished:
+        return
+    serialized = _serialize(state, response, serializer, max_send)
+    if serialized is not None:
+        # One batch: initial metadata (if not sent) + message + status.
+        _finish_ok(state, serialized)
+
+
+def _respond_stream(state: _CallState, responses: Iterator[Any],
+                    serializer: Optional[Callable], max_send: int) -> None:
+    sc = state.sc
+    while not state.finished:
+        try:
+            response = next(responses)
+        except StopIteration:
+            break
+        except Exception as exc:
+            _on_exception(state, exc, "Exception iterating responses")
+            return
+        serialized = _serialize(state, response, serializer, max_send)
+        if serialized is None:
+            return
+        state.initial_metadata_sent = True
+        if not sc.send(serialized):
+            # Client gone (cancel, deadline, connection loss): stop producing.
+            state.finished = True
+            return
+    _finish_ok(state, None)
+
+
+def run(state: _CallState, context: _ServicerContext, handler: grpc.RpcMethodHandler,
+        max_send: int) -> None:
+    """Serve the call to its end (status sent, or the call found dead)."""
+    deserializer = handler.request_deserializer
+    serializer = handler.response_serializer
+    if handler.request_streaming:
+        argument: Any = _RequestIterator(state, deserializer)
+        behavior = handler.stream_stream if handler.response_streaming else handler.stream_unary
+    else:
+        argument = _unary_request(state, deserializer)
+        if argument is _NO_REQUEST:
+            return
+        behavior = handler.unary_stream if handler.response_streaming else handler.unary_unary
+    result, proceed = _call(state, behavior, argument, context)
+    if not proceed:
+        return
+    if handler.response_streaming:
+        _respond_stream(state, result, serializer, max_send)
+    else:
+        _respond_unary(state, result, serializer, max_send)

@@ -1,0 +1,470 @@
+"""The shared-memory handshake on an abstract Unix socket.
+
+After the bootstrap RPC said "shm", the client connects to the server's abstract socket
+and both sides swap memfd/eventfd descriptors (SCM_RIGHTS). Abstract sockets have no
+file permissions, so anyone in the network namespace can connect: what keeps other
+processes out is (1) the one-time secret, only ever sent over the bootstrap RPC and
+bound to the pid the client claimed, and (2) SO_PEERCRED, which the kernel fills in and
+a peer cannot forge: the server checks uid and pid, the client checks the server's.
+
+Frames on the socket: 2-byte tag + 4-byte big-endian length + payload; fds ride on the
+frame's first bytes.
+  client -> server  HI  secret(32) + JSON {"v", "ring_size", "pool_size"}  fds [ring, event, pool]
+  server -> client  OK  JSON {...same keys...}                           fds [ring, event, pool]
+                 or NO  reason (UTF-8), then close
+  server -> client  AT  ""  once the server's engine attached the connection (or NO reason)
+The client attaches only after AT, so a server-side attach failure is a clean fallback
+to gRPC instead of a connection that dies on its first call.
+After AT the socket belongs to both engines: its hang-up tells each side the other died.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import logging
+import os
+import secrets as _secrets
+import socket
+import struct
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+__all__ = [
+    "HandshakeError",
+    "IO_TIMEOUT",
+    "SECRET_LEN",
+    "SECRET_TTL",
+    "SecretStore",
+    "ShmAcceptor",
+    "client_handshake",
+    "close_fds",
+    "peer_credentials",
+    "recv_frame",
+    "send_frame",
+]
+
+log = logging.getLogger("argrpc")
+
+SECRET_LEN = 32
+SECRET_TTL = 30.0
+IO_TIMEOUT = 5.0
+HANDSHAKE_VERSION = 1
+_HEADER = struct.Struct("!2sI")
+_MAX_PAYLOAD = 64 * 1024
+_N_FDS = 3
+# Bounds so a hostile client spamming Negotiate or connect() cannot exhaust memory/threads.
+_MAX_OUTSTANDING_SECRETS = 4096
+_MAX_HANDSHAKE_THREADS = 16
+_UCRED = struct.Struct("3i")
+
+
+class HandshakeError(Exception):
+    """The handshake failed; str(e) is a reason fit for `channel.fallback_reason`."""
+
+
+# --------------------------------------------------------------------------- secrets
+
+class SecretStore:
+    """One-time secrets, each bound to the pid the client claimed and valid for `ttl` s."""
+
+    def __init__(self, ttl: float = SECRET_TTL, clock: Callable[[], float] = time.monotonic,
+                 capacity: int = _MAX_OUTSTANDING_SECRETS) -> None:
+        self._ttl = ttl
+        self._clock = clock
+        self._capacity = capacity
+        self._lock = threading.Lock()
+        self._items: dict[bytes, tuple[int, float]] = {}  # secret -> (pid, expiry); insertion order
+
+    def issue(self, pid: int) -> bytes:
+        secret = os.urandom(SECRET_LEN)
+        now = self._clock()
+        with self._lock:
+            self._purge(now)
+            while len(self._items) >= self._capacity:  # drop the oldest
+                del self._items[next(iter(self._items))]
+            self._items[secret] = (pid, now + self._ttl)
+        return secret
+
+    def consume(self, secret: bytes) -> int:
+        """Return the pid the secret was issued to; it can never be used again.
+
+        Raises HandshakeError if unknown, already used or expired."""
+        now = self._clock()
+        with self._lock:
+            item = self._items.pop(bytes(secret), None)
+            self._purge(now)
+        if item is None:
+            raise HandshakeError("unknown or already used handshake secret")
+        pid, expiry = item
+        if now > expiry:
+            raise HandshakeError(f"handshake secret expired (valid for {self._ttl:g} s)")
+        return pid
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    def _purge(self, now: float) -> None:
+        for key in [k for k, (_, exp) in self._items.items() if exp < now]:
+            del self._items[key]
+
+
+# --------------------------------------------------------------------------- sockets
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the peer as the kernel recorded it at connect()/socketpair()."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    pid, uid, gid = _UCRED.unpack(raw)
+    return pid, uid, gid
+
+
+def close_fds(fds: Iterable[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _remaining(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise HandshakeError("handshake timed out")
+    return left
+
+
+def send_frame(sock: socket.socket, tag: bytes, payload: bytes, fds: Iterable[int] = (),
+               deadline: float | None = None) -> None:
+    """Send one frame; `fds` are duplicated into the peer (ours stay open)."""
+    if deadline is None:
+        deadline = time.monotonic() + IO_TIMEOUT
+    data = _HEADER.pack(tag, len(payload)) + payload
+    fd_list = list(fds)
+    try:
+        sock.settimeout(_remaining(deadline))
+        if fd_list:
+            sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                          array.array("i", fd_list).tobytes())])
+        else:
+            sent = sock.send(data)
+        while sent < len(data):  # the fds went with the first byte
+            sock.settimeout(_remaining(deadline))
+            sent += sock.send(data[sent:])
+    except socket.timeout:
+        raise HandshakeError("handshake timed out sending") from None
+    except OSError as e:
+        raise HandshakeError(f"handshake send failed: {e}") from None
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: float, max_fds: int,
+                fds: list[int]) -> bytes:
+    buf = bytearray()
+    flags = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
+    while len(buf) < n:
+        sock.settimeout(_remaining(deadline))
+        try:
+            data, anc, msg_flags, _ = sock.recvmsg(
+                n - len(buf), socket.CMSG_SPACE(max(max_fds, 1) * 4), flags)
+        except socket.timeout:
+            raise HandshakeError("handshake timed out waiting for the peer") from None
+        except OSError as e:
+            raise HandshakeError(f"handshake receive failed: {e}") from None
+        for level, kind, cdata in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                got = array.array("i")
+                got.frombytes(cdata[: len(cdata) - len(cdata) % got.itemsize])
+                fds.extend(got)  # recorded before any check so every path can close them
+        if msg_flags & socket.MSG_CTRUNC or len(fds) > max_fds:
+            raise HandshakeError("peer sent more file descriptors than expected")
+        if not data:
+            raise HandshakeError("peer closed the connection during the handshake")
+        buf += data
+    return bytes(buf)
+
+
+def recv_frame(sock: socket.socket, deadline: float, max_fds: int,
+               fds: list[int]) -> tuple[bytes, bytes]:
+    """Receive one frame -> (tag, payload); received fds are appended to `fds` (the caller
+    owns them even when this raises)."""
+    tag, length = _HEADER.unpack(_recv_exact(sock, _HEADER.size, deadline, max_fds, fds))
+    if length > _MAX_PAYLOAD:
+        raise HandshakeError(f"handshake frame too large ({length} bytes)")
+    payload = _recv_exact(sock, length, deadline, max_fds, fds) if length else b""
+    return tag, payload
+
+
+def _hello_json(ring_size: int, pool_size: int) -> bytes:
+    return json.dumps({"v": HANDSHAKE_VERSION, "ring_size": ring_size,
+                       "pool_size": pool_size}).encode()
+
+
+def _parse_peer(meta: bytes, fds: list[int]) -> dict[str, int]:
+    """Validate the peer's JSON and fds into the dict `Engine.attach_shm` expects."""
+    if len(fds) != _N_FDS:
+        raise HandshakeError(f"peer sent {len(fds)} file descriptors, expected {_N_FDS}")
+    try:
+        info = json.loads(meta.decode())
+    except (UnicodeDecodeError, ValueError):
+        raise HandshakeError("peer sent malformed handshake data") from None
+    if not isinstance(info, dict):
+        raise HandshakeError("peer sent malformed handshake data")
+    sizes = {}
+    for key in ("ring_size", "pool_size"):
+        value = info.get(key)
+        if type(value) is not int or value <= 0:
+            raise HandshakeError(f"peer sent an invalid {key}: {value!r}")
+        sizes[key] = value
+    return {"ring_fd": fds[0], "event_fd": fds[1], "pool_fd": fds[2], **sizes}
+
+
+def _local_fds(engine: Any, endpoint: Any) -> list[int]:
+    return [endpoint.ring_fd, endpoint.event_fd, engine.pool_fd]
+
+
+def _send_nowait(sock: socket.socket, tag: bytes, payload: bytes) -> bool:
+    """Best-effort small frame without changing the socket's blocking mode (a few bytes
+    into an idle Unix socket's buffer never block)."""
+    payload = payload[:_MAX_PAYLOAD]
+    data = _HEADER.pack(tag, len(payload)) + payload
+    try:
+        return sock.send(data, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL) == len(data)
+    except OSError:
+        return False
+
+
+# --------------------------------------------------------------------------- client
+
+def client_handshake(socket_name: str, server_pid: int, secret: bytes, engine: Any,
+                     conn_cfg: dict[str, int], timeout: float = IO_TIMEOUT) -> Any:
+    """Connect to the server's abstract socket, swap fds, return the attached Connection.
+
+    Raises HandshakeError (with a readable reason) on any failure; fds it received are
+    closed on every failure path.
+    """
+    deadline = time.monotonic() + timeout
+    endpoint = engine.new_shm_endpoint(conn_cfg)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    fds: list[int] = []
+    try:
+        sock.settimeout(_remaining(deadline))
+        try:
+            sock.connect("\0" + socket_name)
+        except OSError as e:
+            raise HandshakeError(f"cannot connect to the server's shm socket: {e}") from None
+        pid, uid, _ = peer_credentials(sock)
+        if uid != os.getuid():
+            raise HandshakeError(f"shm socket is owned by uid {uid}, not ours ({os.getuid()})")
+        if pid != server_pid:
+            raise HandshakeError(
+                f"shm socket peer is pid {pid}, but the server said pid {server_pid} "
+                "(different PID namespace?)")
+        send_frame(sock, b"HI", bytes(secret) + _hello_json(endpoint.ring_size, engine.pool_size),
+                   _local_fds(engine, endpoint), deadline)
+        tag, payload = recv_frame(sock, deadline, _N_FDS, fds)
+        if tag == b"NO":
+            raise HandshakeError("server refused the shm handshake: "
+                                 + payload.decode("utf-8", "replace"))
+        if tag != b"OK":
+            raise HandshakeError(f"unexpected handshake reply {tag!r}")
+        peer = _parse_peer(payload, fds)
+        extra: list[int] = []
+        try:
+            tag, payload = recv_frame(sock, deadline, 0, extra)
+        finally:
+            close_fds(extra)
+        if tag == b"NO":
+            raise HandshakeError("server could not attach the shm connection: "
+                                 + payload.decode("utf-8", "replace"))
+        if tag != b"AT":
+            raise HandshakeError(f"unexpected handshake reply {tag!r}")
+        sock.settimeout(None)  # hand the engine a blocking fd, as it was created
+        sock_fd = sock.detach()
+        fds = []  # from here on the engine owns the peer fds and the socket
+        try:
+            return engine.attach_shm(endpoint, peer, sock_fd, None, f"shm:pid={pid}")
+        except Exception as e:  # CoreError: the engine has closed what it was given
+            raise HandshakeError(f"attaching the shm connection failed: {e}") from None
+    finally:
+        close_fds(fds)
+        if sock.fileno() >= 0:
+            sock.close()
+
+
+# --------------------------------------------------------------------------- server
+
+class ShmAcceptor:
+    """The server's abstract Unix socket: accepts handshakes for secrets it issued.
+
+    `engine_factory()` returns the `_core.Engine` (it may raise: the client then gets
+    "NO" + the reason); accepted connections are attached to `core_server`.
+    """
+
+    def __init__(self, secrets: SecretStore, engine_factory: Callable[[], Any],
+                 conn_cfg: dict[str, int], core_server: Any,
+                 io_timeout: float = IO_TIMEOUT) -> None:
+        self._secrets = secrets
+        self._engine_factory = engine_factory
+        self._conn_cfg = conn_cfg
+        self._core_server = core_server
+        self._io_timeout = io_timeout
+        self._lock = threading.Lock()
+        self._closed = False
+        self._slots = threading.BoundedSemaphore(_MAX_HANDSHAKE_THREADS)
+        self._active: set[socket.socket] = set()
+        self._workers: set[threading.Thread] = set()
+        self._connections: list[Any] = []
+        self.name = f"argrpc/{os.getpid()}/{_secrets.token_hex(8)}"
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            self._sock.bind("\0" + self.name)
+            self._sock.listen(64)
+        except OSError:
+            self._sock.close()
+            raise
+        self._thread = threading.Thread(target=self._accept_loop, name="argrpc-shm-accept",
+                                        daemon=True)
+        self._thread.start()
+        log.debug("argrpc: shm handshake socket @%s listening", self.name)
+
+    # -- public
+
+    def connections(self) -> list[Any]:
+        """Connections attached so far that are still alive."""
+        with self._lock:
+            self._prune()
+            return list(self._connections)
+
+    def close_connections(self) -> None:
+        with self._lock:
+            conns, self._connections = self._connections, []
+        for conn in conns:
+            try:
+                conn.close()
+            except Exception:  # a dying connection may already be gone
+                log.debug("argrpc: closing shm connection failed", exc_info=True)
+
+    def close(self) -> None:
+        """Stop accepting and abort handshakes in progress (attached connections stay)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            active = list(self._active)
+            workers = list(self._workers)
+        try:
+            # Wakes the thread blocked in accept() (Linux returns EINVAL to it).
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        for s in active:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=2.0)
+        for t in workers:
+            if t is not threading.current_thread():
+                t.join(timeout=2.0)
+        self._sock.close()
+
+    # -- internals
+
+    def _prune(self) -> None:
+        self._connections = [c for c in self._connections if getattr(c, "alive", True)]
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                conn_sock, _ = self._sock.accept()
+            except OSError:
+                if self._closed:
+                    return
+                # EMFILE and friends: back off instead of spinning, keep serving.
+                log.warning("argrpc: shm socket accept failed", exc_info=True)
+                time.sleep(0.05)
+                continue
+            if self._closed:
+                conn_sock.close()
+                return
+            if not self._slots.acquire(blocking=False):
+                log.warning("argrpc: too many shm handshakes in progress; refusing one")
+                conn_sock.close()
+                continue
+            worker = threading.Thread(target=self._serve, args=(conn_sock,),
+                                      name="argrpc-shm-handshake", daemon=True)
+            with self._lock:
+                self._active.add(conn_sock)
+                self._workers.add(worker)
+            worker.start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        try:
+            self._handshake(sock)
+        finally:
+            with self._lock:
+                self._active.discard(sock)
+                self._workers.discard(threading.current_thread())
+            self._slots.release()
+
+    def _handshake(self, sock: socket.socket) -> None:
+        deadline = time.monotonic() + self._io_timeout
+        fds: list[int] = []
+        pid = -1
+        try:
+            pid, uid, _ = peer_credentials(sock)
+            tag, payload = recv_frame(sock, deadline, _N_FDS, fds)
+            if tag != b"HI" or len(payload) < SECRET_LEN:
+                raise HandshakeError("malformed handshake hello")
+            # Consumed before any other check: a secret gets exactly one attempt.
+            bound_pid = self._secrets.consume(payload[:SECRET_LEN])
+            if uid != os.getuid():
+                raise HandshakeError(f"peer uid {uid} is not the server's uid {os.getuid()}")
+            if pid != bound_pid:
+                raise HandshakeError(
+                    f"peer pid {pid} is not the pid the secret was issued to ({bound_pid})")
+            peer = _parse_peer(payload[SECRET_LEN:], fds)
+            try:
+                engine = self._engine_factory()
+                endpoint = engine.new_shm_endpoint(self._conn_cfg)
+            except Exception as e:
+                raise HandshakeError(f"server cannot create a shm endpoint: {e}") from None
+            send_frame(sock, b"OK", _hello_json(endpoint.ring_size, engine.pool_size),
+                       _local_fds(engine, endpoint), deadline)
+        except Exception as e:
+            close_fds(fds)
+            if isinstance(e, HandshakeError):
+                log.info("argrpc: refused shm handshake from pid %d: %s", pid, e)
+            else:
+                log.warning("argrpc: shm handshake from pid %d failed", pid, exc_info=True)
+            _send_nowait(sock, b"NO", str(e).encode())
+            sock.close()
+            return
+        # The engine takes the socket (as a blocking fd, as it was created); a dup stays
+        # here only to send the final AT/NO without touching the shared file flags.
+        sock.settimeout(None)
+        reply = sock.dup()
+        sock_fd = sock.detach()
+        fds = []
+        try:
+            try:
+                conn = engine.attach_shm(endpoint, peer, sock_fd, self._core_server,
+                                         f"shm:pid={pid}")
+            except Exception as e:  # CoreError: the engine has closed what it was given
+                log.warning("argrpc: attaching shm connection from pid %d failed: %s", pid, e)
+                _send_nowait(reply, b"NO", str(e).encode())
+                return
+            with self._lock:  # listed before the client can know it is attached
+                self._prune()
+                self._connections.append(conn)
+            if not _send_nowait(reply, b"AT", b""):
+                log.info("argrpc: shm client pid %d vanished before the handshake ended", pid)
+                with self._lock:
+                    self._connections.remove(conn)
+                conn.close()
+                return
+        finally:
+            reply.close()
+        log.info("argrpc: shm connection from pid %d attached", pid)

@@ -1,0 +1,71 @@
+"""Host identity: what decides whether two processes can share memory."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import socket
+
+__all__ = ["HostIdentity", "local_identity", "same_host_reason"]
+
+_BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+_NETNS_PATH = "/proc/self/ns/net"
+
+
+@dataclasses.dataclass(frozen=True)
+class HostIdentity:
+    boot_id: str   # "" when unknown: never considered the same host
+    netns: int     # inode of the network namespace; 0 when unknown
+    hostname: str  # informational only (containers share boot_id but not hostnames)
+    uid: int
+    pid: int
+
+    def to_proto(self, msg: object) -> None:
+        """Fill a bootstrap HostIdentity message in place."""
+        msg.boot_id = self.boot_id  # type: ignore[attr-defined]
+        msg.netns = self.netns  # type: ignore[attr-defined]
+        msg.hostname = self.hostname  # type: ignore[attr-defined]
+        msg.uid = self.uid  # type: ignore[attr-defined]
+        msg.pid = self.pid  # type: ignore[attr-defined]
+
+    @classmethod
+    def from_proto(cls, msg: object) -> "HostIdentity":
+        return cls(boot_id=msg.boot_id, netns=msg.netns, hostname=msg.hostname,  # type: ignore[attr-defined]
+                   uid=msg.uid, pid=msg.pid)  # type: ignore[attr-defined]
+
+
+@functools.lru_cache(maxsize=1)
+def _boot_id() -> str:
+    try:
+        with open(_BOOT_ID_PATH, encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _netns() -> int:
+    # Not cached: setns() can move the process; a stat is cheap and this runs once per
+    # negotiation.
+    try:
+        return os.stat(_NETNS_PATH).st_ino
+    except OSError:
+        return 0
+
+
+def local_identity() -> HostIdentity:
+    """This process's identity (pid and netns re-read on every call: fork, setns)."""
+    return HostIdentity(boot_id=_boot_id(), netns=_netns(), hostname=socket.gethostname(),
+                        uid=os.getuid(), pid=os.getpid())
+
+
+def same_host_reason(local: HostIdentity, peer: HostIdentity) -> str:
+    """"" if `peer` can share memory with `local` (same kernel boot, same network
+    namespace so the abstract Unix socket is reachable, same user); else the reason."""
+    if not local.boot_id or not peer.boot_id or not local.netns or not peer.netns:
+        return "different host or network namespace (host identity unknown)"
+    if local.boot_id != peer.boot_id or local.netns != peer.netns:
+        return "different host or network namespace"
+    if local.uid != peer.uid:
+        return f"different user (uid {peer.uid} vs {local.uid})"
+    return ""

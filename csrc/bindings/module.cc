@@ -1,0 +1,423 @@
+// The one pybind11 file: converts arguments, releases the GIL around every wait and
+// every copy, and turns CoreError into argrpc._core.CoreError. No call-path function
+// raises: calls end with a status the facade reads.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+
+#include "common/error.h"
+#include "common/status.h"
+#include "engine/connection.h"
+#include "engine/engine.h"
+#include "engine/server.h"
+#include "fabric/shm_fabric.h"
+#include "pool/pool.h"
+#include "tunables.h"
+
+namespace py = pybind11;
+using namespace argrpc;
+
+namespace {
+
+// A received large message. Exposes its bytes through the buffer protocol; the pool
+// block goes back to the pool when the last view of it is gone.
+struct RecvBuffer {
+  Payload payload;
+};
+
+// Holds a Py_buffer for the duration of a send so no bytes copy is made of the object.
+class BufferView {
+ public:
+  explicit BufferView(const py::object& o) {
+    if (PyObject_GetBuffer(o.ptr(), &view_, PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
+  }
+  ~BufferView() { PyBuffer_Release(&view_); }
+  const uint8_t* data() const { return static_cast<const uint8_t*>(view_.buf); }
+  size_t size() const { return static_cast<size_t>(view_.len); }
+
+ private:
+  Py_buffer view_;
+};
+
+template <class T>
+T get_or(const py::dict& d, const char* key, T dflt) {
+  return d.contains(key) ? d[key].cast<T>() : dflt;
+}
+
+EngineConfig engine_config(const py::dict& d) {
+  EngineConfig c;
+  c.buf_size = get_or<size_t>(d, "buf_size", c.buf_size);
+  c.spin_us = get_or<int>(d, "spin_us", c.spin_us);
+  c.slab_size = get_or<size_t>(d, "slab_size", c.slab_size);
+  return c;
+}
+
+ConnConfig conn_config(const py::dict& d) {
+  ConnConfig c;
+  c.ring_size = get_or<size_t>(d, "ring_size", c.ring_size);
+  c.acc_size = get_or<size_t>(d, "acc_size", c.acc_size);
+  c.chunk_size = get_or<size_t>(d, "chunk_size", c.chunk_size);
+  c.reads_in_flight = get_or<int>(d, "reads_in_flight", c.reads_in_flight);
+  c.stream_window = get_or<size_t>(d, "stream_window", c.stream_window);
+  c.max_recv = get_or<int64_t>(d, "max_recv", c.max_recv);
+  if (c.ring_size < 64 * KiB || (c.ring_size & (c.ring_size - 1)))
+    throw CoreError("ring_size must be a power of two >= 64K");
+  if (c.acc_size < 1 * KiB || c.acc_size > c.ring_size / 4)
+    throw CoreError("acc_size must be in [1K, ring_size/4]");
+  if (c.chunk_size < 4 * KiB) throw CoreError("chunk_size must be >= 4K");
+  if (c.reads_in_flight < 1) throw CoreError("reads_in_flight must be >= 1");
+  if (c.stream_window < 4 * KiB) throw CoreError("stream_window must be >= 4K");
+  return c;
+}
+
+Metadata to_metadata(const py::object& o) {
+  Metadata md;
+  if (o.is_none()) return md;
+  for (auto item : o) {
+    auto t = py::reinterpret_borrow<py::tuple>(item);
+    if (t.size() != 2) throw py::value_error("metadata entries must be (key, value) pairs");
+    md.emplace_back(t[0].cast<std::string>(), t[1].cast<std::string>());
+  }
+  return md;
+}
+
+py::list from_metadata(const Metadata& md) {
+  py::list l;
+  for (auto& kv : md) l.append(py::make_tuple(py::str(kv.first), py::bytes(kv.second)));
+  return l;
+}
+
+py::object to_python(Payload&& p) {
+  if (p.is_inline) return py::bytes(p.inline_bytes.data(), p.inline_bytes.size());
+  auto rb = std::make_unique<RecvBuffer>();
+  rb->payload = std::move(p);
+  return py::memoryview(py::cast(std::move(rb)));
+}
+
+double timeout_arg(const py::object& t) { return t.is_none() ? -1.0 : t.cast<double>(); }
+
+Deadline deadline_arg(const py::object& t) {
+  return t.is_none() ? Deadline::never() : Deadline::after_seconds(t.cast<double>());
+}
+
+struct PyEngine;
+
+struct PyShmEndpoint {
+  std::unique_ptr<ShmEndpoint> ep;
+  ConnConfig cfg;
+  ShmEndpoint& get() {
+    if (!ep) throw CoreError("this endpoint was already attached");
+    return *ep;
+  }
+};
+
+struct PyConnection {
+  std::shared_ptr<Engine> engine;
+  std::shared_ptr<Connection> conn;
+};
+
+struct PyClientCall {
+  PyClientCall(std::shared_ptr<Engine> e, std::shared_ptr<Stream> st)
+      : engine(std::move(e)), s(std::move(st)) {}
+  PyClientCall(const PyClientCall&) = delete;
+  std::shared_ptr<Engine> engine;
+  std::shared_ptr<Stream> s;
+  ~PyClientCall() {
+    if (!s) return;
+    py::gil_scoped_release nogil;
+    s->conn->abandon(s);
+  }
+};
+
+struct PyServer {
+  std::shared_ptr<Engine> engine;
+  std::shared_ptr<Server> server;
+};
+
+struct PyServerCall {
+  PyServerCall(std::shared_ptr<Engine> e, std::shared_ptr<Stream> st, bool owner)
+      : engine(std::move(e)), s(std::move(st)), owns(owner) {}
+  PyServerCall(const PyServerCall&) = delete;
+  std::shared_ptr<Engine> engine;
+  std::shared_ptr<Stream> s;
+  bool owns;  // the accept() handle; next_cancelled() gives a non-owning one
+  ~PyServerCall() {
+    if (!owns) return;
+    if (!s) return;
+    py::gil_scoped_release nogil;
+    s->conn->abandon(s);
+  }
+};
+
+struct PyEngine {
+  std::shared_ptr<Engine> engine;
+};
+
+py::tuple status_tuple(Stream& s) {
+  std::lock_guard<std::mutex> g(s.mu);
+  return py::make_tuple(s.code, py::str(s.details), from_metadata(s.trailing_md));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "argrpc engine: adaptive eager/rendezvous transport over a fabric (shm)";
+  static py::exception<CoreError> core_error(m, "CoreError", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const CoreError& e) {
+      py::set_error(core_error, e.what());
+    }
+  });
+
+  py::class_<RecvBuffer>(m, "RecvBuffer", py::buffer_protocol())
+      .def_buffer([](RecvBuffer& b) {
+        return py::buffer_info(b.payload.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(b.payload.len)}, {1}, true);
+      })
+      .def("__len__", [](RecvBuffer& b) { return b.payload.len; });
+
+  py::class_<PyShmEndpoint>(m, "ShmEndpoint")
+      .def_property_readonly("ring_fd", [](PyShmEndpoint& e) { return e.get().ring_fd(); })
+      .def_property_readonly("event_fd", [](PyShmEndpoint& e) { return e.get().event_fd(); })
+      .def_property_readonly("ring_size", [](PyShmEndpoint& e) { return e.get().ring_size(); });
+
+  py::class_<PyEngine>(m, "Engine")
+      .def(py::init([](py::dict cfg) { return PyEngine{std::make_shared<Engine>(engine_config(cfg))}; }),
+           py::arg("config"))
+      .def_property_readonly("pool_fd", [](PyEngine& e) { return e.engine->pool()->fd(); })
+      .def_property_readonly("pool_size", [](PyEngine& e) { return e.engine->pool()->capacity(); })
+      .def("pool_stats", [](PyEngine& e) {
+        auto s = e.engine->pool()->stats();
+        py::dict d;
+        d["capacity"] = s.capacity;
+        d["grown"] = s.grown;
+        d["in_use"] = s.in_use;
+        d["waiters"] = s.waiters;
+        return d;
+      })
+      .def_property_readonly("connection_count", [](PyEngine& e) { return e.engine->connection_count(); })
+      .def("new_shm_endpoint", [](PyEngine&, py::dict cfg) {
+        PyShmEndpoint ep;
+        ep.cfg = conn_config(cfg);
+        ep.ep = ShmEndpoint::create(ep.cfg);
+        return ep;
+      })
+      .def("attach_shm",
+           [](PyEngine& e, PyShmEndpoint& ep, py::dict peer, int sock_fd, py::object server,
+              std::string peer_name) {
+             // Take ownership of every fd first so each one is closed on any failure.
+             UniqueFd sock(sock_fd);
+             ShmPeer p;
+             p.ring_fd = UniqueFd(peer["ring_fd"].cast<int>());
+             p.event_fd = UniqueFd(peer["event_fd"].cast<int>());
+             p.pool_fd = UniqueFd(peer["pool_fd"].cast<int>());
+             p.ring_size = peer["ring_size"].cast<size_t>();
+             p.pool_size = peer["pool_size"].cast<size_t>();
+             std::shared_ptr<Server> srv;
+             if (!server.is_none()) srv = server.cast<PyServer&>().server;
+             if (!ep.ep) throw CoreError("this endpoint was already attached");
+             auto fabric = std::make_unique<ShmFabric>(std::move(ep.ep), std::move(p), std::move(sock),
+                                                       e.engine->pool(), &e.engine->copier());
+             auto conn = e.engine->attach(std::move(fabric), ep.cfg, srv, std::move(peer_name));
+             return PyConnection{e.engine, conn};
+           },
+           py::arg("endpoint"), py::arg("peer"), py::arg("sock_fd"), py::arg("server"),
+           py::arg("peer_name"))
+      .def("shutdown", [](PyEngine& e) {
+        py::gil_scoped_release nogil;
+        e.engine->shutdown();
+      });
+
+  py::class_<PyConnection>(m, "Connection")
+      .def_property_readonly("transport", [](PyConnection& c) { return std::string(c.conn->fabric().name()); })
+      .def_property_readonly("alive", [](PyConnection& c) { return c.conn->alive(); })
+      .def_property_readonly("error", [](PyConnection& c) { return c.conn->error(); })
+      .def_property_readonly("peer", [](PyConnection& c) { return c.conn->peer_name(); })
+      .def("close", [](PyConnection& c) {
+        py::gil_scoped_release nogil;
+        c.conn->fail(kCancelled, "Channel closed!");
+      })
+      .def("unary",
+           [](PyConnection& c, const std::string& method, py::object md, py::object timeout,
+              py::object request) {
+             Metadata meta = to_metadata(md);
+             const double t = timeout_arg(timeout);
+             BufferView req(request);
+             std::shared_ptr<Stream> s;
+             Payload resp;
+             bool got = false;
+             {
+               py::gil_scoped_release nogil;
+               s = c.conn->start_call(method, meta, t, false);
+               if (c.conn->send(s, req.data(), req.size(), true)) got = c.conn->recv(s, &resp);
+               c.conn->wait_end(s, Deadline::never());
+             }
+             py::object response = got ? to_python(std::move(resp)) : py::none();
+             Metadata initial, trailing;
+             uint32_t code;
+             std::string details;
+             {
+               std::lock_guard<std::mutex> g(s->mu);
+               code = s->code;
+               details = s->details;
+               initial = s->initial_md;
+               trailing = s->trailing_md;
+             }
+             return py::make_tuple(code, py::str(details), from_metadata(initial),
+                                   from_metadata(trailing), response);
+           },
+           py::arg("method"), py::arg("metadata"), py::arg("timeout"), py::arg("request"))
+      .def("start_call",
+           [](PyConnection& c, const std::string& method, py::object md, py::object timeout) {
+             Metadata meta = to_metadata(md);
+             const double t = timeout_arg(timeout);
+             std::shared_ptr<Stream> s;
+             {
+               py::gil_scoped_release nogil;
+               s = c.conn->start_call(method, meta, t, true);
+             }
+             return std::make_unique<PyClientCall>(c.engine, s);
+           },
+           py::arg("method"), py::arg("metadata"), py::arg("timeout"));
+
+  py::class_<PyClientCall>(m, "ClientCall")
+      .def("send", [](PyClientCall& c, py::object msg) {
+        BufferView b(msg);
+        py::gil_scoped_release nogil;
+        return c.s->conn->send(c.s, b.data(), b.size(), false);
+      })
+      .def("half_close", [](PyClientCall& c) {
+        py::gil_scoped_release nogil;
+        return c.s->conn->half_close(c.s);
+      })
+      .def("recv", [](PyClientCall& c) -> py::object {
+        Payload p;
+        bool got;
+        {
+          py::gil_scoped_release nogil;
+          got = c.s->conn->recv(c.s, &p);
+        }
+        return got ? to_python(std::move(p)) : py::none();
+      })
+      .def("initial_metadata", [](PyClientCall& c) -> py::object {
+        bool have;
+        {
+          py::gil_scoped_release nogil;
+          have = c.s->conn->wait_initial_metadata(c.s);
+        }
+        std::lock_guard<std::mutex> g(c.s->mu);
+        if (!have) return py::none();
+        return from_metadata(c.s->initial_md);
+      })
+      .def("status", [](PyClientCall& c, py::object timeout) -> py::object {
+        bool ended;
+        const Deadline dl = deadline_arg(timeout);
+        {
+          py::gil_scoped_release nogil;
+          ended = c.s->conn->wait_end(c.s, dl);
+        }
+        if (!ended) return py::none();
+        return status_tuple(*c.s);
+      }, py::arg("timeout") = py::none())
+      .def("done", [](PyClientCall& c) {
+        std::lock_guard<std::mutex> g(c.s->mu);
+        return c.s->ended;
+      })
+      .def("cancel", [](PyClientCall& c, uint32_t code, std::string details) {
+        py::gil_scoped_release nogil;
+        return c.s->conn->cancel(c.s, code, details);
+      }, py::arg("code") = uint32_t(kCancelled), py::arg("details") = "Cancelled");
+
+  py::class_<PyServer>(m, "Server")
+      .def(py::init([](PyEngine& e, py::dict) {
+             return PyServer{e.engine, std::make_shared<Server>(e.engine)};
+           }),
+           py::arg("engine"), py::arg("config") = py::dict())
+      .def("accept", [](PyServer& s, py::object timeout) -> py::object {
+        std::shared_ptr<Stream> st;
+        const Deadline dl = deadline_arg(timeout);
+        {
+          py::gil_scoped_release nogil;
+          st = s.server->accept(dl);
+        }
+        if (!st) return py::none();
+        return py::cast(std::make_unique<PyServerCall>(s.engine, st, true));
+      }, py::arg("timeout") = py::none())
+      .def("wakeup", [](PyServer& s, int n) { s.server->wakeup(n); }, py::arg("n") = 1)
+      .def("next_cancelled", [](PyServer& s, py::object timeout) -> py::object {
+        std::shared_ptr<Stream> st;
+        const Deadline dl = deadline_arg(timeout);
+        {
+          py::gil_scoped_release nogil;
+          st = s.server->next_cancelled(dl);
+        }
+        if (!st) return py::none();
+        // A second handle on the same call: it must not abandon the call when dropped.
+        auto h = std::make_unique<PyServerCall>(s.engine, st, false);
+        return py::cast(std::move(h));
+      }, py::arg("timeout") = py::none())
+      .def("shutdown", [](PyServer& s) { s.server->shutdown(); })
+      .def("cancel_all", [](PyServer& s, uint32_t code, std::string details) {
+        py::gil_scoped_release nogil;
+        s.server->cancel_all(code, details);
+      })
+      .def_property_readonly("active_calls", [](PyServer& s) { return s.server->active(); });
+
+  py::class_<PyServerCall>(m, "ServerCall")
+      .def_property_readonly("id", [](PyServerCall& c) { return c.s->id; })
+      // Identity of the call across handles (accept() and next_cancelled()).
+      .def_property_readonly("key", [](PyServerCall& c) { return reinterpret_cast<uintptr_t>(c.s.get()); })
+      .def_property_readonly("method", [](PyServerCall& c) { return c.s->method; })
+      .def_property_readonly("metadata", [](PyServerCall& c) { return from_metadata(c.s->request_md); })
+      .def_property_readonly("peer", [](PyServerCall& c) { return c.s->conn->peer_name(); })
+      .def("time_remaining", [](PyServerCall& c) -> py::object {
+        if (c.s->deadline.infinite()) return py::none();
+        return py::float_(std::max(0.0, c.s->deadline.remaining_seconds()));
+      })
+      .def("recv", [](PyServerCall& c) -> py::object {
+        Payload p;
+        bool got;
+        {
+          py::gil_scoped_release nogil;
+          got = c.s->conn->recv(c.s, &p);
+        }
+        return got ? to_python(std::move(p)) : py::none();
+      })
+      .def("send_initial_metadata", [](PyServerCall& c, py::object md) {
+        Metadata meta = to_metadata(md);
+        py::gil_scoped_release nogil;
+        return c.s->conn->send_initial_metadata(c.s, meta);
+      })
+      .def("send", [](PyServerCall& c, py::object msg) {
+        BufferView b(msg);
+        py::gil_scoped_release nogil;
+        return c.s->conn->send(c.s, b.data(), b.size(), false);
+      })
+      .def("finish",
+           [](PyServerCall& c, uint32_t code, std::string details, py::object trailing,
+              py::object message) {
+             Metadata md = to_metadata(trailing);
+             std::unique_ptr<BufferView> b;
+             if (!message.is_none()) b = std::make_unique<BufferView>(message);
+             py::gil_scoped_release nogil;
+             return c.s->conn->finish(c.s, code, details, md, b ? b->data() : nullptr,
+                                      b ? b->size() : 0, b != nullptr);
+           },
+           py::arg("code"), py::arg("details"), py::arg("trailing_md"), py::arg("message") = py::none())
+      .def("is_active", [](PyServerCall& c) {
+        std::lock_guard<std::mutex> g(c.s->mu);
+        return !c.s->ended && !c.s->deadline.expired();
+      })
+      .def("cancel", [](PyServerCall& c) {
+        py::gil_scoped_release nogil;
+        c.s->conn->cancel(c.s, kCancelled, "Cancelled");
+      })
+      .def_property_readonly("cancelled", [](PyServerCall& c) {
+        std::lock_guard<std::mutex> g(c.s->mu);
+        return c.s->cancelled;
+      });
+}

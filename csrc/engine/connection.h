@@ -1,0 +1,158 @@
+// A connection between two engines over one fabric: calls multiplexed by stream id,
+// eager batches coalesced up to acc_size, rendezvous pulled in chunks, ring credits,
+// per-stream windows, deadlines and cancellation. Any thread may drive it (progress());
+// the engine's progress thread does when nobody else is.
+#pragma once
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/frame.h"
+#include "engine/stream.h"
+#include "fabric/fabric.h"
+#include "tunables.h"
+
+namespace argrpc {
+
+class Engine;
+class Server;
+
+// What one submit() puts on the wire for a stream, in this order, in one batch when
+// it fits.
+struct Outgoing {
+  const Metadata* initial_md = nullptr;  // server: initial metadata (client headers are implicit)
+  const uint8_t* msg = nullptr;
+  size_t msg_len = 0;
+  bool has_msg = false;
+  bool half_close = false;
+  bool trailers = false;
+  uint32_t code = 0;
+  const std::string* details = nullptr;
+  const Metadata* trailing = nullptr;
+};
+
+struct CallEnd {
+  uint32_t code = 0;
+  std::string details;
+};
+
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(Engine* engine, std::unique_ptr<Fabric> fabric, const ConnConfig& cfg,
+             std::shared_ptr<Server> server, std::string peer_name);
+  ~Connection();
+
+  Fabric& fabric() { return *fabric_; }
+  const std::string& peer_name() const { return peer_name_; }
+  bool alive() const { return !dead_.load(std::memory_order_acquire); }
+  std::string error() const;
+  uint64_t serial = 0;  // the engine's id for it
+
+  // Non-blocking; returns whether it did any work.
+  bool progress();
+  void sweep_deadlines();
+  // Ends every stream with `code`/`why` and tears the connection down.
+  void fail(uint32_t code, const std::string& why);
+
+  // Client side. Headers go out now, or with the first message when !send_headers_now.
+  std::shared_ptr<Stream> start_call(const std::string& method, const Metadata& md, double timeout,
+                                     bool send_headers_now);
+  // Server side.
+  bool send_initial_metadata(const std::shared_ptr<Stream>& s, const Metadata& md);
+  bool finish(const std::shared_ptr<Stream>& s, uint32_t code, const std::string& details,
+              const Metadata& trailing, const uint8_t* msg, size_t len, bool has_msg);
+  // Both sides. A false return means the stream already ended.
+  bool send(const std::shared_ptr<Stream>& s, const uint8_t* msg, size_t len, bool half_close);
+  bool half_close(const std::shared_ptr<Stream>& s);
+  // Client: RST + local end. Server: TRAILERS with code to the client + cancelled.
+  bool cancel(const std::shared_ptr<Stream>& s, uint32_t code, const std::string& details);
+  // The application dropped its handle: cancel if still running, release held pulls.
+  void abandon(const std::shared_ptr<Stream>& s);
+
+  // Waits for the next message. False: no more (half-closed by peer, or ended).
+  bool recv(const std::shared_ptr<Stream>& s, Payload* out);
+  // Waits for the initial metadata (true) or the end of the call (false).
+  bool wait_initial_metadata(const std::shared_ptr<Stream>& s);
+  // Waits for the end of the call or `limit`; true if ended.
+  bool wait_end(const std::shared_ptr<Stream>& s, const Deadline& limit);
+
+ private:
+  template <class Pred>
+  bool wait(Stream& s, const Deadline& dl, Pred pred);
+  // The stream's deadline passed: end it and tell the peer.
+  void expire(const std::shared_ptr<Stream>& s);
+  void oversize(const std::shared_ptr<Stream>& s, uint64_t n);
+  void oversize_local(const std::shared_ptr<Stream>& s, const std::string& why);
+  bool submit(const std::shared_ptr<Stream>& s, const Outgoing& o);
+  bool reserve_window(const std::shared_ptr<Stream>& s, size_t n);
+  bool flush_locked();
+  bool frame_begin_locked(uint8_t type, uint64_t stream, size_t len);
+  void frame_end_locked();
+  void queue_ctrl(uint8_t type, uint64_t stream, const std::vector<uint8_t>& body);
+  void flush_ctrl_locked();
+  void try_flush_ctrl();
+  bool progress_locked();
+  bool handle_batch(uint32_t len);
+  bool handle_frame(const FrameHead& h, const uint8_t* p);
+  void on_read_done(uint64_t wr_id);
+  void start_pull(const std::shared_ptr<Pull>& pull);
+  void post_reads(const std::shared_ptr<Pull>& pull);
+  void start_queued_pulls();
+  void queue_fin(uint64_t rdv_id);
+  std::shared_ptr<Stream> find(uint64_t id);
+  // Local end of a stream: drops it from the map, releases its pulls unless keep_inbox
+  // (a normal end keeps what already arrived), wakes waiters. False if already ended.
+  bool end_stream(const std::shared_ptr<Stream>& s, uint32_t code, const std::string& details,
+                  bool cancelled, Metadata* trailing, bool keep_inbox);
+  void release_inbox_locked(Stream& s, std::vector<uint64_t>* fins);
+  void protocol_error(const std::string& what);
+
+  Engine* const engine_;
+  std::unique_ptr<Fabric> fabric_;
+  const ConnConfig cfg_;
+  const std::shared_ptr<Server> server_;
+  const std::string peer_name_;
+  const bool client_;
+  std::atomic<bool> dead_{false};
+  mutable std::mutex err_mu_;
+  std::string error_;
+
+  // Streams.
+  std::mutex streams_mu_;
+  std::unordered_map<uint64_t, std::shared_ptr<Stream>> streams_;
+  uint64_t next_stream_id_ = 1;
+  uint64_t last_peer_stream_ = 0;
+
+  // Send side: the batch being built and the ring position in the peer's ring.
+  std::mutex send_mu_;
+  std::atomic<int> appenders_{0};
+  std::vector<uint8_t> batch_;
+  uint64_t wpos_ = 0, wbatches_ = 0;
+  std::mutex ctrl_mu_;
+  std::vector<std::vector<uint8_t>> ctrl_;
+  std::atomic<bool> ctrl_pending_{false};
+
+  // Rendezvous, sender side: blocks announced to the peer until its FIN.
+  std::mutex exposed_mu_;
+  std::unordered_map<uint64_t, Block> exposed_;
+  uint64_t next_rdv_ = 1;
+
+  // Receive side (poll lock).
+  std::mutex poll_mu_;
+  std::atomic<bool> kick_{false};
+  uint64_t rpos_ = 0, rbatches_ = 0;
+  std::vector<uint8_t> scratch_;
+  struct Read {
+    std::shared_ptr<Pull> pull;
+    size_t len;
+  };
+  std::unordered_map<uint64_t, Read> reads_;
+  uint64_t next_wr_ = 1;
+  std::mutex pullq_mu_;
+  std::vector<std::shared_ptr<Pull>> pullq_;
+};
+
+}  // namespace argrpc

@@ -1,0 +1,178 @@
+#include "engine/engine.h"
+
+#include <sched.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/error.h"
+#include "common/status.h"
+#include "engine/connection.h"
+#include "fabric/fabric.h"
+#include "pool/copier.h"
+#include "pool/pool.h"
+
+namespace argrpc {
+
+namespace {
+constexpr int kSweepMs = 5;  // deadline sweep period while asleep
+}
+
+Engine::Engine(const EngineConfig& cfg) : cfg_(cfg) {
+  pool_ = Pool::create(cfg_);
+  copier_ = std::make_unique<Copier>(cfg_.parallel_copy_min, cfg_.spin_us);
+  epoll_ = UniqueFd(::epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll_.valid()) throw CoreError(errno_text("epoll_create1"));
+  ctl_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!ctl_.valid()) throw CoreError(errno_text("eventfd"));
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = 0;
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, ctl_.get(), &ev) != 0)
+    throw CoreError(errno_text("epoll_ctl"));
+  conns_ = std::make_shared<const ConnList>();
+  progress_ = std::thread([this] { progress_loop(); });
+}
+
+Engine::~Engine() { shutdown(); }
+
+void Engine::shutdown() {
+  if (stop_.exchange(true)) return;
+  uint64_t one = 1;
+  ssize_t r = ::write(ctl_.get(), &one, sizeof one);
+  (void)r;
+  if (progress_.joinable()) progress_.join();
+  auto list = snapshot();
+  for (auto& c : *list) c->fail(kUnavailable, "argrpc: engine shut down");
+  pool_->shutdown();
+}
+
+std::shared_ptr<const Engine::ConnList> Engine::snapshot() const {
+  std::lock_guard<std::mutex> g(conns_mu_);
+  return conns_;
+}
+
+std::shared_ptr<Connection> Engine::attach(std::unique_ptr<Fabric> fabric, const ConnConfig& cfg,
+                                           std::shared_ptr<Server> server, std::string peer_name) {
+  if (stop_.load()) throw CoreError("argrpc engine is shut down");
+  auto conn = std::make_shared<Connection>(this, std::move(fabric), cfg, std::move(server),
+                                           std::move(peer_name));
+  {
+    std::lock_guard<std::mutex> g(conns_mu_);
+    conn->serial = next_serial_++;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = conn->serial << 1;
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, conn->fabric().wait_fd(), &ev) != 0)
+      throw CoreError(errno_text("epoll_ctl(connection)"));
+    if (conn->fabric().liveness_fd() >= 0) {
+      ev.events = EPOLLIN | EPOLLRDHUP;
+      ev.data.u64 = (conn->serial << 1) | 1;
+      if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, conn->fabric().liveness_fd(), &ev) != 0) {
+        ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, conn->fabric().wait_fd(), nullptr);
+        throw CoreError(errno_text("epoll_ctl(connection socket)"));
+      }
+    }
+    auto next = std::make_shared<ConnList>(*conns_);
+    next->push_back(conn);
+    conns_ = std::move(next);
+  }
+  if (pollers_.load() > 0) conn->fabric().disarm();
+  return conn;
+}
+
+void Engine::detach(Connection* conn) {
+  std::lock_guard<std::mutex> g(conns_mu_);
+  auto next = std::make_shared<ConnList>();
+  for (auto& c : *conns_) {
+    if (c.get() == conn) {
+      ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, c->fabric().wait_fd(), nullptr);
+      if (c->fabric().liveness_fd() >= 0)
+        ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, c->fabric().liveness_fd(), nullptr);
+    } else {
+      next->push_back(c);
+    }
+  }
+  conns_ = std::move(next);
+}
+
+size_t Engine::connection_count() { return snapshot()->size(); }
+
+bool Engine::progress_all() {
+  auto list = snapshot();
+  bool did = false;
+  for (auto& c : *list) did |= c->progress();
+  return did;
+}
+
+void Engine::disarm_all() {
+  auto list = snapshot();
+  for (auto& c : *list) c->fabric().disarm();
+}
+
+void Engine::arm_all() {
+  auto list = snapshot();
+  for (auto& c : *list) c->fabric().arm();
+}
+
+void Engine::enter_polling() {
+  if (pollers_.fetch_add(1, std::memory_order_seq_cst) == 0) disarm_all();
+}
+
+void Engine::leave_polling() {
+  if (pollers_.fetch_sub(1, std::memory_order_seq_cst) == 1) {
+    // Nobody polls now: ask peers to ring again, then look once more for anything
+    // written while they were told not to.
+    arm_all();
+    progress_all();
+  }
+}
+
+void Engine::progress_loop() {
+  epoll_event evs[64];
+  uint64_t last_sweep = now_us();
+  while (!stop_.load(std::memory_order_acquire)) {
+    const int n = ::epoll_wait(epoll_.get(), evs, 64, kSweepMs);
+    std::shared_ptr<const ConnList> list;
+    for (int i = 0; i < n; ++i) {
+      const uint64_t tag = evs[i].data.u64;
+      if (tag == 0) {
+        uint64_t v;
+        ssize_t r = ::read(ctl_.get(), &v, sizeof v);
+        (void)r;
+        continue;
+      }
+      if (!list) list = snapshot();
+      for (auto& c : *list) {
+        if (c->serial != (tag >> 1)) continue;
+        if (tag & 1)
+          c->fail(kUnavailable, "argrpc: connection to " + c->peer_name() +
+                                    " lost (the peer closed it or exited)");
+        else
+          c->fabric().ack_wakeup();
+        break;
+      }
+    }
+    if (stop_.load(std::memory_order_acquire)) break;
+    enter_polling();
+    if (progress_all()) {
+      // Stay hot for a while after work, unless another thread is already polling.
+      uint64_t idle_since = now_us();
+      while (pollers_.load(std::memory_order_relaxed) == 1 &&
+             now_us() - idle_since < uint64_t(cfg_.spin_us)) {
+        if (progress_all()) idle_since = now_us();
+        sched_yield();
+      }
+    }
+    leave_polling();
+    const uint64_t t = now_us();
+    if (t - last_sweep >= uint64_t(kSweepMs) * 1000) {
+      last_sweep = t;
+      auto all = snapshot();
+      for (auto& c : *all) c->sweep_deadlines();
+    }
+  }
+}
+
+}  // namespace argrpc

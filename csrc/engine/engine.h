@@ -1,0 +1,67 @@
+// One engine per process: the pool, the copier, every connection, and the progress
+// thread. Threads that wait for something (a client call, a server worker) poll the
+// fabric themselves while they spin; the progress thread sleeps in epoll and takes over
+// only when nobody is polling, so a busy path has no thread hand-off and an idle one
+// burns no CPU. "Polling" is counted: while anyone polls, peers are asked not to ring
+// the doorbell; the last one to stop re-arms every connection and looks once more.
+#pragma once
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/unique_fd.h"
+#include "tunables.h"
+
+namespace argrpc {
+
+class Connection;
+class Copier;
+class Fabric;
+class Pool;
+class Server;
+
+class Engine : public std::enable_shared_from_this<Engine> {
+ public:
+  explicit Engine(const EngineConfig& cfg);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const EngineConfig& config() const { return cfg_; }
+  const std::shared_ptr<Pool>& pool() const { return pool_; }
+  Copier& copier() { return *copier_; }
+
+  std::shared_ptr<Connection> attach(std::unique_ptr<Fabric> fabric, const ConnConfig& cfg,
+                                     std::shared_ptr<Server> server, std::string peer_name);
+  void detach(Connection* conn);
+
+  void enter_polling();
+  void leave_polling();
+  bool progress_all();
+  size_t connection_count();
+  void shutdown();
+
+ private:
+  using ConnList = std::vector<std::shared_ptr<Connection>>;
+  std::shared_ptr<const ConnList> snapshot() const;
+  void progress_loop();
+  void arm_all();
+  void disarm_all();
+
+  const EngineConfig cfg_;
+  std::shared_ptr<Pool> pool_;
+  std::unique_ptr<Copier> copier_;
+  UniqueFd epoll_, ctl_;
+  std::atomic<int> pollers_{0};
+  std::atomic<bool> stop_{false};
+
+  mutable std::mutex conns_mu_;
+  std::shared_ptr<const ConnList> conns_;
+  uint64_t next_serial_ = 1;
+  std::thread progress_;
+};
+
+}  // namespace argrpc

@@ -1,0 +1,91 @@
+// One RPC on a connection, as both ends see it: what arrived (in order), how it ended,
+// and the flow-control state. All fields below `mu` are guarded by it; waiters spin on
+// the connection, then sleep on `cv`, and whoever changes the state notifies.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "common/clock.h"
+#include "engine/frame.h"
+#include "fabric/fabric.h"
+#include "pool/pool.h"
+
+namespace argrpc {
+
+class Connection;
+class Stream;
+
+// A received message's bytes: inline (eager), in a pool block, or on the heap when the
+// pool had no room right then (slower, but a reader holding messages never deadlocks).
+struct Payload {
+  std::string inline_bytes;
+  Block block;
+  std::unique_ptr<uint8_t[]> heap;
+  size_t len = 0;
+  bool is_inline = true;
+  uint8_t* data() {
+    if (is_inline) return reinterpret_cast<uint8_t*>(inline_bytes.data());
+    return block.valid() ? block.data() : heap.get();
+  }
+};
+
+// A rendezvous message the receiver is pulling (or will pull) from the sender's pool.
+struct Pull {
+  uint64_t stream_id = 0, rdv_id = 0, len = 0;
+  RemoteRef src;
+  Payload dst;
+  uint64_t next_off = 0, done = 0;  // guarded by the connection's poll lock
+  int inflight = 0;
+  bool started = false;   // guarded by the stream's mu
+  bool complete = false;  // guarded by the stream's mu
+  bool orphaned = false;  // the stream ended: FIN and drop when the reads finish
+  std::weak_ptr<Stream> stream;
+};
+
+struct Incoming {
+  Payload eager;
+  std::shared_ptr<Pull> pull;
+  bool ready() const { return !pull || pull->complete; }
+};
+
+class Stream {
+ public:
+  Stream(uint64_t id_, bool client_, std::shared_ptr<Connection> conn_, Deadline dl)
+      : id(id_), client(client_), conn(std::move(conn_)), deadline(dl) {}
+
+  const uint64_t id;
+  const bool client;
+  const std::shared_ptr<Connection> conn;
+  const Deadline deadline;
+  std::string method;   // server side
+  Metadata request_md;  // server side
+
+  std::mutex mu;
+  std::condition_variable cv;
+  int sleepers = 0;
+  std::deque<Incoming> inbox;
+  int pulls_active = 0;
+  bool peer_half_closed = false;
+  bool have_initial_md = false;
+  Metadata initial_md;
+  bool ended = false;
+  bool cancelled = false;  // server side: ended by the peer, the deadline or stop()
+  bool reported_cancel = false;
+  uint32_t code = 0;
+  std::string details;
+  Metadata trailing_md;
+  int64_t send_window = 0;
+  uint64_t recv_unacked = 0;
+  bool headers_sent = false;   // server: initial metadata went out
+  bool trailers_sent = false;
+
+  void notify_locked() {
+    if (sleepers) cv.notify_all();
+  }
+};
+
+}  // namespace argrpc

@@ -1,0 +1,71 @@
+// The fabric interface: the only thing the engine knows about how bytes move. It is
+// verbs-shaped on purpose (write-with-immediate into the peer's receive ring, read from
+// announced remote memory, poll completions, a fd to block on), so the shm fabric and
+// the verbs fabric are interchangeable and a new one is one new file.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace argrpc {
+
+class Block;
+
+// Where a peer can read an announced block from (RTS frame).
+struct RemoteRef {
+  uint64_t addr = 0;
+  uint32_t key = 0;
+};
+
+struct Completion {
+  enum Kind : uint8_t { kRecv, kReadDone, kError };
+  Kind kind = kRecv;
+  uint32_t len = 0;     // kRecv: length of the batch the peer wrote (its immediate)
+  uint64_t wr_id = 0;   // kReadDone: the id given to read()
+};
+
+class Fabric {
+ public:
+  virtual ~Fabric() = default;
+  virtual const char* name() const = 0;
+
+  // The local receive ring the peer writes batches into.
+  virtual const uint8_t* ring() const = 0;
+  virtual size_t ring_size() const = 0;
+  // What the peer declared at connection time.
+  virtual size_t peer_ring_size() const = 0;
+  virtual uint32_t peer_slots() const = 0;          // batches it can hold unconsumed
+  virtual size_t peer_stream_window() const = 0;    // unread eager bytes per stream
+
+  // Copies [src, src+len) into the peer's ring at `remote_off` and delivers `len` to
+  // the peer as the immediate of a kRecv completion. Thread-compatible: the engine
+  // serialises calls.
+  virtual bool write_imm(const void* src, uint32_t len, size_t remote_off) = 0;
+
+  // Makes a local pool block readable by the peer until the peer's FIN.
+  virtual RemoteRef expose(const Block& b) = 0;
+  // Reads len bytes of announced peer memory into dst; a kReadDone completion with
+  // wr_id follows. False if the reference is outside what the peer may announce.
+  virtual bool read(void* dst, const RemoteRef& src, size_t len, uint64_t wr_id) = 0;
+
+  // Ring credits travel out of band so that returning them never needs ring space.
+  virtual void publish_consumed(uint64_t bytes, uint64_t batches) = 0;
+  virtual void peer_consumed(uint64_t* bytes, uint64_t* batches) const = 0;
+
+  virtual int poll(Completion* out, int max) = 0;
+
+  // Blocking: the engine waits for wait_fd() to become readable. arm() asks to be
+  // signalled for the next completion and returns false if one is already pending.
+  virtual int wait_fd() const = 0;
+  virtual bool arm() = 0;
+  virtual void disarm() = 0;
+  virtual void ack_wakeup() = 0;
+  // Readable/hung up when the peer is gone (-1 if the fabric has no such fd).
+  virtual int liveness_fd() const = 0;
+  // Stop signalling and release what the peer could still reach; idempotent.
+  virtual void shutdown() = 0;
+  // Why the fabric failed (after a kError completion).
+  virtual std::string error() const = 0;
+};
+
+}  // namespace argrpc

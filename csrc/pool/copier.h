@@ -1,0 +1,40 @@
+// Bulk copies with two threads. One thread copies 7 GB/s into pre-faulted memory here,
+// two reach 12-23 GB/s, so large copies are split with one helper thread.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <mutex>
+#include <thread>
+
+namespace argrpc {
+
+class Copier {
+ public:
+  Copier(size_t parallel_min, int spin_us);
+  ~Copier();
+  Copier(const Copier&) = delete;
+  Copier& operator=(const Copier&) = delete;
+
+  // Copies n bytes; returns when done. Thread-safe: if the helper is busy, the caller
+  // copies alone.
+  void copy(void* dst, const void* src, size_t n);
+
+ private:
+  void helper_loop();
+
+  const size_t parallel_min_;
+  const int spin_us_;
+  std::mutex use_mu_;  // one split copy at a time
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool helper_sleeping_ = false;
+  bool stop_ = false;
+  std::atomic<int> state_{0};  // 0 idle, 1 job posted, 2 job done
+  void* job_dst_ = nullptr;
+  const void* job_src_ = nullptr;
+  size_t job_n_ = 0;
+  std::thread helper_;
+};
+
+}  // namespace argrpc

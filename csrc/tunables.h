@@ -1,0 +1,30 @@
+// Every tunable of the engine, with its default, in one place. The Python layer
+// (argrpc/_config.py) validates user input and passes these structs in; the C++
+// side only clamps what would be unsafe.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace argrpc {
+
+constexpr size_t KiB = 1024, MiB = 1024 * KiB, GiB = 1024 * MiB;
+
+struct EngineConfig {
+  size_t buf_size = 1 * GiB;   // TF_RDMA_BUF_SIZE: registered pool per process (cap)
+  size_t slab_size = 64 * MiB; // pool grows (and is pre-faulted) in slabs of this size
+  int spin_us = 50;            // TF_RDMA_SPIN_US: spin (with sched_yield) before blocking
+  size_t parallel_copy_min = 2 * MiB;  // copies at least this big use two threads
+};
+
+struct ConnConfig {
+  size_t ring_size = 1 * MiB;        // TF_RDMA_RING_SIZE: receive ring per connection side
+  size_t acc_size = 8 * KiB;         // TF_RDMA_ACC_SIZE: eager batch (coalescing) limit
+  size_t chunk_size = 4 * MiB;       // TF_RDMA_CHUNK_SIZE: rendezvous read chunk
+  int reads_in_flight = 4;           // TF_RDMA_READS_IN_FLIGHT: chunks outstanding per message
+  size_t stream_window = 1 * MiB;    // TF_RDMA_STREAM_WINDOW: unread eager bytes per stream
+  int64_t max_recv = 4 * MiB;        // grpc.max_receive_message_length (-1: unlimited)
+  uint32_t cq_slots = 1024;          // batches in flight before the receiver consumes
+  int pull_ahead = 2;                // large messages pulled ahead of the reader per stream
+};
+
+}  // namespace argrpc

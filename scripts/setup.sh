@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Idempotent set-up for argrpc on a Debian machine (run as root, or with the tools already
+# there): system build tools, Python build/test dependencies, and argrpc itself built.
+#
+# argrpc is installed EDITABLE (`pip install -e .`), on purpose:
+#   * `python -m pytest` (scripts/test.sh) puts the repo root first on sys.path, so tests
+#     import ./argrpc, not a copy in site-packages. An editable build puts the compiled
+#     argrpc/_core*.so and the generated argrpc/_proto/*_pb2.py into the checkout, so the
+#     code under test is exactly the code in the tree, with its own engine.
+#   * one build serves the tests, bench/compare.py and any user script on this machine;
+#     Python edits need no reinstall, C++ edits need this script again (it rebuilds when
+#     a source is newer than the built extension).
+# A plain `pip install .` would leave the checkout without _core, and tests run from the
+# repo would import that unbuilt source package.
+#
+# Environment: PYTHON (interpreter, default python3), ARGRPC_REBUILD=1 (force a rebuild).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+
+log() { printf '[setup] %s\n' "$*"; }
+
+# ---------------------------------------------------------------- system packages
+py_include="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+need_apt=()
+command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
+command -v make >/dev/null 2>&1 || need_apt+=(make)
+if [ ! -f "$py_include/Python.h" ]; then
+    # Only Debian's own python3 gets its headers from apt; others (pyenv, venvs of it)
+    # ship them, so a missing Python.h there is reported below instead.
+    need_apt+=(python3-dev)
+fi
+if [ "${#need_apt[@]}" -gt 0 ]; then
+    if [ "$(id -u)" -ne 0 ]; then
+        log "missing ${need_apt[*]} and not root: install them, then run this again" >&2
+        exit 1
+    fi
+    log "apt-get install ${need_apt[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+if [ ! -f "$py_include/Python.h" ]; then
+    log "no Python.h under $py_include: install the headers for $("$PY" -V 2>&1)" >&2
+    exit 1
+fi
+
+# -------------------------------------------------------------- Python packages
+# Already-satisfied requirements are not fetched again, so a second run is offline.
+pip_install() { "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore "$@"; }
+
+log "Python build and test dependencies"
+pip_install "setuptools>=64" wheel "pybind11>=2.12" \
+    "grpcio>=1.60" "grpcio-tools>=1.60" protobuf numpy \
+    pytest pytest-timeout
+
+# ------------------------------------------------------------------------ argrpc
+# Rebuild only when the extension is missing, fails to import, or is older than any of
+# its inputs: re-running the scripts should not cost a C++ build every time.
+needs_build() {
+    [ "${ARGRPC_REBUILD:-0}" = "1" ] && return 0
+    local so
+    so="$(ls -t argrpc/_core*.so 2>/dev/null | head -n1 || true)"
+    [ -n "$so" ] || return 0
+    local newer
+    newer="$(find csrc protos setup.py pyproject.toml setup.cfg -newer "$so" -type f \
+        2>/dev/null | head -n1 || true)"
+    [ -z "$newer" ] || { log "rebuild: $newer changed"; return 0; }
+    # Imported from / : the editable install must be registered too, or code run outside
+    # the checkout would not find argrpc; and it must resolve to THIS checkout.
+    local where
+    where="$(cd / && "$PY" -c 'import argrpc, argrpc._core; print(argrpc.__file__)' 2>/dev/null)" \
+        || return 0
+    [ "$where" = "$ROOT/argrpc/__init__.py" ] || { log "rebuild: argrpc resolves to $where"; return 0; }
+    return 1
+}
+
+if needs_build; then
+    log "building argrpc (pip install -e .; the C++ engine takes a minute on 2 cores)"
+    # No build isolation: the build requirements were installed just above, so the build
+    # needs no network and reuses the installed pybind11.
+    pip_install --no-build-isolation -e "$ROOT"
+else
+    log "argrpc is up to date ($(ls argrpc/_core*.so))"
+fi
+
+# Prove the result is importable from outside the checkout too.
+(cd / && "$PY" -c 'import argrpc, argrpc._core; print("[setup] argrpc ready:", argrpc.__file__)')

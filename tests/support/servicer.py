@@ -1,0 +1,204 @@
+"""The Echo servicer run inside the server processes; it obeys EchoRequest's control fields."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import threading
+import time
+from types import ModuleType
+from typing import Any, Callable, Iterable, Iterator
+
+import grpc
+import numpy as np
+
+from tests.support import payload, resources
+
+CODES = {c.value[0]: c for c in grpc.StatusCode}
+EXCEPTION_TEXT = "handler failed on purpose"
+RAW_SERVICE = "argrpc.test.Raw"
+RAW_METHOD = f"/{RAW_SERVICE}/Invert"
+
+
+def encode_metadata(md: Iterable[tuple[str, Any]]) -> list[list[str]]:
+    """JSON-safe metadata: binary values as base64 with a "b64:" prefix."""
+    out = []
+    for key, value in md:
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            out.append([key, "b64:" + base64.b64encode(bytes(value)).decode()])
+        else:
+            out.append([key, value])
+    return out
+
+
+class Observations:
+    """What handlers saw, per request tag; read back by tests with query="obs:<tag>"."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._data: dict[str, dict[str, Any]] = {}
+
+    def record(self, tag: str, **values: Any) -> None:
+        with self._lock:
+            self._data.setdefault(tag, {}).update(values)
+
+    def get(self, tag: str) -> dict[str, Any]:
+        with self._lock:
+            return dict(self._data.get(tag, {}))
+
+    def all(self) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            return {tag: dict(values) for tag, values in self._data.items()}
+
+
+class EchoServicer:
+    """Implements argrpc.test.Echo; generated add_EchoServicer_to_server only needs the methods."""
+
+    def __init__(self, pb2: ModuleType) -> None:
+        self._pb2 = pb2
+        self.obs = Observations()
+
+    # -- helpers ---------------------------------------------------------------------
+    def _report(self, context: grpc.ServicerContext) -> str:
+        return json.dumps({
+            "metadata": encode_metadata(context.invocation_metadata()),
+            "time_remaining": context.time_remaining(),
+            "peer": context.peer(),
+        })
+
+    def _control(self, req: Any, context: grpc.ServicerContext, fail: bool = True) -> None:
+        """Apply the per-call controls carried by the first request of a call."""
+        if req.tag:
+            self.obs.record(req.tag, started=True)
+        if req.sleep_ms:
+            time.sleep(req.sleep_ms / 1000)
+        if req.echo_metadata:
+            md = [(k, v) for k, v in context.invocation_metadata() if k.startswith("x-")]
+            context.send_initial_metadata(md)
+            context.set_trailing_metadata(md)
+        if fail:
+            self._fail(req, context)
+
+    def _fail(self, req: Any, context: grpc.ServicerContext) -> None:
+        if req.abort_code:
+            context.abort(CODES[req.abort_code], req.abort_details)
+        if req.raise_exception:
+            raise RuntimeError(EXCEPTION_TEXT)
+
+    def _response(self, req: Any, context: grpc.ServicerContext, index: int = 0) -> Any:
+        if req.digest_only:
+            return self._pb2.EchoResponse(
+                digest=payload.sha256(req.payload), size=len(req.payload), index=index)
+        if req.response_size:
+            body = payload.make(req.response_seed + index, req.response_size)
+        else:
+            body = req.payload
+        return self._pb2.EchoResponse(
+            payload=body, size=len(req.payload), index=index, info=self._report(context))
+
+    def _wait_for_cancel(self, req: Any, context: grpc.ServicerContext) -> None:
+        """Block until the client cancels (or the deadline passes); record what was seen."""
+        tag = req.tag
+        registered = context.add_callback(lambda: self.obs.record(tag, callback_ran=True))
+        self.obs.record(tag, started=True, callback_registered=registered)
+        limit = time.monotonic() + (req.wait_limit_ms or 30000) / 1000
+        while context.is_active() and time.monotonic() < limit:
+            time.sleep(0.01)
+        self.obs.record(tag, wait_ended=True, is_active_after=context.is_active())
+
+    def _query(self, req: Any) -> Any:
+        if req.query.startswith("obs:"):
+            info: Any = self.obs.get(req.query[4:])
+        elif req.query == "resources":
+            info = resources.snapshot()
+        else:
+            info = {"error": f"unknown query {req.query!r}"}
+        return self._pb2.EchoResponse(info=json.dumps(info))
+
+    def _finish_plain(self, req: Any, context: grpc.ServicerContext) -> bool:
+        """set_code/set_details path: returns True when the call should end now."""
+        if req.set_code:
+            context.set_code(CODES[req.set_code])
+            context.set_details(req.set_details)
+            return True
+        return False
+
+    # -- the four arities ------------------------------------------------------------
+    def Unary(self, req: Any, context: grpc.ServicerContext) -> Any:
+        if req.query:
+            return self._query(req)
+        self._control(req, context)
+        if req.wait_for_cancel:
+            self._wait_for_cancel(req, context)
+            return self._pb2.EchoResponse()
+        if self._finish_plain(req, context):
+            return self._pb2.EchoResponse()
+        return self._response(req, context)
+
+    def ServerStream(self, req: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        self._control(req, context, fail=not req.fail_after)
+        count = 1 if req.response_count == 0 else max(req.response_count, 0)
+        for index in range(count):
+            if req.fail_after and index == req.fail_after:
+                self._fail(req, context)
+            if index and req.sleep_ms:
+                time.sleep(req.sleep_ms / 1000)
+            yield self._response(req, context, index)
+        if req.wait_for_cancel:
+            self._wait_for_cancel(req, context)
+            return
+        self._finish_plain(req, context)
+
+    def ClientStream(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+        digest = hashlib.sha256()
+        size = count = 0
+        first = None
+        for req in requests:
+            if first is None:
+                first = req
+                self._control(req, context)
+                if req.wait_for_cancel:
+                    self._wait_for_cancel(req, context)
+                    return self._pb2.EchoResponse()
+            digest.update(req.payload)
+            size += len(req.payload)
+            count += 1
+        if first is not None and self._finish_plain(first, context):
+            return self._pb2.EchoResponse()
+        return self._pb2.EchoResponse(
+            digest=digest.digest(), size=size, index=count, info=self._report(context))
+
+    def Bidi(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+        first = None
+        for req in requests:
+            if first is None:
+                first = req
+                self._control(req, context)
+            elif req.sleep_ms:
+                time.sleep(req.sleep_ms / 1000)
+            count = 1 if req.response_count == 0 else max(req.response_count, 0)
+            for index in range(count):
+                yield self._response(req, context, index)
+            if req.wait_for_cancel:
+                self._wait_for_cancel(req, context)
+                return
+        if first is not None:
+            self._finish_plain(first, context)
+
+
+def raw_handler(buffer_serializer: bool) -> grpc.GenericRpcHandler:
+    """A protobuf-free service: the response is the request with every byte inverted.
+
+    With `buffer_serializer` the handler's numpy array goes to the transport as is (argrpc
+    accepts any buffer-protocol object); plain grpc needs bytes.
+    """
+
+    def invert(request: Any, context: grpc.ServicerContext) -> np.ndarray:
+        return np.bitwise_not(np.frombuffer(request, dtype=np.uint8))
+
+    serializer: Callable[[np.ndarray], Any] = (
+        (lambda a: a) if buffer_serializer else (lambda a: a.tobytes()))
+    return grpc.method_handlers_generic_handler(RAW_SERVICE, {
+        "Invert": grpc.unary_unary_rpc_method_handler(
+            invert, request_deserializer=None, response_serializer=serializer),
+    })

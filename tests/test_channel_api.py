@@ -1,0 +1,121 @@
+"""grpc.Channel API surface: readiness, connectivity, context manager, close, unreachable."""
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any, Callable
+
+import grpc
+import pytest
+
+from tests.support.clients import UNLIMITED_SERVER_ARGS, Client, check_transport, make_channel
+
+
+def test_is_grpc_channel(client: Client) -> None:
+    assert isinstance(client.channel, grpc.Channel)
+
+
+def test_channel_ready_future(pair: tuple[str, str], servers: Any) -> None:
+    server = servers.get(pair[1], UNLIMITED_SERVER_ARGS)
+    channel = make_channel(pair[0], server.target)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=30)
+        import echo_pb2, echo_pb2_grpc
+        stub = echo_pb2_grpc.EchoStub(channel)
+        assert stub.Unary(echo_pb2.EchoRequest(payload=b"r"), timeout=30).payload == b"r"
+        check_transport(channel, *pair)
+    finally:
+        channel.close()
+
+
+def test_subscribe_reports_ready(pair: tuple[str, str], servers: Any) -> None:
+    server = servers.get(pair[1], UNLIMITED_SERVER_ARGS)
+    channel = make_channel(pair[0], server.target)
+    ready = threading.Event()
+    states: list[grpc.ChannelConnectivity] = []
+
+    def on_change(state: grpc.ChannelConnectivity) -> None:
+        states.append(state)
+        if state == grpc.ChannelConnectivity.READY:
+            ready.set()
+
+    try:
+        channel.subscribe(on_change, try_to_connect=True)
+        assert ready.wait(30), f"never READY, saw {states}"
+        assert all(isinstance(s, grpc.ChannelConnectivity) for s in states)
+        channel.unsubscribe(on_change)
+    finally:
+        channel.close()
+
+
+def test_context_manager_closes(pair: tuple[str, str], servers: Any) -> None:
+    import echo_pb2, echo_pb2_grpc
+
+    server = servers.get(pair[1], UNLIMITED_SERVER_ARGS)
+    with make_channel(pair[0], server.target) as channel:
+        stub = echo_pb2_grpc.EchoStub(channel)
+        assert stub.Unary(echo_pb2.EchoRequest(payload=b"cm"), timeout=30).payload == b"cm"
+        check_transport(channel, *pair)
+    # grpc: "Cannot invoke RPC on closed channel!" as ValueError
+    with pytest.raises(ValueError):
+        stub.Unary(echo_pb2.EchoRequest(payload=b"late"), timeout=5)
+    with pytest.raises(ValueError):
+        stub.Unary.future(echo_pb2.EchoRequest(payload=b"late"), timeout=5)
+
+
+def test_close_cancels_in_flight(client: Client) -> None:
+    fut = client.stub.Unary.future(client.req(sleep_ms=3000), timeout=60)
+    call = client.stub.ServerStream(client.req(response_count=100, sleep_ms=100), timeout=60)
+    next(call)
+    client.channel.close()
+    exc = fut.exception(timeout=30)
+    assert exc is not None and exc.code() == grpc.StatusCode.CANCELLED
+    assert exc.details() == "Channel closed!"
+    with pytest.raises(grpc.RpcError) as info:
+        for _ in call:
+            pass
+    assert info.value.code() == grpc.StatusCode.CANCELLED
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("stack", ["argrpc", "grpc"])
+def test_unreachable_server(stack: str) -> None:
+    import echo_pb2, echo_pb2_grpc
+
+    channel = make_channel(stack, f"127.0.0.1:{_free_port()}")
+    try:
+        stub = echo_pb2_grpc.EchoStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Unary(echo_pb2.EchoRequest(), timeout=10)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Unary(echo_pb2.EchoRequest(), timeout=1, wait_for_ready=True)
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    finally:
+        channel.close()
+
+
+@pytest.mark.parametrize("stack", ["argrpc", "grpc"])
+def test_server_appears_later(stack: str, spawn: Callable[..., Any]) -> None:
+    """A channel made before its server exists negotiates once the server is up."""
+    import echo_pb2, echo_pb2_grpc
+
+    port = _free_port()
+    channel = make_channel(stack, f"127.0.0.1:{port}")
+    try:
+        stub = echo_pb2_grpc.EchoStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Unary(echo_pb2.EchoRequest(), timeout=10)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        server = spawn("argrpc", ("--port", str(port)))
+        assert server.port == port
+        resp = stub.Unary(echo_pb2.EchoRequest(payload=b"up"), timeout=30, wait_for_ready=True)
+        assert resp.payload == b"up"
+        check_transport(channel, stack, "argrpc")
+    finally:
+        channel.close()

@@ -1,0 +1,147 @@
+"""Deadlines and client-side cancellation, observed on both ends."""
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from typing import Any, Iterator
+
+import grpc
+import pytest
+
+from tests.support.clients import Client, new_tag
+
+
+def _server_saw_end(obs: dict[str, Any]) -> bool:
+    return bool(obs.get("wait_ended")) and bool(obs.get("callback_ran"))
+
+
+def _assert_server_saw_cancel(client: Client, tag: str) -> None:
+    obs = client.wait_obs(tag, _server_saw_end, timeout=30)
+    assert obs.get("started"), f"handler never ran: {obs}"
+    assert obs.get("callback_registered") is True, obs
+    assert obs.get("wait_ended"), f"server never saw the call end (is_active stayed true): {obs}"
+    assert obs.get("is_active_after") is False, obs
+    assert obs.get("callback_ran"), f"add_callback callback did not run: {obs}"
+
+
+def test_deadline_exceeded_slow_unary(client: Client) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        client.stub.Unary(client.req(sleep_ms=3000), timeout=0.5)
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert info.value.details() == "Deadline Exceeded"
+
+
+def test_deadline_exceeded_future(client: Client) -> None:
+    fut = client.stub.Unary.future(client.req(sleep_ms=3000), timeout=0.5)
+    exc = fut.exception(timeout=30)
+    assert exc is not None and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def test_deadline_exceeded_mid_stream(client: Client) -> None:
+    call = client.stub.ServerStream(
+        client.req(response_count=100, sleep_ms=200, payload=b"s"), timeout=1.5)
+    got = 0
+    with pytest.raises(grpc.RpcError) as info:
+        for _ in call:
+            got += 1
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert 0 < got < 100
+
+
+def test_deadline_reaches_server(client: Client) -> None:
+    tag = new_tag()
+    with pytest.raises(grpc.RpcError) as info:
+        client.stub.Unary(client.req(tag=tag, wait_for_cancel=True), timeout=1.0)
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    _assert_server_saw_cancel(client, tag)
+
+
+def test_time_remaining_propagates(client: Client) -> None:
+    resp = client.stub.Unary(client.req(payload=b"t"), timeout=20)
+    remaining = json.loads(resp.info)["time_remaining"]
+    assert remaining is not None and 0 < remaining <= 20
+    resp = client.stub.Unary(client.req(payload=b"t"))
+    remaining = json.loads(resp.info)["time_remaining"]
+    assert remaining is None or remaining > 1e6  # no deadline
+
+
+def test_cancel_unary_future(client: Client) -> None:
+    tag = new_tag()
+    fut = client.stub.Unary.future(client.req(tag=tag, wait_for_cancel=True), timeout=60)
+    obs = client.wait_obs(tag, lambda o: bool(o.get("started")))
+    assert obs.get("started"), "handler did not start"
+    assert fut.cancel() is True
+    assert fut.cancelled() and fut.done()
+    with pytest.raises(grpc.FutureCancelledError):
+        fut.result(timeout=10)
+    assert fut.code() == grpc.StatusCode.CANCELLED
+    _assert_server_saw_cancel(client, tag)
+    assert fut.cancel() is False or fut.cancelled()  # cancelling twice is harmless
+
+
+def test_cancel_server_stream_midway(client: Client) -> None:
+    tag = new_tag()
+    call = client.stub.ServerStream(
+        client.req(tag=tag, wait_for_cancel=True, response_count=5, payload=b"s"), timeout=60)
+    assert next(call).index == 0
+    assert next(call).index == 1
+    client.wait_obs(tag, lambda o: bool(o.get("started")))
+    assert call.cancel() is True
+    with pytest.raises(grpc.RpcError) as info:
+        for _ in call:
+            pass
+    assert info.value.code() == grpc.StatusCode.CANCELLED
+    assert call.code() == grpc.StatusCode.CANCELLED
+    _assert_server_saw_cancel(client, tag)
+
+
+def _blocking_requests(outbox: "queue.Queue[Any]") -> Iterator[Any]:
+    while (item := outbox.get()) is not None:
+        yield item
+
+
+def test_cancel_bidi_midway(client: Client) -> None:
+    tag = new_tag()
+    outbox: queue.Queue[Any] = queue.Queue()
+    call = client.stub.Bidi(_blocking_requests(outbox), timeout=60)
+    try:
+        outbox.put(client.req(payload=b"first"))
+        assert next(call).payload == b"first"
+        outbox.put(client.req(payload=b"second", tag=tag, wait_for_cancel=True))
+        assert next(call).payload == b"second"
+        client.wait_obs(tag, lambda o: bool(o.get("started")))
+        assert call.cancel() is True
+        with pytest.raises(grpc.RpcError) as info:
+            next(call)
+        assert info.value.code() == grpc.StatusCode.CANCELLED
+    finally:
+        outbox.put(None)
+    _assert_server_saw_cancel(client, tag)
+
+
+def test_cancel_client_stream_midway(client: Client) -> None:
+    tag = new_tag()
+    outbox: queue.Queue[Any] = queue.Queue()
+    fut = client.stub.ClientStream.future(_blocking_requests(outbox), timeout=60)
+    try:
+        outbox.put(client.req(payload=b"first", tag=tag, wait_for_cancel=True))
+        client.wait_obs(tag, lambda o: bool(o.get("started")))
+        assert fut.cancel() is True
+        with pytest.raises(grpc.FutureCancelledError):
+            fut.result(timeout=10)
+    finally:
+        outbox.put(None)
+    _assert_server_saw_cancel(client, tag)
+
+
+def test_cancel_many_then_channel_still_works(client: Client) -> None:
+    """Cancelled calls must not wedge the (multiplexed) connection."""
+    futs = [client.stub.Unary.future(client.req(sleep_ms=500), timeout=60) for _ in range(10)]
+    for fut in futs:
+        fut.cancel()
+    done = threading.Event()
+    threading.Thread(target=lambda: (client.stub.Unary(client.req(payload=b"ok"), timeout=30),
+                                     done.set()), daemon=True).start()
+    assert done.wait(30)
+    assert client.stub.Unary(client.req(payload=b"ok"), timeout=30).payload == b"ok"
