@@ -40,6 +40,7 @@ _UNKNOWN = grpc.StatusCode.UNKNOWN
 _INTERNAL = grpc.StatusCode.INTERNAL
 _RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
 _UNAVAILABLE_INT = grpc.StatusCode.UNAVAILABLE.value[0]
+_CANCELLED_INT = grpc.StatusCode.CANCELLED.value[0]
 
 _SERIALIZE_FAILED = "Exception serializing request!"
 _DESERIALIZE_FAILED = "Exception deserializing response!"
@@ -73,16 +74,20 @@ def _deadline(timeout: Optional[float]) -> Optional[float]:
     return None if timeout is None else time.time() + timeout
 
 
+def _closed_by_us(channel: "Channel", code: int) -> bool:
+    # conn.close() ends the calls of the connection (UNAVAILABLE per core-api.md, CANCELLED
+    # in the current engine); when it was our close(), grpc's answer is CANCELLED.
+    return (code == _UNAVAILABLE_INT or code == _CANCELLED_INT) and channel._closed
+
+
 def _map_status(channel: "Channel", code: int, details: str) -> tuple[grpc.StatusCode, str]:
-    # The engine ends every call of a closed connection UNAVAILABLE; if it was our
-    # close(), grpc's answer is CANCELLED.
-    if code == _UNAVAILABLE_INT and channel._closed:
+    if _closed_by_us(channel, code) and details != _LOCAL_CANCEL:
         return _CANCELLED, CHANNEL_CLOSED
     return code_from_int(code, details)
 
 
 def _status_exception(channel: "Channel", code: int, details: str, imd: Any, tmd: Any) -> _RpcError:
-    if code == _UNAVAILABLE_INT and channel._closed:
+    if _closed_by_us(channel, code):
         return local_error(_CANCELLED, CHANNEL_CLOSED, f"CANCELLED:{CHANNEL_CLOSED}")
     return status_error(code, details, imd, tmd)
 
@@ -359,10 +364,23 @@ class _Call(grpc.RpcError, grpc.Call, grpc.Future):
     def cancel(self) -> bool:
         if self._code is not None:
             return False
-        if not self._core.cancel(_CANCELLED.value[0], _LOCAL_CANCEL):
-            self._poll()  # it ended on its own first
+        # The engine cancel happens under our lock so the callback thread, which may see
+        # the engine call end at once, cannot record it as an ordinary end first.
+        with self._lock:
+            if self._code is not None:
+                return False
+            if self._core.cancel(_CANCELLED.value[0], _LOCAL_CANCEL):
+                self._code, self._details, self._debug = _CANCELLED, _LOCAL_CANCEL, None
+                self._tmd = ()
+                self._cancelled = True
+                callbacks, self._callbacks = self._callbacks, None
+            else:
+                callbacks = None
+        if callbacks is None:
+            self._poll()  # it had ended on its own
             return False
-        return self._complete_locally(_CANCELLED, _LOCAL_CANCEL, cancelled=True)
+        self._run_callbacks(callbacks)
+        return True
 
     def _add(self, callback: Callable[[], None]) -> bool:
         with self._lock:
@@ -468,7 +486,7 @@ class _Call(grpc.RpcError, grpc.Call, grpc.Future):
 
 
 def _consume_requests(core: Any, request_iterator: Any, serializer: Optional[Callable],
-                      max_send: int, override: list) -> None:
+                      max_send: int, override: list, consumers: set) -> None:
     """Feed the request iterator into the call on a daemon thread, then half-close.
 
     The thread holds the engine call and the override slot, not the ``_Call``, so an
@@ -514,7 +532,15 @@ def _consume_requests(core: Any, request_iterator: Any, serializer: Optional[Cal
                 return
         core.half_close()
 
-    threading.Thread(target=run, name="argrpc-requests", daemon=True).start()
+    def main() -> None:
+        try:
+            run()
+        finally:
+            consumers.discard(thread)
+
+    thread = threading.Thread(target=main, name="argrpc-requests", daemon=True)
+    consumers.add(thread)  # so Channel.close() can wait for them briefly
+    thread.start()
 
 
 class _MultiCallable:
@@ -550,6 +576,8 @@ class _MultiCallable:
 
     def _start(self, conn: Any, metadata: Any, timeout: Optional[float],
                unary_response: bool) -> _Call:
+        if timeout is not None and timeout < 0:
+            timeout = 0.0  # grpc: already expired; the engine reads negative as "none"
         core = conn.start_call(self._method, _core_metadata(metadata), timeout)
         return _Call(self._channel, core, self._deser, unary_response, _deadline(timeout))
 
@@ -565,7 +593,7 @@ class _MultiCallable:
                               timeout: Optional[float], unary_response: bool) -> _Call:
         call = self._start(conn, metadata, timeout, unary_response)
         _consume_requests(call._core, request_iterator, self._ser, self._max_send,
-                          call.override)
+                          call.override, self._channel._consumers)
         return call
 
 
@@ -587,6 +615,8 @@ class UnaryUnary(_MultiCallable, grpc.UnaryUnaryMultiCallable):
                 return self._grpc(request, timeout=timeout, metadata=metadata,
                                   credentials=credentials, wait_for_ready=wait_for_ready,
                                   compression=compression)
+        if timeout is not None and timeout < 0:
+            timeout = 0.0  # grpc: already expired; the engine reads negative as "none"
         payload = request if self._raw_send else self._serialize(request)
         code, details, imd, tmd, response = conn.unary(
             self._method, _core_metadata(metadata) if metadata else [], timeout, payload)
@@ -613,6 +643,8 @@ class UnaryUnary(_MultiCallable, grpc.UnaryUnaryMultiCallable):
                                             credentials=credentials,
                                             wait_for_ready=wait_for_ready,
                                             compression=compression)
+        if timeout is not None and timeout < 0:
+            timeout = 0.0  # grpc: already expired; the engine reads negative as "none"
         payload = self._serialize(request)
         code, details, imd, tmd, response = conn.unary(
             self._method, _core_metadata(metadata), timeout, payload)

@@ -59,6 +59,7 @@ class Channel(grpc.Channel):
         self._logged = False
         self._closed = False
         self._watcher = DoneWatcher()
+        self._consumers: set[threading.Thread] = set()  # request-iterator threads (shm)
 
     # ------------------------------------------------------------------ routing
     def _route(self, timeout: Optional[float], wait_for_ready: Optional[bool],
@@ -203,6 +204,12 @@ class Channel(grpc.Channel):
         if fast is not None:
             fast.close()
         self._watcher.close()
+        # Request-iterator threads stop at their next item once their call has ended;
+        # give them a moment so close() leaves no argrpc thread behind (a user iterator
+        # that blocks forever keeps its daemon thread, as with grpc).
+        deadline = time.monotonic() + 0.5
+        for thread in list(self._consumers):
+            thread.join(max(0.0, deadline - time.monotonic()))
         self._grpc.close()
 
     def __enter__(self) -> "Channel":

@@ -62,8 +62,15 @@ _exiting = False
 def _release_loops_at_exit() -> None:
     global _exiting
     _exiting = True
-    for srv in list(_live_servers):
+    servers = list(_live_servers)
+    for srv in servers:
         srv._release_loops()
+    # The watcher is a daemon thread inside the engine: let it leave before the
+    # interpreter (and then the engine) is torn down under it.
+    for srv in servers:
+        watcher = srv._watcher
+        if watcher is not None and watcher.is_alive():
+            watcher.join(0.5)
 
 
 try:

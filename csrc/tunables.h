@@ -11,7 +11,7 @@ constexpr size_t KiB = 1024, MiB = 1024 * KiB, GiB = 1024 * MiB;
 
 struct EngineConfig {
   size_t buf_size = 1 * GiB;   // TF_RDMA_BUF_SIZE: registered pool per process (cap)
-  size_t slab_size = 64 * MiB; // pool grows (and is pre-faulted) in slabs of this size
+  size_t slab_size = 16 * MiB; // first pool growth step (pre-faulted); later steps double
   int spin_us = 50;            // TF_RDMA_SPIN_US: spin (with sched_yield) before blocking
   size_t parallel_copy_min = 2 * MiB;  // copies at least this big use two threads
 };

@@ -545,6 +545,19 @@ bool Connection::submit(const std::shared_ptr<Stream>& sp, const Outgoing& o) {
   bool ok = alive();
   if (ok && ctrl_pending_.load(std::memory_order_seq_cst)) flush_ctrl_locked();
   if (ok && client_headers) {
+    {
+      std::lock_guard<std::mutex> g(streams_mu_);
+      s.id = next_stream_id_;
+      next_stream_id_ += 2;
+      streams_[s.id] = sp;
+    }
+    // fail() may have swept the map just before the insert.
+    if (!alive()) {
+      end_stream(sp, kUnavailable, error(), false, nullptr, false);
+      ok = false;
+    }
+  }
+  if (ok && client_headers) {
     const int64_t timeout_us =
         s.deadline.infinite() ? -1 : int64_t(std::max(0.0, s.deadline.remaining_seconds()) * 1e6);
     const size_t n = 8 + str_size(s.method) + metadata_size(s.request_md);
@@ -681,7 +694,7 @@ void Connection::abandon(const std::shared_ptr<Stream>& s) {
 void Connection::expire(const std::shared_ptr<Stream>& s) {
   const std::string why = "Deadline Exceeded";
   if (client_) {
-    if (end_stream(s, kDeadlineExceeded, why, false, nullptr, false))
+    if (end_stream(s, kDeadlineExceeded, why, false, nullptr, false) && s->id)
       queue_ctrl(kRst, s->id, status_body(kDeadlineExceeded, why, nullptr));
   } else {
     if (end_stream(s, kDeadlineExceeded, why, true, nullptr, false))
@@ -714,7 +727,7 @@ bool Connection::cancel(const std::shared_ptr<Stream>& s, uint32_t code, const s
   bool ended;
   if (client_) {
     ended = end_stream(s, code, details, false, nullptr, false);
-    if (ended) queue_ctrl(kRst, s->id, status_body(code, details, nullptr));
+    if (ended && s->id) queue_ctrl(kRst, s->id, status_body(code, details, nullptr));
   } else {
     ended = end_stream(s, code, details, true, nullptr, false);
     if (ended) queue_ctrl(kTrailers, s->id, status_body(code, details, &kNoMetadata));
@@ -733,13 +746,16 @@ void Connection::fail(uint32_t code, const std::string& why) {
     std::lock_guard<std::mutex> g(err_mu_);
     error_ = why;
   }
-  if (code != kCancelled) std::fprintf(stderr, "%s\n", why.c_str());
   fabric_->shutdown();
   std::vector<std::shared_ptr<Stream>> all;
   {
     std::lock_guard<std::mutex> g(streams_mu_);
     for (auto& kv : streams_) all.push_back(kv.second);
   }
+  // An idle connection whose peer went away is routine; lost calls and protocol
+  // errors are not, and must be visible.
+  if (code == kInternal || (code != kCancelled && !all.empty()))
+    std::fprintf(stderr, "%s (%zu calls affected)\n", why.c_str(), all.size());
   for (auto& s : all) end_stream(s, client_ ? code : kCancelled, why, !client_, nullptr, false);
   {
     std::lock_guard<std::mutex> g(exposed_mu_);
@@ -752,21 +768,11 @@ void Connection::fail(uint32_t code, const std::string& why) {
 
 std::shared_ptr<Stream> Connection::start_call(const std::string& method, const Metadata& md,
                                                double timeout, bool send_headers_now) {
-  uint64_t id;
-  {
-    std::lock_guard<std::mutex> g(streams_mu_);
-    id = next_stream_id_;
-    next_stream_id_ += 2;
-  }
   const Deadline dl = timeout < 0 ? Deadline::never() : Deadline::after_seconds(timeout);
-  auto s = std::make_shared<Stream>(id, true, shared_from_this(), dl);
+  auto s = std::make_shared<Stream>(0, true, shared_from_this(), dl);
   s->method = method;
   s->request_md = md;
   s->send_window = static_cast<int64_t>(fabric_->peer_stream_window());
-  {
-    std::lock_guard<std::mutex> g(streams_mu_);
-    streams_[id] = s;
-  }
   if (!alive()) {
     end_stream(s, kUnavailable, error(), false, nullptr, false);
     return s;

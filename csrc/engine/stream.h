@@ -57,7 +57,9 @@ class Stream {
   Stream(uint64_t id_, bool client_, std::shared_ptr<Connection> conn_, Deadline dl)
       : id(id_), client(client_), conn(std::move(conn_)), deadline(dl) {}
 
-  const uint64_t id;
+  // Client streams get their id when their HEADERS are encoded (under the send lock),
+  // so ids reach the server in increasing order whatever order the calls started in.
+  uint64_t id;
   const bool client;
   const std::shared_ptr<Connection> conn;
   const Deadline deadline;
