@@ -59,6 +59,7 @@ class Config:
     reads_in_flight: int = 4
     stream_window: int = 1 * MiB
     over_tls: bool = False
+    malloc_tuning: bool = True
 
 
 # --------------------------------------------------------------------------- parsing
@@ -235,6 +236,12 @@ _KNOBS: tuple[_Knob, ...] = (
           "`true`: allow the fast path for `secure_channel`/`add_secure_port` (the "
           "shared-memory data path is not encrypted)",
           _bool_parser(_BOOL_ACCEPTED)),
+    _Knob("TF_RDMA_MALLOC_TUNING", "malloc_tuning", "true", _BOOL_ACCEPTED,
+          "`true`: when the fast path starts, keep freed heap memory for reuse (glibc "
+          "`M_MMAP_THRESHOLD`=32M, `M_TRIM_THRESHOLD`=256M) so protobuf's fresh multi-MiB "
+          "buffers do not page-fault on every message; `false`: leave malloc alone; "
+          "process-wide: environment only",
+          _bool_parser(_BOOL_ACCEPTED), process_wide=True),
 )
 
 _BY_NAME: dict[str, _Knob] = {k.name: k for k in _KNOBS}
@@ -350,7 +357,8 @@ def max_send_length(grpc_options: Any) -> int:
 
 def engine_config(cfg: Config) -> dict[str, int]:
     """Config dict for `_core.Engine(...)` (process-wide knobs only)."""
-    return {"buf_size": cfg.buf_size, "spin_us": cfg.spin_us}
+    return {"buf_size": cfg.buf_size, "spin_us": cfg.spin_us,
+            "malloc_tuning": int(cfg.malloc_tuning)}
 
 
 def conn_config(cfg: Config, max_recv: int) -> dict[str, int]:

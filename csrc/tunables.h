@@ -14,6 +14,12 @@ struct EngineConfig {
   size_t slab_size = 16 * MiB; // first pool growth step (pre-faulted); later steps double
   int spin_us = 50;            // TF_RDMA_SPIN_US: spin (with sched_yield) before blocking
   size_t parallel_copy_min = 2 * MiB;  // copies at least this big use two threads
+  // TF_RDMA_MALLOC_TUNING: protobuf builds a fresh buffer per message; with glibc's
+  // defaults each multi-MiB one is new, page-faulting memory (1.3-2.8 GB/s here), so
+  // keep freed memory for reuse instead.
+  bool malloc_tuning = true;
+  size_t malloc_mmap_threshold = 32 * MiB;   // glibc's maximum
+  size_t malloc_trim_threshold = 256 * MiB;
 };
 
 struct ConnConfig {

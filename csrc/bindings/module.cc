@@ -50,7 +50,9 @@ EngineConfig engine_config(const py::dict& d) {
   EngineConfig c;
   c.buf_size = get_or<size_t>(d, "buf_size", c.buf_size);
   c.spin_us = get_or<int>(d, "spin_us", c.spin_us);
+  c.malloc_tuning = get_or<int>(d, "malloc_tuning", c.malloc_tuning) != 0;
   c.slab_size = get_or<size_t>(d, "slab_size", c.slab_size);
+  c.parallel_copy_min = get_or<size_t>(d, "parallel_copy_min", c.parallel_copy_min);
   return c;
 }
 

@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include <malloc.h>
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -20,6 +21,10 @@ constexpr int kSweepMs = 5;  // deadline sweep period while asleep
 }
 
 Engine::Engine(const EngineConfig& cfg) : cfg_(cfg) {
+  if (cfg_.malloc_tuning) {
+    ::mallopt(M_MMAP_THRESHOLD, static_cast<int>(cfg_.malloc_mmap_threshold));
+    ::mallopt(M_TRIM_THRESHOLD, static_cast<int>(cfg_.malloc_trim_threshold));
+  }
   pool_ = Pool::create(cfg_);
   copier_ = std::make_unique<Copier>(cfg_.parallel_copy_min, cfg_.spin_us);
   epoll_ = UniqueFd(::epoll_create1(EPOLL_CLOEXEC));
