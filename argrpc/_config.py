@@ -58,6 +58,7 @@ class Config:
     spin_us: int = 50
     reads_in_flight: int = 4
     stream_window: int = 1 * MiB
+    zero_copy_min: int = 1 * MiB
     over_tls: bool = False
     malloc_tuning: bool = True
 
@@ -118,7 +119,8 @@ def _bool_parser(accepted: str) -> Callable[[Any], bool]:
     return parse
 
 
-def _size_parser(lo: int, hi: int, accepted: str, power_of_two: bool = False) -> Callable[[Any], int]:
+def _size_parser(lo: int, hi: int, accepted: str, power_of_two: bool = False,
+                 zero_or_min: int = 0) -> Callable[[Any], int]:
     def parse(value: Any) -> int:
         if isinstance(value, bool):
             raise _bad(accepted)
@@ -131,7 +133,7 @@ def _size_parser(lo: int, hi: int, accepted: str, power_of_two: bool = False) ->
                 raise _bad(accepted) from None
         else:
             raise _bad(accepted)
-        if not lo <= n <= hi or (power_of_two and n & (n - 1)):
+        if not lo <= n <= hi or (power_of_two and n & (n - 1)) or 0 < n < zero_or_min:
             raise _bad(accepted)
         return n
 
@@ -196,6 +198,7 @@ _RING_ACC = _size_accepted(64 * KiB, 256 * MiB, ", a power of two")
 _SPIN_ACC = "an integer number of microseconds from 0 to 100000"
 _READS_ACC = "an integer from 1 to 64"
 _WINDOW_ACC = _size_accepted(64 * KiB, 1 * GiB)
+_ZC_ACC = "0 (off) or " + _size_accepted(4 * KiB, 64 * GiB)
 
 _KNOBS: tuple[_Knob, ...] = (
     _Knob("TF_RDMA_ENABLED", "enabled", "true", _BOOL_ACCEPTED,
@@ -232,6 +235,12 @@ _KNOBS: tuple[_Knob, ...] = (
     _Knob("TF_RDMA_STREAM_WINDOW", "stream_window", "1M", "64K..1G",
           "eager bytes one stream may have unread at the receiver (flow control)",
           _size_parser(64 * KiB, 1 * GiB, _WINDOW_ACC)),
+    _Knob("TF_RDMA_ZERO_COPY_MIN", "zero_copy_min", "1M", "0 (off) or 4K..64G",
+          "shm only: a received message at least this big is handed to the deserializer "
+          "as a read-only view of the sender's pool block (one copy fewer); the sender's "
+          "block returns when the view is released. At most 1/4 of the sender's pool is "
+          "lent per connection, beyond that messages are copied",
+          _size_parser(0, 64 * GiB, _ZC_ACC, zero_or_min=4 * KiB)),
     _Knob("TF_RDMA_OVER_TLS", "over_tls", "false", _BOOL_ACCEPTED,
           "`true`: allow the fast path for `secure_channel`/`add_secure_port` (the "
           "shared-memory data path is not encrypted)",
@@ -369,5 +378,6 @@ def conn_config(cfg: Config, max_recv: int) -> dict[str, int]:
         "chunk_size": cfg.chunk_size,
         "reads_in_flight": cfg.reads_in_flight,
         "stream_window": cfg.stream_window,
+        "zero_copy_min": cfg.zero_copy_min,
         "max_recv": -1 if max_recv is None or max_recv < 0 else int(max_recv),
     }

@@ -504,6 +504,8 @@ def main(argv: list[str]) -> int:
     try:
         generate_stubs(stubs_dir)
         pb2, pb2_grpc = load_stubs(stubs_dir)
+        # grpc first: argrpc's engine changes process-wide state when it starts (malloc
+        # tuning, its pool), which must not flatter the baseline measured in this process.
         stacks = ["grpc", "argrpc"] if args.stack == "both" else [args.stack]
         for stack in stacks:
             try:

@@ -31,6 +31,10 @@ struct ConnConfig {
   int64_t max_recv = 4 * MiB;        // grpc.max_receive_message_length (-1: unlimited)
   uint32_t cq_slots = 1024;          // batches in flight before the receiver consumes
   int pull_ahead = 2;                // large messages pulled ahead of the reader per stream
+  // TF_RDMA_ZERO_COPY_MIN: on fabrics that can map the sender's pool (shm), messages at
+  // least this big are handed to the reader as a view of the sender's block instead of
+  // being copied (0: never).
+  size_t view_min = 1 * MiB;
 };
 
 }  // namespace argrpc

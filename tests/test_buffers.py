@@ -12,7 +12,7 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-from tests.support.clients import Client
+from tests.support.clients import Client, deadline
 from tests.support.payload import ACC_SIZE, CHUNK_SIZE, MiB
 from tests.support.servicer import RAW_METHOD
 
@@ -38,21 +38,21 @@ def _method(client: Client, kind: str, seen: list[type]) -> Any:
 
 
 @pytest.mark.parametrize("kind", ["numpy", "memoryview"])
-@pytest.mark.parametrize("size", SIZES)
-def test_buffer_serializer_roundtrip(client: Client, kind: str, size: int) -> None:
-    seen: list[type] = []
-    rng = np.random.default_rng(size)
-    array = rng.integers(0, 256, size, dtype=np.uint8)
-    reply = _method(client, kind, seen)(array, timeout=120)
-    assert len(seen) == 1 and issubclass(seen[0], (bytes, memoryview)), seen
-    got = np.frombuffer(reply, dtype=np.uint8)
-    assert got.size == size
-    assert np.array_equal(got, np.bitwise_not(array))
+def test_buffer_serializer_roundtrip(client: Client, kind: str) -> None:
+    method = _method(client, kind, seen := [])
+    for size in SIZES:
+        seen.clear()
+        array = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+        reply = method(array, timeout=deadline(size))
+        assert len(seen) == 1 and issubclass(seen[0], (bytes, memoryview)), (size, seen)
+        got = np.frombuffer(reply, dtype=np.uint8)
+        assert got.size == size
+        assert np.array_equal(got, np.bitwise_not(array)), f"{size} B corrupted"
 
 
 def test_float_array(client: Client) -> None:
     array = np.linspace(-1, 1, 1_000_003, dtype=np.float32)
-    reply = _method(client, "numpy", [])(array, timeout=120)
+    reply = _method(client, "numpy", [])(array, timeout=deadline(array.nbytes))
     back = np.bitwise_not(np.frombuffer(reply, dtype=np.uint8)).view(np.float32)
     assert np.array_equal(back, array)
 
@@ -61,9 +61,9 @@ def test_received_views_stay_valid(client: Client) -> None:
     """Replies kept alive by the caller must not be overwritten by later calls."""
     method = _method(client, "numpy", [])
     arrays = [np.full(CHUNK_SIZE + 7, i, dtype=np.uint8) for i in range(6)]
-    replies = [method(a, timeout=120) for a in arrays]
+    replies = [method(a, timeout=deadline(a.nbytes)) for a in arrays]
     for _ in range(4):  # more traffic through the same pool
-        method(np.zeros(CHUNK_SIZE + 7, dtype=np.uint8), timeout=120)
+        method(np.zeros(CHUNK_SIZE + 7, dtype=np.uint8), timeout=deadline(CHUNK_SIZE))
     for i, reply in enumerate(replies):
         got = np.frombuffer(reply, dtype=np.uint8)
         assert np.all(got == (255 - i)), f"reply {i} changed after later calls"
@@ -74,5 +74,5 @@ def test_numpy_frombuffer_view(client: Client) -> None:
         RAW_METHOD, request_serializer=_serializer(client.stack, "numpy"),
         response_deserializer=lambda b: np.frombuffer(b, dtype=np.uint8))
     array = np.arange(CHUNK_SIZE * 2, dtype=np.uint64).view(np.uint8)
-    got = method(array, timeout=120)
+    got = method(array, timeout=deadline(array.nbytes))
     assert np.array_equal(got, np.bitwise_not(array))

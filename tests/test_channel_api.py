@@ -19,10 +19,10 @@ def test_channel_ready_future(pair: tuple[str, str], servers: Any) -> None:
     server = servers.get(pair[1], UNLIMITED_SERVER_ARGS)
     channel = make_channel(pair[0], server.target)
     try:
-        grpc.channel_ready_future(channel).result(timeout=30)
+        grpc.channel_ready_future(channel).result(timeout=20)
         import echo_pb2, echo_pb2_grpc
         stub = echo_pb2_grpc.EchoStub(channel)
-        assert stub.Unary(echo_pb2.EchoRequest(payload=b"r"), timeout=30).payload == b"r"
+        assert stub.Unary(echo_pb2.EchoRequest(payload=b"r"), timeout=20).payload == b"r"
         check_transport(channel, *pair)
     finally:
         channel.close()
@@ -54,7 +54,7 @@ def test_context_manager_closes(pair: tuple[str, str], servers: Any) -> None:
     server = servers.get(pair[1], UNLIMITED_SERVER_ARGS)
     with make_channel(pair[0], server.target) as channel:
         stub = echo_pb2_grpc.EchoStub(channel)
-        assert stub.Unary(echo_pb2.EchoRequest(payload=b"cm"), timeout=30).payload == b"cm"
+        assert stub.Unary(echo_pb2.EchoRequest(payload=b"cm"), timeout=20).payload == b"cm"
         check_transport(channel, *pair)
     # grpc: "Cannot invoke RPC on closed channel!" as ValueError
     with pytest.raises(ValueError):
@@ -64,11 +64,11 @@ def test_context_manager_closes(pair: tuple[str, str], servers: Any) -> None:
 
 
 def test_close_cancels_in_flight(client: Client) -> None:
-    fut = client.stub.Unary.future(client.req(sleep_ms=3000), timeout=60)
-    call = client.stub.ServerStream(client.req(response_count=100, sleep_ms=100), timeout=60)
+    fut = client.stub.Unary.future(client.req(sleep_ms=3000), timeout=30)
+    call = client.stub.ServerStream(client.req(response_count=100, sleep_ms=100), timeout=30)
     next(call)
     client.channel.close()
-    exc = fut.exception(timeout=30)
+    exc = fut.exception(timeout=20)
     assert exc is not None and exc.code() == grpc.StatusCode.CANCELLED
     assert exc.details() == "Channel closed!"
     with pytest.raises(grpc.RpcError) as info:
@@ -114,7 +114,7 @@ def test_server_appears_later(stack: str, spawn: Callable[..., Any]) -> None:
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
         server = spawn("argrpc", ("--port", str(port)))
         assert server.port == port
-        resp = stub.Unary(echo_pb2.EchoRequest(payload=b"up"), timeout=30, wait_for_ready=True)
+        resp = stub.Unary(echo_pb2.EchoRequest(payload=b"up"), timeout=20, wait_for_ready=True)
         assert resp.payload == b"up"
         check_transport(channel, stack, "argrpc")
     finally:

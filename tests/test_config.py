@@ -218,7 +218,7 @@ def test_engine_and_conn_config() -> None:
     assert _config.engine_config(cfg) == {"buf_size": GiB, "spin_us": 50, "malloc_tuning": 1}
     assert _config.conn_config(cfg, 4 * MiB) == {
         "ring_size": MiB, "acc_size": 8 * KiB, "chunk_size": 4 * MiB, "reads_in_flight": 4,
-        "stream_window": MiB, "max_recv": 4 * MiB}
+        "stream_window": MiB, "zero_copy_min": MiB, "max_recv": 4 * MiB}
     assert _config.conn_config(cfg, -1)["max_recv"] == -1
 
 
@@ -227,7 +227,7 @@ def test_knob_table() -> None:
     assert names == ["TF_RDMA_ENABLED", "TF_RDMA_TRANSPORT", "TF_RDMA_DEV_NAME",
                      "TF_RDMA_CHUNK_SIZE", "TF_RDMA_ACC_SIZE", "TF_RDMA_BUF_SIZE",
                      "TF_RDMA_RING_SIZE", "TF_RDMA_SPIN_US", "TF_RDMA_READS_IN_FLIGHT",
-                     "TF_RDMA_STREAM_WINDOW", "TF_RDMA_OVER_TLS", "TF_RDMA_MALLOC_TUNING"]
+                     "TF_RDMA_STREAM_WINDOW", "TF_RDMA_ZERO_COPY_MIN", "TF_RDMA_OVER_TLS", "TF_RDMA_MALLOC_TUNING"]
     assert all(len(k) == 3 and all(isinstance(x, str) and x for x in k) for k in _config.KNOBS)
     table = _config.knob_table_markdown()
     lines = table.strip().splitlines()

@@ -17,7 +17,7 @@ def _server_saw_end(obs: dict[str, Any]) -> bool:
 
 
 def _assert_server_saw_cancel(client: Client, tag: str) -> None:
-    obs = client.wait_obs(tag, _server_saw_end, timeout=30)
+    obs = client.wait_obs(tag, _server_saw_end, timeout=20)
     assert obs.get("started"), f"handler never ran: {obs}"
     assert obs.get("callback_registered") is True, obs
     assert obs.get("wait_ended"), f"server never saw the call end (is_active stayed true): {obs}"
@@ -34,7 +34,7 @@ def test_deadline_exceeded_slow_unary(client: Client) -> None:
 
 def test_deadline_exceeded_future(client: Client) -> None:
     fut = client.stub.Unary.future(client.req(sleep_ms=3000), timeout=0.5)
-    exc = fut.exception(timeout=30)
+    exc = fut.exception(timeout=20)
     assert exc is not None and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
 
 
@@ -68,7 +68,7 @@ def test_time_remaining_propagates(client: Client) -> None:
 
 def test_cancel_unary_future(client: Client) -> None:
     tag = new_tag()
-    fut = client.stub.Unary.future(client.req(tag=tag, wait_for_cancel=True), timeout=60)
+    fut = client.stub.Unary.future(client.req(tag=tag, wait_for_cancel=True), timeout=30)
     obs = client.wait_obs(tag, lambda o: bool(o.get("started")))
     assert obs.get("started"), "handler did not start"
     assert fut.cancel() is True
@@ -83,7 +83,7 @@ def test_cancel_unary_future(client: Client) -> None:
 def test_cancel_server_stream_midway(client: Client) -> None:
     tag = new_tag()
     call = client.stub.ServerStream(
-        client.req(tag=tag, wait_for_cancel=True, response_count=5, payload=b"s"), timeout=60)
+        client.req(tag=tag, wait_for_cancel=True, response_count=5, payload=b"s"), timeout=30)
     assert next(call).index == 0
     assert next(call).index == 1
     client.wait_obs(tag, lambda o: bool(o.get("started")))
@@ -104,7 +104,7 @@ def _blocking_requests(outbox: "queue.Queue[Any]") -> Iterator[Any]:
 def test_cancel_bidi_midway(client: Client) -> None:
     tag = new_tag()
     outbox: queue.Queue[Any] = queue.Queue()
-    call = client.stub.Bidi(_blocking_requests(outbox), timeout=60)
+    call = client.stub.Bidi(_blocking_requests(outbox), timeout=30)
     try:
         outbox.put(client.req(payload=b"first"))
         assert next(call).payload == b"first"
@@ -123,7 +123,7 @@ def test_cancel_bidi_midway(client: Client) -> None:
 def test_cancel_client_stream_midway(client: Client) -> None:
     tag = new_tag()
     outbox: queue.Queue[Any] = queue.Queue()
-    fut = client.stub.ClientStream.future(_blocking_requests(outbox), timeout=60)
+    fut = client.stub.ClientStream.future(_blocking_requests(outbox), timeout=30)
     try:
         outbox.put(client.req(payload=b"first", tag=tag, wait_for_cancel=True))
         client.wait_obs(tag, lambda o: bool(o.get("started")))
@@ -137,11 +137,11 @@ def test_cancel_client_stream_midway(client: Client) -> None:
 
 def test_cancel_many_then_channel_still_works(client: Client) -> None:
     """Cancelled calls must not wedge the (multiplexed) connection."""
-    futs = [client.stub.Unary.future(client.req(sleep_ms=500), timeout=60) for _ in range(10)]
+    futs = [client.stub.Unary.future(client.req(sleep_ms=500), timeout=30) for _ in range(10)]
     for fut in futs:
         fut.cancel()
     done = threading.Event()
-    threading.Thread(target=lambda: (client.stub.Unary(client.req(payload=b"ok"), timeout=30),
+    threading.Thread(target=lambda: (client.stub.Unary(client.req(payload=b"ok"), timeout=20),
                                      done.set()), daemon=True).start()
     assert done.wait(30)
-    assert client.stub.Unary(client.req(payload=b"ok"), timeout=30).payload == b"ok"
+    assert client.stub.Unary(client.req(payload=b"ok"), timeout=20).payload == b"ok"

@@ -26,7 +26,7 @@ try:
     ch = argrpc.insecure_channel(os.environ["ECHO_TARGET"], options=opts)
     stub = pb2_grpc.EchoStub(ch)
     sizes = json.loads(os.environ.get("ECHO_SIZES", "[3]"))
-    out["ok"] = [stub.Unary(pb2.EchoRequest(payload=payload.make(s, s)), timeout=60).payload
+    out["ok"] = [stub.Unary(pb2.EchoRequest(payload=payload.make(s, s)), timeout=30).payload
                  == payload.make(s, s) for s in sizes]
     out["transport"] = ch.transport
     out["reason"] = ch.fallback_reason
@@ -76,7 +76,7 @@ def test_enabled_false_in_environment(servers: Any, stubs_dir: str) -> None:
 def test_enabled_false_as_channel_option(servers: Any, connect: Callable[..., Client]) -> None:
     server = servers.get("argrpc", UNLIMITED_SERVER_ARGS)
     client = connect("argrpc", server, [("TF_RDMA_ENABLED", "false")], check=False)
-    assert client.stub.Unary(client.req(payload=b"opt"), timeout=30).payload == b"opt"
+    assert client.stub.Unary(client.req(payload=b"opt"), timeout=20).payload == b"opt"
     assert client.channel.transport == "grpc"
     assert "TF_RDMA_ENABLED" in client.channel.fallback_reason
 
@@ -85,14 +85,14 @@ def test_server_disabled_means_fallback(spawn: Callable[..., Any],
                                         connect: Callable[..., Client]) -> None:
     server = spawn("argrpc", UNLIMITED_SERVER_ARGS, env={"TF_RDMA_ENABLED": "false"})
     client = connect("argrpc", server, check=False)
-    assert client.stub.Unary(client.req(payload=b"srv"), timeout=30).payload == b"srv"
+    assert client.stub.Unary(client.req(payload=b"srv"), timeout=20).payload == b"srv"
     assert client.channel.transport == "grpc"
     assert client.channel.fallback_reason
 
 
 def test_plain_grpc_server_gives_reason(servers: Any, connect: Callable[..., Client]) -> None:
     client = connect("argrpc", servers.get("grpc", UNLIMITED_SERVER_ARGS), check=False)
-    assert client.stub.Unary(client.req(payload=b"fb"), timeout=30).payload == b"fb"
+    assert client.stub.Unary(client.req(payload=b"fb"), timeout=20).payload == b"fb"
     assert client.channel.transport == "grpc"
     assert isinstance(client.channel.fallback_reason, str) and client.channel.fallback_reason
 
@@ -120,7 +120,7 @@ def test_bad_channel_option(servers: Any) -> None:
     with pytest.raises(ValueError) as info:
         ch = argrpc.insecure_channel(server.target, options=[("TF_RDMA_ACC_SIZE", "banana")])
         try:  # validation may happen at creation or at the first call; both are fine
-            ch.unary_unary("/argrpc.test.Echo/Unary")(b"", timeout=30)
+            ch.unary_unary("/argrpc.test.Echo/Unary")(b"", timeout=20)
         finally:
             ch.close()
     assert type(info.value).__name__ == "ConfigError"
@@ -144,5 +144,5 @@ def test_valid_channel_options_do_not_reach_grpc(servers: Any,
     client = connect("argrpc", server, [("TF_RDMA_ACC_SIZE", "16K"),
                                         ("TF_RDMA_CHUNK_SIZE", "2M")])
     body = b"\x05" * (3 << 20)
-    assert client.stub.Unary(client.req(payload=body), timeout=60).payload == body
+    assert client.stub.Unary(client.req(payload=body), timeout=30).payload == body
     assert client.channel.transport == "shm"

@@ -54,24 +54,24 @@ def test_client_interceptor_all_arities(client: Client) -> None:
     stub = echo_pb2_grpc.EchoStub(channel)
     req = client.req(echo_metadata=True, payload=b"i")
 
-    resp, call = stub.Unary.with_call(req, timeout=30)
+    resp, call = stub.Unary.with_call(req, timeout=20)
     assert resp.payload == b"i"
     assert md_pairs(call.initial_metadata()) == EXPECTED
     assert md_pairs(call.trailing_metadata()) == EXPECTED
 
-    fut = stub.Unary.future(req, timeout=30)
-    assert fut.result(timeout=30).payload == b"i"
+    fut = stub.Unary.future(req, timeout=20)
+    assert fut.result(timeout=20).payload == b"i"
     assert md_pairs(fut.trailing_metadata()) == EXPECTED
 
-    call = stub.ServerStream(client.req(echo_metadata=True, response_count=2), timeout=30)
+    call = stub.ServerStream(client.req(echo_metadata=True, response_count=2), timeout=20)
     assert len(list(call)) == 2
     assert md_pairs(call.trailing_metadata()) == EXPECTED
 
-    resp, call = stub.ClientStream.with_call(iter([req, req]), timeout=30)
+    resp, call = stub.ClientStream.with_call(iter([req, req]), timeout=20)
     assert resp.size == 2
     assert md_pairs(call.initial_metadata()) == EXPECTED
 
-    call = stub.Bidi(iter([req, req]), timeout=30)
+    call = stub.Bidi(iter([req, req]), timeout=20)
     assert [r.payload for r in call] == [b"i", b"i"]
     assert md_pairs(call.trailing_metadata()) == EXPECTED
 
@@ -86,7 +86,7 @@ def test_client_interceptor_sees_errors(client: Client) -> None:
     stub = echo_pb2_grpc.EchoStub(grpc.intercept_channel(client.channel, AddMetadata()))
     with pytest.raises(grpc.RpcError) as info:
         stub.Unary(client.req(abort_code=grpc.StatusCode.NOT_FOUND.value[0],
-                              abort_details="nope"), timeout=30)
+                              abort_details="nope"), timeout=20)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
     assert info.value.details() == "nope"
 
@@ -102,18 +102,18 @@ def test_server_interceptor_rejects_method(pair: tuple[str, str], rejecting_serv
                                            connect: Callable[..., Client]) -> None:
     client = connect(pair[0], rejecting_server, UNLIMITED)
     with pytest.raises(grpc.RpcError) as info:
-        client.stub.ClientStream(iter([client.req(payload=b"a")]), timeout=30)
+        client.stub.ClientStream(iter([client.req(payload=b"a")]), timeout=20)
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert info.value.details() == REJECT_DETAILS
 
     with pytest.raises(grpc.RpcError) as info:
-        list(client.stub.ServerStream(client.req(payload=b"a"), timeout=30))
+        list(client.stub.ServerStream(client.req(payload=b"a"), timeout=20))
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert info.value.details() == REJECT_DETAILS
 
     # methods the interceptor lets through still work, on the same connection
-    assert client.stub.Unary(client.req(payload=b"ok"), timeout=30).payload == b"ok"
-    assert [r.payload for r in client.stub.Bidi(iter([client.req(payload=b"b")]), timeout=30)
+    assert client.stub.Unary(client.req(payload=b"ok"), timeout=20).payload == b"ok"
+    assert [r.payload for r in client.stub.Bidi(iter([client.req(payload=b"b")]), timeout=20)
             ] == [b"b"]
 
 
@@ -123,8 +123,8 @@ def test_interceptors_on_both_sides(pair: tuple[str, str], rejecting_server: Any
 
     client = connect(pair[0], rejecting_server, UNLIMITED)
     stub = echo_pb2_grpc.EchoStub(grpc.intercept_channel(client.channel, AddMetadata()))
-    resp, call = stub.Unary.with_call(client.req(echo_metadata=True, payload=b"x"), timeout=30)
+    resp, call = stub.Unary.with_call(client.req(echo_metadata=True, payload=b"x"), timeout=20)
     assert md_pairs(call.trailing_metadata()) == EXPECTED
     with pytest.raises(grpc.RpcError) as info:
-        stub.ClientStream(iter([client.req()]), timeout=30)
+        stub.ClientStream(iter([client.req()]), timeout=20)
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED

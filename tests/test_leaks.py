@@ -20,21 +20,21 @@ from tests.support.procs import ServerProcess
 def _exercise(client: Client) -> None:
     """A bit of every path: eager, rendezvous, all arities, errors, cancel, concurrency."""
     stub, req = client.stub, client.req
-    assert stub.Unary(req(payload=b"s"), timeout=30).payload == b"s"
+    assert stub.Unary(req(payload=b"s"), timeout=20).payload == b"s"
     big = b"\x07" * (CHUNK_SIZE + 1)
-    assert stub.Unary(req(payload=big), timeout=60).payload == big
+    assert stub.Unary(req(payload=big), timeout=30).payload == big
     assert len(list(stub.ServerStream(req(response_count=3, response_size=ACC_SIZE + 1),
-                                      timeout=30))) == 3
-    assert stub.ClientStream(iter([req(payload=b"a")] * 3), timeout=30).size == 3
-    assert len(list(stub.Bidi(iter([req(payload=b"b")] * 3), timeout=30))) == 3
+                                      timeout=20))) == 3
+    assert stub.ClientStream(iter([req(payload=b"a")] * 3), timeout=20).size == 3
+    assert len(list(stub.Bidi(iter([req(payload=b"b")] * 3), timeout=20))) == 3
     try:
-        stub.Unary(req(raise_exception=True), timeout=30)
+        stub.Unary(req(raise_exception=True), timeout=20)
     except grpc.RpcError:
         pass
-    fut = stub.Unary.future(req(sleep_ms=300), timeout=30)
+    fut = stub.Unary.future(req(sleep_ms=300), timeout=20)
     fut.cancel()
-    burst = [stub.Unary.future(req(sleep_ms=50, payload=b"c"), timeout=30) for _ in range(8)]
-    assert all(f.result(timeout=30).payload == b"c" for f in burst)
+    burst = [stub.Unary.future(req(sleep_ms=50, payload=b"c"), timeout=20) for _ in range(8)]
+    assert all(f.result(timeout=20).payload == b"c" for f in burst)
 
 
 def _round(stack: str, server: ServerProcess, pb: SimpleNamespace) -> None:
@@ -66,7 +66,7 @@ def test_context_manager_no_leaks(pair: tuple[str, str], servers: Any,
     def use() -> None:
         with make_channel(pair[0], server.target, UNLIMITED) as channel:
             stub = pb.pb2_grpc.EchoStub(channel)
-            assert stub.Unary(pb.pb2.EchoRequest(payload=b"cm"), timeout=30).payload == b"cm"
+            assert stub.Unary(pb.pb2.EchoRequest(payload=b"cm"), timeout=20).payload == b"cm"
 
     use()
     before = resources.snapshot()

@@ -32,24 +32,24 @@ def test_server_default_receive_limit(pair: tuple[str, str], default_server: Any
     client = connect(pair[0], default_server, UNLIMITED)
     body = b"\x01" * (DEFAULT_MAX + 16)
     req = client.req(payload=body)
-    err = _too_large(lambda: client.stub.Unary(req, timeout=60))
+    err = _too_large(lambda: client.stub.Unary(req, timeout=30))
     # grpc-core prefixes "SERVER: " when the server rejects; the rest must match.
     assert err.details().endswith(
         f"Received message larger than max ({req.ByteSize()} vs. {DEFAULT_MAX})"), err.details()
     # exactly at the limit is fine
     at_limit = client.req(payload=b"\x02" * payload.payload_for_message_size(DEFAULT_MAX))
     assert at_limit.ByteSize() == DEFAULT_MAX
-    assert client.stub.Unary(at_limit, timeout=60).size == len(at_limit.payload)
+    assert client.stub.Unary(at_limit, timeout=30).size == len(at_limit.payload)
     # the connection survives the rejection
-    assert client.stub.Unary(client.req(payload=b"ok"), timeout=30).payload == b"ok"
+    assert client.stub.Unary(client.req(payload=b"ok"), timeout=20).payload == b"ok"
 
 
 def test_server_receive_limit_streaming(pair: tuple[str, str], default_server: Any,
                                         connect: Callable[..., Client]) -> None:
     client = connect(pair[0], default_server, UNLIMITED)
     reqs = [client.req(payload=b"a"), client.req(payload=b"\x03" * (DEFAULT_MAX + 1))]
-    _too_large(lambda: client.stub.ClientStream(iter(reqs), timeout=60))
-    _too_large(lambda: list(client.stub.Bidi(iter(reqs), timeout=60)))
+    _too_large(lambda: client.stub.ClientStream(iter(reqs), timeout=30))
+    _too_large(lambda: list(client.stub.Bidi(iter(reqs), timeout=30)))
 
 
 def test_client_default_receive_limit(client: Client, pair: tuple[str, str],
@@ -58,24 +58,24 @@ def test_client_default_receive_limit(client: Client, pair: tuple[str, str],
     plain = connect(pair[0], client.server)  # default options, same unlimited server
     size = DEFAULT_MAX + 16
     err = _too_large(lambda: plain.stub.Unary(
-        plain.req(response_size=size, response_seed=1), timeout=60))
+        plain.req(response_size=size, response_seed=1), timeout=30))
     # grpc words it "Stream removed (CLIENT: Received message larger than max (N vs. M))"
     match = re.search(r"Received message larger than max \((\d+) vs\. (\d+)\)", err.details())
     assert match, err.details()
     assert int(match.group(1)) > size and int(match.group(2)) == DEFAULT_MAX
     # below the limit still fine, and the channel still works
-    ok = plain.stub.Unary(plain.req(response_size=MiB, response_seed=1), timeout=60)
+    ok = plain.stub.Unary(plain.req(response_size=MiB, response_seed=1), timeout=30)
     assert ok.payload == payload.make(1, MiB)
     err = _too_large(lambda: list(plain.stub.ServerStream(
-        plain.req(response_count=2, response_size=size, response_seed=1), timeout=60)))
+        plain.req(response_count=2, response_size=size, response_seed=1), timeout=30)))
 
 
 def test_client_max_receive_option(client: Client, pair: tuple[str, str],
                                    connect: Callable[..., Client]) -> None:
     limit = 100_000
     small = connect(pair[0], client.server, [("grpc.max_receive_message_length", limit)])
-    assert len(small.stub.Unary(small.req(response_size=50_000), timeout=60).payload) == 50_000
-    _too_large(lambda: small.stub.Unary(small.req(response_size=limit + 1), timeout=60))
+    assert len(small.stub.Unary(small.req(response_size=50_000), timeout=30).payload) == 50_000
+    _too_large(lambda: small.stub.Unary(small.req(response_size=limit + 1), timeout=30))
 
 
 def test_client_max_send_option(client: Client, pair: tuple[str, str],
@@ -83,11 +83,11 @@ def test_client_max_send_option(client: Client, pair: tuple[str, str],
     limit = 1024
     capped = connect(pair[0], client.server, [("grpc.max_send_message_length", limit)])
     req = capped.req(payload=b"\x04" * 2048)
-    err = _too_large(lambda: capped.stub.Unary(req, timeout=60))
+    err = _too_large(lambda: capped.stub.Unary(req, timeout=30))
     assert err.details().endswith(
         f"Sent message larger than max ({req.ByteSize()} vs. {limit})"), err.details()
-    _too_large(lambda: capped.stub.ClientStream(iter([req]), timeout=60))
-    assert capped.stub.Unary(capped.req(payload=b"x" * 100), timeout=30).size == 100
+    _too_large(lambda: capped.stub.ClientStream(iter([req]), timeout=30))
+    assert capped.stub.Unary(capped.req(payload=b"x" * 100), timeout=20).size == 100
 
 
 def test_server_max_send_option(pair: tuple[str, str], servers: Any,
@@ -95,7 +95,7 @@ def test_server_max_send_option(pair: tuple[str, str], servers: Any,
     limit = 1024
     server = servers.get(pair[1], ("--max-recv", "-1", "--max-send", str(limit)))
     client = connect(pair[0], server, UNLIMITED)
-    _too_large(lambda: client.stub.Unary(client.req(response_size=4096), timeout=60))
+    _too_large(lambda: client.stub.Unary(client.req(response_size=4096), timeout=30))
     _too_large(lambda: list(client.stub.ServerStream(
-        client.req(response_count=2, response_size=4096), timeout=60)))
-    assert client.stub.Unary(client.req(response_size=100), timeout=30).payload == payload.make(0, 100)
+        client.req(response_count=2, response_size=4096), timeout=30)))
+    assert client.stub.Unary(client.req(response_size=100), timeout=20).payload == payload.make(0, 100)

@@ -31,35 +31,35 @@ def _seen_by_server(resp_info: str) -> list[tuple[str, object]]:
 
 
 def test_invocation_metadata_reaches_server(client: Client) -> None:
-    resp = client.stub.Unary(client.req(payload=b"m"), metadata=MD, timeout=30)
+    resp = client.stub.Unary(client.req(payload=b"m"), metadata=MD, timeout=20)
     assert _seen_by_server(resp.info) == list(MD)
 
 
 def test_binary_values_are_bytes_text_values_str(client: Client) -> None:
     _, call = client.stub.Unary.with_call(client.req(echo_metadata=True), metadata=MD,
-                                          timeout=30)
+                                          timeout=20)
     for key, value in md_pairs(call.trailing_metadata()):
         assert isinstance(value, bytes if key.endswith("-bin") else str), key
 
 
 def test_unary_initial_and_trailing(client: Client) -> None:
     resp, call = client.stub.Unary.with_call(client.req(echo_metadata=True, payload=b"m"),
-                                             metadata=MD, timeout=30)
+                                             metadata=MD, timeout=20)
     assert resp.payload == b"m"
     assert md_pairs(call.initial_metadata()) == list(MD)
     assert md_pairs(call.trailing_metadata()) == list(MD)
 
 
 def test_unary_future_metadata(client: Client) -> None:
-    fut = client.stub.Unary.future(client.req(echo_metadata=True), metadata=MD, timeout=30)
-    fut.result(timeout=30)
+    fut = client.stub.Unary.future(client.req(echo_metadata=True), metadata=MD, timeout=20)
+    fut.result(timeout=20)
     assert md_pairs(fut.initial_metadata()) == list(MD)
     assert md_pairs(fut.trailing_metadata()) == list(MD)
 
 
 def test_server_stream_metadata(client: Client) -> None:
     call = client.stub.ServerStream(client.req(echo_metadata=True, response_count=3),
-                                    metadata=MD, timeout=30)
+                                    metadata=MD, timeout=20)
     # initial metadata is available before the messages are read
     assert md_pairs(call.initial_metadata()) == list(MD)
     assert len(list(call)) == 3
@@ -69,7 +69,7 @@ def test_server_stream_metadata(client: Client) -> None:
 
 def test_client_stream_metadata(client: Client) -> None:
     reqs = iter([client.req(echo_metadata=True, payload=b"a"), client.req(payload=b"b")])
-    resp, call = client.stub.ClientStream.with_call(reqs, metadata=MD, timeout=30)
+    resp, call = client.stub.ClientStream.with_call(reqs, metadata=MD, timeout=20)
     assert resp.size == 2
     assert _seen_by_server(resp.info) == list(MD)
     assert md_pairs(call.initial_metadata()) == list(MD)
@@ -78,7 +78,7 @@ def test_client_stream_metadata(client: Client) -> None:
 
 def test_bidi_metadata(client: Client) -> None:
     reqs = iter([client.req(echo_metadata=True, payload=b"a"), client.req(payload=b"b")])
-    call = client.stub.Bidi(reqs, metadata=MD, timeout=30)
+    call = client.stub.Bidi(reqs, metadata=MD, timeout=20)
     assert md_pairs(call.initial_metadata()) == list(MD)
     got = list(call)
     assert [r.payload for r in got] == [b"a", b"b"]
@@ -87,6 +87,6 @@ def test_bidi_metadata(client: Client) -> None:
 
 
 def test_no_metadata_sent(client: Client) -> None:
-    _, call = client.stub.Unary.with_call(client.req(echo_metadata=True), timeout=30)
+    _, call = client.stub.Unary.with_call(client.req(echo_metadata=True), timeout=20)
     assert md_pairs(call.initial_metadata()) == []
     assert md_pairs(call.trailing_metadata()) == []

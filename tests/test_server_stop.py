@@ -42,18 +42,18 @@ def test_stop_grace_finishes_short_cancels_long(pair: tuple[str, str],
     client = connect(pair[0], server, UNLIMITED)
     short_tag, long_tag = new_tag(), new_tag()
     short = client.stub.Unary.future(
-        client.req(tag=short_tag, sleep_ms=1500, payload=b"short"), timeout=60)
+        client.req(tag=short_tag, sleep_ms=1500, payload=b"short"), timeout=30)
     long = client.stub.Unary.future(
-        client.req(tag=long_tag, wait_for_cancel=True, wait_limit_ms=60000), timeout=60)
+        client.req(tag=long_tag, wait_for_cancel=True, wait_limit_ms=60000), timeout=30)
     stream = client.stub.ServerStream(
-        client.req(response_count=1000, sleep_ms=100, payload=b"s"), timeout=60)
+        client.req(response_count=1000, sleep_ms=100, payload=b"s"), timeout=30)
     next(stream)
     assert _started(client.wait_obs(short_tag, _started))
     assert _started(client.wait_obs(long_tag, _started))
 
     thread, result = _stop_in_background(server, 4.0)
-    assert short.result(timeout=30).payload == b"short", "in-flight call must finish in grace"
-    exc = long.exception(timeout=60)
+    assert short.result(timeout=20).payload == b"short", "in-flight call must finish in grace"
+    exc = long.exception(timeout=30)
     assert exc is not None, "call outliving the grace must end"
     assert (exc.code(), exc.details()) == CUT_OFF, (exc.code(), exc.details())
     with pytest.raises(grpc.RpcError) as info:
@@ -76,10 +76,10 @@ def test_stop_without_grace_cancels_at_once(pair: tuple[str, str], spawn: Callab
     client = connect(pair[0], server, UNLIMITED)
     tag = new_tag()
     fut = client.stub.Unary.future(
-        client.req(tag=tag, wait_for_cancel=True, wait_limit_ms=60000), timeout=60)
+        client.req(tag=tag, wait_for_cancel=True, wait_limit_ms=60000), timeout=30)
     assert _started(client.wait_obs(tag, _started))
     assert server.stop(None) is True
-    exc = fut.exception(timeout=30)
+    exc = fut.exception(timeout=20)
     assert exc is not None and (exc.code(), exc.details()) == CUT_OFF, exc
     _assert_handler_saw_cancel(server.finish(), tag)
 
@@ -89,7 +89,7 @@ def test_idle_stop_and_exit_report(pair: tuple[str, str], spawn: Callable[..., A
     """After stop the worker pool shuts down (argrpc's worker loops must end too)."""
     server = spawn(pair[1], UNLIMITED_SERVER_ARGS)
     client = connect(pair[0], server, UNLIMITED)
-    assert client.stub.Unary(client.req(payload=b"x"), timeout=30).payload == b"x"
+    assert client.stub.Unary(client.req(payload=b"x"), timeout=20).payload == b"x"
     client.close()
     assert server.stop(1.0) is True
     report = server.finish()

@@ -29,10 +29,10 @@ def _rpc_error(fn: Callable[[], Any]) -> grpc.RpcError:
 def _call_each_arity(client: Client, req: Any) -> dict[str, Callable[[], Any]]:
     stub = client.stub
     return {
-        "unary": lambda: stub.Unary(req, timeout=30),
-        "server_stream": lambda: list(stub.ServerStream(req, timeout=30)),
-        "client_stream": lambda: stub.ClientStream(iter([req]), timeout=30),
-        "bidi": lambda: list(stub.Bidi(iter([req]), timeout=30)),
+        "unary": lambda: stub.Unary(req, timeout=20),
+        "server_stream": lambda: list(stub.ServerStream(req, timeout=20)),
+        "client_stream": lambda: stub.ClientStream(iter([req]), timeout=20),
+        "bidi": lambda: list(stub.Bidi(iter([req]), timeout=20)),
     }
 
 
@@ -48,7 +48,7 @@ def test_abort_keeps_trailing_metadata(client: Client) -> None:
     md = (("x-why", "because"), ("x-blob-bin", b"\x00\x01\xfe\xff"))
     req = client.req(echo_metadata=True, abort_code=grpc.StatusCode.ABORTED.value[0],
                      abort_details="aborted with metadata")
-    err = _rpc_error(lambda: client.stub.Unary(req, metadata=md, timeout=30))
+    err = _rpc_error(lambda: client.stub.Unary(req, metadata=md, timeout=20))
     assert err.code() == grpc.StatusCode.ABORTED
     assert err.details() == "aborted with metadata"
     assert md_pairs(err.initial_metadata()) == list(md)
@@ -57,8 +57,8 @@ def test_abort_keeps_trailing_metadata(client: Client) -> None:
 
 def test_abort_future_exception(client: Client) -> None:
     req = client.req(abort_code=grpc.StatusCode.OUT_OF_RANGE.value[0], abort_details="oor")
-    fut = client.stub.Unary.future(req, timeout=30)
-    exc = fut.exception(timeout=30)
+    fut = client.stub.Unary.future(req, timeout=20)
+    exc = fut.exception(timeout=20)
     assert isinstance(exc, grpc.RpcError) and isinstance(exc, grpc.Call)
     assert exc.code() == grpc.StatusCode.OUT_OF_RANGE and exc.details() == "oor"
     assert fut.code() == grpc.StatusCode.OUT_OF_RANGE
@@ -71,7 +71,7 @@ def test_abort_mid_server_stream(client: Client) -> None:
     call = client.stub.ServerStream(
         client.req(response_count=5, fail_after=3, payload=b"p",
                    abort_code=grpc.StatusCode.DATA_LOSS.value[0], abort_details="lost"),
-        timeout=30)
+        timeout=20)
     got = []
     with pytest.raises(grpc.RpcError) as info:
         for resp in call:
@@ -84,7 +84,7 @@ def test_abort_mid_server_stream(client: Client) -> None:
 def test_exception_mid_server_stream(client: Client) -> None:
     call = client.stub.ServerStream(
         client.req(response_count=5, fail_after=2, payload=b"p", raise_exception=True),
-        timeout=30)
+        timeout=20)
     got = []
     with pytest.raises(grpc.RpcError) as info:
         for resp in call:
@@ -118,24 +118,24 @@ def test_exception_is_unknown(client: Client) -> None:
 @pytest.mark.parametrize("method", ["/argrpc.test.Echo/NoSuchMethod", "/no.such.Service/Call"])
 def test_unimplemented(client: Client, method: str) -> None:
     unary = client.channel.unary_unary(method)
-    err = _rpc_error(lambda: unary(b"", timeout=30))
+    err = _rpc_error(lambda: unary(b"", timeout=20))
     assert err.code() == grpc.StatusCode.UNIMPLEMENTED
     assert err.details() == "Method not found!"
 
     stream = client.channel.stream_stream(method)
-    call = stream(iter([b"a", b"b"]), timeout=30)
+    call = stream(iter([b"a", b"b"]), timeout=20)
     err = _rpc_error(lambda: list(call))
     assert err.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
 def test_with_call_error_is_call(client: Client) -> None:
     req = client.req(abort_code=grpc.StatusCode.ALREADY_EXISTS.value[0], abort_details="dup")
-    err = _rpc_error(lambda: client.stub.Unary.with_call(req, timeout=30))
+    err = _rpc_error(lambda: client.stub.Unary.with_call(req, timeout=20))
     assert err.code() == grpc.StatusCode.ALREADY_EXISTS
     assert err.trailing_metadata() is not None
 
 
 def test_channel_usable_after_errors(client: Client) -> None:
     for _ in range(5):
-        _rpc_error(lambda: client.stub.Unary(client.req(raise_exception=True), timeout=30))
-    assert client.stub.Unary(client.req(payload=b"still fine"), timeout=30).payload == b"still fine"
+        _rpc_error(lambda: client.stub.Unary(client.req(raise_exception=True), timeout=20))
+    assert client.stub.Unary(client.req(payload=b"still fine"), timeout=20).payload == b"still fine"

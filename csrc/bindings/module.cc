@@ -4,6 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <unistd.h>
+
 #include <memory>
 #include <string>
 
@@ -20,6 +22,25 @@ namespace py = pybind11;
 using namespace argrpc;
 
 namespace {
+
+// Releases the GIL for a wait or a copy. A thread that comes back while the
+// interpreter is finalizing must not retake the GIL: CPython would pthread_exit() it,
+// and that forced unwind through pybind11's noexcept frames aborts the process. Such
+// a thread (a daemon thread still in a call at exit) parks until the process ends.
+class NoGil {
+ public:
+  NoGil() : state_(PyEval_SaveThread()) {}
+  NoGil(const NoGil&) = delete;
+  NoGil& operator=(const NoGil&) = delete;
+  ~NoGil() {
+    if (_Py_IsFinalizing())
+      for (;;) ::pause();
+    PyEval_RestoreThread(state_);
+  }
+
+ private:
+  PyThreadState* state_;
+};
 
 // A received large message. Exposes its bytes through the buffer protocol; the pool
 // block goes back to the pool when the last view of it is gone.
@@ -64,6 +85,8 @@ ConnConfig conn_config(const py::dict& d) {
   c.reads_in_flight = get_or<int>(d, "reads_in_flight", c.reads_in_flight);
   c.stream_window = get_or<size_t>(d, "stream_window", c.stream_window);
   c.max_recv = get_or<int64_t>(d, "max_recv", c.max_recv);
+  c.view_min = get_or<size_t>(d, "zero_copy_min", c.view_min);
+  if (c.view_min == 0) c.view_min = ~size_t(0);
   if (c.ring_size < 64 * KiB || (c.ring_size & (c.ring_size - 1)))
     throw CoreError("ring_size must be a power of two >= 64K");
   if (c.acc_size < 1 * KiB || c.acc_size > c.ring_size / 4)
@@ -128,7 +151,7 @@ struct PyClientCall {
   std::shared_ptr<Stream> s;
   ~PyClientCall() {
     if (!s) return;
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     s->conn->abandon(s);
   }
 };
@@ -148,7 +171,7 @@ struct PyServerCall {
   ~PyServerCall() {
     if (!owns) return;
     if (!s) return;
-    py::gil_scoped_release nogil;
+    NoGil nogil;
     s->conn->abandon(s);
   }
 };
@@ -230,7 +253,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("endpoint"), py::arg("peer"), py::arg("sock_fd"), py::arg("server"),
            py::arg("peer_name"))
       .def("shutdown", [](PyEngine& e) {
-        py::gil_scoped_release nogil;
+        NoGil nogil;
         e.engine->shutdown();
       });
 
@@ -240,7 +263,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("error", [](PyConnection& c) { return c.conn->error(); })
       .def_property_readonly("peer", [](PyConnection& c) { return c.conn->peer_name(); })
       .def("close", [](PyConnection& c) {
-        py::gil_scoped_release nogil;
+        NoGil nogil;
         c.conn->fail(kCancelled, "Channel closed!");
       })
       .def("unary",
@@ -253,7 +276,7 @@ PYBIND11_MODULE(_core, m) {
              Payload resp;
              bool got = false;
              {
-               py::gil_scoped_release nogil;
+               NoGil nogil;
                s = c.conn->start_call(method, meta, t, false);
                if (c.conn->send(s, req.data(), req.size(), true)) got = c.conn->recv(s, &resp);
                c.conn->wait_end(s, Deadline::never());
@@ -279,7 +302,7 @@ PYBIND11_MODULE(_core, m) {
              const double t = timeout_arg(timeout);
              std::shared_ptr<Stream> s;
              {
-               py::gil_scoped_release nogil;
+               NoGil nogil;
                s = c.conn->start_call(method, meta, t, true);
              }
              return std::make_unique<PyClientCall>(c.engine, s);
@@ -289,18 +312,18 @@ PYBIND11_MODULE(_core, m) {
   py::class_<PyClientCall>(m, "ClientCall")
       .def("send", [](PyClientCall& c, py::object msg) {
         BufferView b(msg);
-        py::gil_scoped_release nogil;
+        NoGil nogil;
         return c.s->conn->send(c.s, b.data(), b.size(), false);
       })
       .def("half_close", [](PyClientCall& c) {
-        py::gil_scoped_release nogil;
+        NoGil nogil;
         return c.s->conn->half_close(c.s);
       })
       .def("recv", [](PyClientCall& c) -> py::object {
         Payload p;
         bool got;
         {
-          py::gil_scoped_release nogil;
+          NoGil nogil;
           got = c.s->conn->recv(c.s, &p);
         }
         return got ? to_python(std::move(p)) : py::none();
@@ -308,7 +331,7 @@ PYBIND11_MODULE(_core, m) {
       .def("initial_metadata", [](PyClientCall& c) -> py::object {
         bool have;
         {
-          py::gil_scoped_release nogil;
+          NoGil nogil;
           have = c.s->conn->wait_initial_metadata(c.s);
         }
         std::lock_guard<std::mutex> g(c.s->mu);
@@ -319,7 +342,7 @@ PYBIND11_MODULE(_core, m) {
         bool ended;
         const Deadline dl = deadline_arg(timeout);
         {
-          py::gil_scoped_release nogil;
+          NoGil nogil;
           ended = c.s->conn->wait_end(c.s, dl);
         }
         if (!ended) return py::none();
@@ -330,7 +353,7 @@ PYBIND11_MODULE(_core, m) {
         return c.s->ended;
       })
       .def("cancel", [](PyClientCall& c, uint32_t code, std::string details) {
-        py::gil_scoped_release nogil;
+        NoGil nogil;
         return c.s->conn->cancel(c.s, code, details);
       }, py::arg("code") = uint32_t(kCancelled), py::arg("details") = "Cancelled");
 
@@ -343,7 +366,7 @@ PYBIND11_MODULE(_core, m) {
         std::shared_ptr<Stream> st;
         const Deadline dl = deadline_arg(timeout);
         {
-          py::gil_scoped_release nogil;
+          NoGil nogil;
           st = s.server->accept(dl);
         }
         if (!st) return py::none();
@@ -354,7 +377,7 @@ PYBIND11_MODULE(_core, m) {
         std::shared_ptr<Stream> st;
         const Deadline dl = deadline_arg(timeout);
         {
-          py::gil_scoped_release nogil;
+          NoGil nogil;
           st = s.server->next_cancelled(dl);
         }
         if (!st) return py::none();
@@ -364,7 +387,7 @@ PYBIND11_MODULE(_core, m) {
       }, py::arg("timeout") = py::none())
       .def("shutdown", [](PyServer& s) { s.server->shutdown(); })
       .def("cancel_all", [](PyServer& s, uint32_t code, std::string details) {
-        py::gil_scoped_release nogil;
+        NoGil nogil;
         s.server->cancel_all(code, details);
       })
       .def_property_readonly("active_calls", [](PyServer& s) { return s.server->active(); });
@@ -384,19 +407,19 @@ PYBIND11_MODULE(_core, m) {
         Payload p;
         bool got;
         {
-          py::gil_scoped_release nogil;
+          NoGil nogil;
           got = c.s->conn->recv(c.s, &p);
         }
         return got ? to_python(std::move(p)) : py::none();
       })
       .def("send_initial_metadata", [](PyServerCall& c, py::object md) {
         Metadata meta = to_metadata(md);
-        py::gil_scoped_release nogil;
+        NoGil nogil;
         return c.s->conn->send_initial_metadata(c.s, meta);
       })
       .def("send", [](PyServerCall& c, py::object msg) {
         BufferView b(msg);
-        py::gil_scoped_release nogil;
+        NoGil nogil;
         return c.s->conn->send(c.s, b.data(), b.size(), false);
       })
       .def("finish",
@@ -405,7 +428,7 @@ PYBIND11_MODULE(_core, m) {
              Metadata md = to_metadata(trailing);
              std::unique_ptr<BufferView> b;
              if (!message.is_none()) b = std::make_unique<BufferView>(message);
-             py::gil_scoped_release nogil;
+             NoGil nogil;
              return c.s->conn->finish(c.s, code, details, md, b ? b->data() : nullptr,
                                       b ? b->size() : 0, b != nullptr);
            },
@@ -415,7 +438,7 @@ PYBIND11_MODULE(_core, m) {
         return !c.s->ended && !c.s->deadline.expired();
       })
       .def("cancel", [](PyServerCall& c) {
-        py::gil_scoped_release nogil;
+        NoGil nogil;
         c.s->conn->cancel(c.s, kCancelled, "Cancelled");
       })
       .def_property_readonly("cancelled", [](PyServerCall& c) {

@@ -310,9 +310,54 @@ void Connection::oversize(const std::shared_ptr<Stream>& s, uint64_t n) {
 
 // ---------------------------------------------------------------- rendezvous
 
+namespace {
+class ViewLease {
+ public:
+  ViewLease(std::shared_ptr<Connection> conn, uint64_t rdv_id, uint64_t len)
+      : conn_(std::move(conn)), rdv_id_(rdv_id), len_(len) {}
+  ViewLease(const ViewLease&) = delete;
+  ViewLease& operator=(const ViewLease&) = delete;
+  ~ViewLease() { conn_->release_view(rdv_id_, len_); }
+
+ private:
+  std::shared_ptr<Connection> conn_;
+  uint64_t rdv_id_, len_;
+};
+}  // namespace
+
+bool Connection::try_view(const std::shared_ptr<Pull>& p) {
+  if (p->len < cfg_.view_min) return false;
+  const uint8_t* v = fabric_->peer_view(p->src, p->len);
+  if (!v) return false;
+  // Bounded so a reader that keeps views cannot drain the sender's pool.
+  const uint64_t held = leased_bytes_.fetch_add(p->len);
+  if (held + p->len > fabric_->peer_view_budget()) {
+    leased_bytes_.fetch_sub(p->len);
+    return false;
+  }
+  p->dst.view = v;
+  p->dst.lease = std::make_shared<ViewLease>(shared_from_this(), p->rdv_id, p->len);
+  if (auto s = p->stream.lock()) {
+    std::lock_guard<std::mutex> g(s->mu);
+    p->complete = true;
+    s->notify_locked();
+  }
+  return true;
+}
+
+void Connection::release_view(uint64_t rdv_id, uint64_t len) {
+  leased_bytes_.fetch_sub(len);
+  if (!alive()) return;
+  queue_fin(rdv_id);
+  // Runs wherever the last reference died (often a Python thread): hand the flush to
+  // the progress thread rather than wait on ring credits here.
+  engine_->wake();
+}
+
 void Connection::start_pull(const std::shared_ptr<Pull>& p) {
   p->dst.is_inline = false;
   p->dst.len = p->len;
+  if (try_view(p)) return;
   Block b = engine_->pool()->try_alloc(p->len);
   if (b.valid()) {
     p->dst.block = std::move(b);

@@ -69,6 +69,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool half_close(const std::shared_ptr<Stream>& s);
   // Client: RST + local end. Server: TRAILERS with code to the client + cancelled.
   bool cancel(const std::shared_ptr<Stream>& s, uint32_t code, const std::string& details);
+  // A view of peer memory was released: FIN it.
+  void release_view(uint64_t rdv_id, uint64_t len);
   // The application dropped its handle: cancel if still running, release held pulls.
   void abandon(const std::shared_ptr<Stream>& s);
 
@@ -99,6 +101,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool handle_frame(const FrameHead& h, const uint8_t* p);
   void on_read_done(uint64_t wr_id);
   void start_pull(const std::shared_ptr<Pull>& pull);
+  bool try_view(const std::shared_ptr<Pull>& pull);
   void post_reads(const std::shared_ptr<Pull>& pull);
   void start_queued_pulls();
   void queue_fin(uint64_t rdv_id);
@@ -151,6 +154,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   };
   std::unordered_map<uint64_t, Read> reads_;
   uint64_t next_wr_ = 1;
+  std::atomic<uint64_t> leased_bytes_{0};  // peer memory held through views
   std::mutex pullq_mu_;
   std::vector<std::shared_ptr<Pull>> pullq_;
 };

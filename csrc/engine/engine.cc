@@ -42,6 +42,12 @@ Engine::Engine(const EngineConfig& cfg) : cfg_(cfg) {
 
 Engine::~Engine() { shutdown(); }
 
+void Engine::wake() {
+  uint64_t one = 1;
+  ssize_t r = ::write(ctl_.get(), &one, sizeof one);
+  (void)r;
+}
+
 void Engine::shutdown() {
   if (stop_.exchange(true)) return;
   uint64_t one = 1;

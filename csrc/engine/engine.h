@@ -43,6 +43,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool progress_all();
   size_t connection_count();
   void shutdown();
+  // Makes the progress thread run a round (e.g. to flush queued control frames).
+  void wake();
 
  private:
   using ConnList = std::vector<std::shared_ptr<Connection>>;

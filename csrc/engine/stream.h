@@ -21,14 +21,19 @@ class Stream;
 
 // A received message's bytes: inline (eager), in a pool block, or on the heap when the
 // pool had no room right then (slower, but a reader holding messages never deadlocks).
+// Or, on fabrics that can map the peer's pool (shm), a read-only view of the sender's
+// block, held by a lease whose end sends the FIN: one copy fewer per message.
 struct Payload {
   std::string inline_bytes;
   Block block;
   std::unique_ptr<uint8_t[]> heap;
+  const uint8_t* view = nullptr;
+  std::shared_ptr<void> lease;
   size_t len = 0;
   bool is_inline = true;
   uint8_t* data() {
     if (is_inline) return reinterpret_cast<uint8_t*>(inline_bytes.data());
+    if (view) return const_cast<uint8_t*>(view);
     return block.valid() ? block.data() : heap.get();
   }
 };

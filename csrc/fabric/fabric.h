@@ -47,6 +47,11 @@ class Fabric {
   // Reads len bytes of announced peer memory into dst; a kReadDone completion with
   // wr_id follows. False if the reference is outside what the peer may announce.
   virtual bool read(void* dst, const RemoteRef& src, size_t len, uint64_t wr_id) = 0;
+  // Fabrics whose peer memory is load/store accessible (shm) return a read-only
+  // pointer to announced memory, so a receiver can use it in place of a read; others
+  // return nullptr. Valid while the fabric lives. Budget: bytes a receiver may hold.
+  virtual const uint8_t* peer_view(const RemoteRef& src, size_t len) const { return nullptr; }
+  virtual size_t peer_view_budget() const { return 0; }
 
   // Ring credits travel out of band so that returning them never needs ring space.
   virtual void publish_consumed(uint64_t bytes, uint64_t batches) = 0;

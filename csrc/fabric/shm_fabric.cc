@@ -186,6 +186,12 @@ bool ShmFabric::read(void* dst, const RemoteRef& src, size_t len, uint64_t wr_id
   return true;
 }
 
+const uint8_t* ShmFabric::peer_view(const RemoteRef& src, size_t len) const {
+  if (src.key != 0 || src.addr > peer_pool_.size() || len > peer_pool_.size() - src.addr)
+    return nullptr;
+  return peer_pool_.data() + src.addr;
+}
+
 void ShmFabric::ring_own_doorbell_if_armed() {
   if (local_hdr_->armed.load(std::memory_order_seq_cst) &&
       local_hdr_->armed.exchange(0, std::memory_order_seq_cst)) {

@@ -59,6 +59,8 @@ class ShmFabric final : public Fabric {
   bool write_imm(const void* src, uint32_t len, size_t remote_off) override;
   RemoteRef expose(const Block& b) override;
   bool read(void* dst, const RemoteRef& src, size_t len, uint64_t wr_id) override;
+  const uint8_t* peer_view(const RemoteRef& src, size_t len) const override;
+  size_t peer_view_budget() const override { return peer_pool_.size() / 4; }
   void publish_consumed(uint64_t bytes, uint64_t batches) override;
   void peer_consumed(uint64_t* bytes, uint64_t* batches) const override;
   int poll(Completion* out, int max) override;

@@ -18,6 +18,11 @@ PAIRS = [("argrpc", "argrpc"), ("grpc", "argrpc"), ("argrpc", "grpc"), ("grpc", 
 SHM_AND_REFERENCE = [("argrpc", "argrpc"), ("grpc", "grpc")]
 
 
+def deadline(size: int = 0) -> float:
+    """Per-RPC timeout: generous for localhost, short enough that a hang fails quickly."""
+    return 20.0 + size / (2 << 20)
+
+
 def pair_id(pair: tuple[str, str]) -> str:
     """Test id, unambiguous under -k: e.g. client_grpc-server_argrpc."""
     return f"client_{pair[0]}-server_{pair[1]}"
