@@ -15,14 +15,13 @@ def test_is_grpc_channel(client: Client) -> None:
     assert isinstance(client.channel, grpc.Channel)
 
 
-def test_channel_ready_future(pair: tuple[str, str], servers: Any) -> None:
+def test_channel_ready_future(pair: tuple[str, str], servers: Any, pb: Any) -> None:
     server = servers.get(pair[1], UNLIMITED_SERVER_ARGS)
     channel = make_channel(pair[0], server.target)
     try:
         grpc.channel_ready_future(channel).result(timeout=20)
-        import echo_pb2, echo_pb2_grpc
-        stub = echo_pb2_grpc.EchoStub(channel)
-        assert stub.Unary(echo_pb2.EchoRequest(payload=b"r"), timeout=20).payload == b"r"
+        stub = pb.pb2_grpc.EchoStub(channel)
+        assert stub.Unary(pb.pb2.EchoRequest(payload=b"r"), timeout=20).payload == b"r"
         check_transport(channel, *pair)
     finally:
         channel.close()
@@ -48,9 +47,8 @@ def test_subscribe_reports_ready(pair: tuple[str, str], servers: Any) -> None:
         channel.close()
 
 
-def test_context_manager_closes(pair: tuple[str, str], servers: Any) -> None:
-    import echo_pb2, echo_pb2_grpc
-
+def test_context_manager_closes(pair: tuple[str, str], servers: Any, pb: Any) -> None:
+    echo_pb2, echo_pb2_grpc = pb.pb2, pb.pb2_grpc
     server = servers.get(pair[1], UNLIMITED_SERVER_ARGS)
     with make_channel(pair[0], server.target) as channel:
         stub = echo_pb2_grpc.EchoStub(channel)
@@ -84,9 +82,8 @@ def _free_port() -> int:
 
 
 @pytest.mark.parametrize("stack", ["argrpc", "grpc"])
-def test_unreachable_server(stack: str) -> None:
-    import echo_pb2, echo_pb2_grpc
-
+def test_unreachable_server(stack: str, pb: Any) -> None:
+    echo_pb2, echo_pb2_grpc = pb.pb2, pb.pb2_grpc
     channel = make_channel(stack, f"127.0.0.1:{_free_port()}")
     try:
         stub = echo_pb2_grpc.EchoStub(channel)
@@ -101,10 +98,9 @@ def test_unreachable_server(stack: str) -> None:
 
 
 @pytest.mark.parametrize("stack", ["argrpc", "grpc"])
-def test_server_appears_later(stack: str, spawn: Callable[..., Any]) -> None:
+def test_server_appears_later(stack: str, spawn: Callable[..., Any], pb: Any) -> None:
     """A channel made before its server exists negotiates once the server is up."""
-    import echo_pb2, echo_pb2_grpc
-
+    echo_pb2, echo_pb2_grpc = pb.pb2, pb.pb2_grpc
     port = _free_port()
     channel = make_channel(stack, f"127.0.0.1:{port}")
     try:

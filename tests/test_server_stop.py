@@ -28,6 +28,10 @@ def _started(obs: dict[str, Any]) -> bool:
     return bool(obs.get("started"))
 
 
+def _waiting(obs: dict[str, Any]) -> bool:
+    return bool(obs.get("waiting"))
+
+
 def _stop_in_background(server: Any, grace: float | None) -> tuple[threading.Thread, list[bool]]:
     result: list[bool] = []
     thread = threading.Thread(target=lambda: result.append(server.stop(grace)), daemon=True)
@@ -49,7 +53,7 @@ def test_stop_grace_finishes_short_cancels_long(pair: tuple[str, str],
         client.req(response_count=1000, sleep_ms=100, payload=b"s"), timeout=30)
     next(stream)
     assert _started(client.wait_obs(short_tag, _started))
-    assert _started(client.wait_obs(long_tag, _started))
+    assert _waiting(client.wait_obs(long_tag, _waiting))
 
     thread, result = _stop_in_background(server, 4.0)
     assert short.result(timeout=20).payload == b"short", "in-flight call must finish in grace"
@@ -77,7 +81,7 @@ def test_stop_without_grace_cancels_at_once(pair: tuple[str, str], spawn: Callab
     tag = new_tag()
     fut = client.stub.Unary.future(
         client.req(tag=tag, wait_for_cancel=True, wait_limit_ms=60000), timeout=30)
-    assert _started(client.wait_obs(tag, _started))
+    assert _waiting(client.wait_obs(tag, _waiting))
     assert server.stop(None) is True
     exc = fut.exception(timeout=20)
     assert exc is not None and (exc.code(), exc.details()) == CUT_OFF, exc

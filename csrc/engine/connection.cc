@@ -298,14 +298,7 @@ bool Connection::handle_frame(const FrameHead& h, const uint8_t* p) {
 }
 
 void Connection::oversize(const std::shared_ptr<Stream>& s, uint64_t n) {
-  const std::string why = too_large(n, cfg_.max_recv);
-  if (client_) {
-    if (end_stream(s, kResourceExhausted, why, false, nullptr, false))
-      queue_ctrl(kRst, s->id, status_body(kCancelled, "", nullptr));
-  } else {
-    if (end_stream(s, kResourceExhausted, why, true, nullptr, false))
-      queue_ctrl(kTrailers, s->id, status_body(kResourceExhausted, why, &kNoMetadata));
-  }
+  abort_stream(s, kResourceExhausted, too_large(n, cfg_.max_recv), kCancelled);
 }
 
 // ---------------------------------------------------------------- rendezvous
@@ -366,7 +359,9 @@ void Connection::start_pull(const std::shared_ptr<Pull>& p) {
     if (!p->dst.heap) {
       queue_fin(p->rdv_id);
       if (auto s = p->stream.lock())
-        oversize_local(s, "argrpc: no memory to receive a " + std::to_string(p->len) + "-byte message");
+        abort_stream(s, kResourceExhausted,
+                     "argrpc: no memory to receive a " + std::to_string(p->len) + "-byte message",
+                     kCancelled);
       return;
     }
   }
@@ -737,25 +732,16 @@ void Connection::abandon(const std::shared_ptr<Stream>& s) {
 }
 
 void Connection::expire(const std::shared_ptr<Stream>& s) {
-  const std::string why = "Deadline Exceeded";
-  if (client_) {
-    if (end_stream(s, kDeadlineExceeded, why, false, nullptr, false) && s->id)
-      queue_ctrl(kRst, s->id, status_body(kDeadlineExceeded, why, nullptr));
-  } else {
-    if (end_stream(s, kDeadlineExceeded, why, true, nullptr, false))
-      queue_ctrl(kTrailers, s->id, status_body(kDeadlineExceeded, why, &kNoMetadata));
-  }
+  abort_stream(s, kDeadlineExceeded, "Deadline Exceeded", kDeadlineExceeded);
   try_flush_ctrl();
 }
 
-void Connection::oversize_local(const std::shared_ptr<Stream>& s, const std::string& why) {
-  if (client_) {
-    if (end_stream(s, kResourceExhausted, why, false, nullptr, false))
-      queue_ctrl(kRst, s->id, status_body(kCancelled, "", nullptr));
-  } else {
-    if (end_stream(s, kResourceExhausted, why, true, nullptr, false))
-      queue_ctrl(kTrailers, s->id, status_body(kResourceExhausted, why, &kNoMetadata));
-  }
+bool Connection::abort_stream(const std::shared_ptr<Stream>& s, uint32_t code,
+                              const std::string& why, uint32_t rst_code) {
+  if (!end_stream(s, code, why, !client_, nullptr, false)) return false;
+  if (!client_) queue_ctrl(kTrailers, s->id, status_body(code, why, &kNoMetadata));
+  else if (s->id) queue_ctrl(kRst, s->id, status_body(rst_code, why, nullptr));
+  return true;
 }
 
 void Connection::sweep_deadlines() {
@@ -769,14 +755,7 @@ void Connection::sweep_deadlines() {
 }
 
 bool Connection::cancel(const std::shared_ptr<Stream>& s, uint32_t code, const std::string& details) {
-  bool ended;
-  if (client_) {
-    ended = end_stream(s, code, details, false, nullptr, false);
-    if (ended && s->id) queue_ctrl(kRst, s->id, status_body(code, details, nullptr));
-  } else {
-    ended = end_stream(s, code, details, true, nullptr, false);
-    if (ended) queue_ctrl(kTrailers, s->id, status_body(code, details, &kNoMetadata));
-  }
+  const bool ended = abort_stream(s, code, details, code);
   try_flush_ctrl();
   return ended;
 }

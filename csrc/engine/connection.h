@@ -87,7 +87,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // The stream's deadline passed: end it and tell the peer.
   void expire(const std::shared_ptr<Stream>& s);
   void oversize(const std::shared_ptr<Stream>& s, uint64_t n);
-  void oversize_local(const std::shared_ptr<Stream>& s, const std::string& why);
+  // Ends the stream here with code/why and tells the peer: a server sends TRAILERS with
+  // the same status, a client RST(rst_code). False if it had already ended.
+  bool abort_stream(const std::shared_ptr<Stream>& s, uint32_t code, const std::string& why,
+                    uint32_t rst_code);
   bool submit(const std::shared_ptr<Stream>& s, const Outgoing& o);
   bool reserve_window(const std::shared_ptr<Stream>& s, size_t n);
   bool flush_locked();

@@ -100,7 +100,7 @@ class EchoServicer:
         """Block until the client cancels (or the deadline passes); record what was seen."""
         tag = req.tag
         registered = context.add_callback(lambda: self.obs.record(tag, callback_ran=True))
-        self.obs.record(tag, started=True, callback_registered=registered)
+        self.obs.record(tag, started=True, waiting=True, callback_registered=registered)
         limit = time.monotonic() + (req.wait_limit_ms or 30000) / 1000
         while context.is_active() and time.monotonic() < limit:
             time.sleep(0.01)
