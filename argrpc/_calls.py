@@ -47,8 +47,8 @@ _DESERIALIZE_FAILED = "Exception deserializing response!"
 _ITERATE_FAILED = "Exception iterating requests!"
 _LOCAL_CANCEL = "Locally cancelled by application!"
 _GC_CANCEL = "Cancelled upon garbage collection!"
-# grpc 1.85 reports in-flight calls of a closed channel as CANCELLED with this text.
-CHANNEL_CLOSED = "Stream removed (Channel closed!)"
+# grpc 1.85 reports an in-flight unary call of a closed channel as CANCELLED with this text.
+CHANNEL_CLOSED = "Channel closed!"
 
 
 def _nbytes(payload: Any) -> int:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 import grpc
 
-from . import _config
+from . import _buffers, _config
 from ._calls import DoneWatcher, StreamStream, StreamUnary, UnaryStream, UnaryUnary
 from ._errors import local_error
 
@@ -88,8 +88,11 @@ class Channel(grpc.Channel):
                     pass
                 fast = None
             if fast is None and not self._closed:
-                if self._state == _NEW or (self._state in (_RETRY, _FORCED)
-                                           and time.monotonic() >= self._next_try):
+                # A wait_for_ready call waits for the server anyway: let it renegotiate
+                # at once instead of after the retry interval.
+                if self._state == _NEW or (self._state in (_RETRY, _FORCED) and (
+                        time.monotonic() >= self._next_try
+                        or (wait_for_ready and self._state == _RETRY))):
                     self._negotiate_locked(timeout, wait_for_ready)
                 fast = self._fast
             forced = self._forced_error if fast is None else ""
@@ -172,28 +175,28 @@ class Channel(grpc.Channel):
                     response_deserializer: Optional[Callable] = None,
                     _registered_method: Optional[bool] = False) -> UnaryUnary:
         return UnaryUnary(self, method, request_serializer, response_deserializer,
-                          self._grpc.unary_unary(method, request_serializer,
+                          self._grpc.unary_unary(method, _buffers.bytes_serializer(request_serializer),
                                                  response_deserializer, _registered_method))
 
     def unary_stream(self, method: str, request_serializer: Optional[Callable] = None,
                      response_deserializer: Optional[Callable] = None,
                      _registered_method: Optional[bool] = False) -> UnaryStream:
         return UnaryStream(self, method, request_serializer, response_deserializer,
-                           self._grpc.unary_stream(method, request_serializer,
+                           self._grpc.unary_stream(method, _buffers.bytes_serializer(request_serializer),
                                                    response_deserializer, _registered_method))
 
     def stream_unary(self, method: str, request_serializer: Optional[Callable] = None,
                      response_deserializer: Optional[Callable] = None,
                      _registered_method: Optional[bool] = False) -> StreamUnary:
         return StreamUnary(self, method, request_serializer, response_deserializer,
-                           self._grpc.stream_unary(method, request_serializer,
+                           self._grpc.stream_unary(method, _buffers.bytes_serializer(request_serializer),
                                                    response_deserializer, _registered_method))
 
     def stream_stream(self, method: str, request_serializer: Optional[Callable] = None,
                       response_deserializer: Optional[Callable] = None,
                       _registered_method: Optional[bool] = False) -> StreamStream:
         return StreamStream(self, method, request_serializer, response_deserializer,
-                            self._grpc.stream_stream(method, request_serializer,
+                            self._grpc.stream_stream(method, _buffers.bytes_serializer(request_serializer),
                                                      response_deserializer, _registered_method))
 
     def close(self) -> None:

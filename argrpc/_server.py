@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import grpc
 
-from . import _bootstrap, _config, _engine, _handlers
+from . import _bootstrap, _buffers, _config, _engine, _handlers
 from ._context import _CallState, _ServicerContext
 
 _LOGGER = logging.getLogger(__name__)
@@ -30,11 +30,13 @@ _LOGGER = logging.getLogger(__name__)
 _DEFAULT_LOOPS = 8
 # How long a loop waits in the engine before it re-checks for stop / interpreter exit.
 _ACCEPT_TIMEOUT = 0.25
-_CANCELLED = grpc.StatusCode.CANCELLED.value[0]
 _UNKNOWN = grpc.StatusCode.UNKNOWN.value[0]
 _UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
 _RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
-_STOP_DETAILS = "Cancelled by server stop"
+# What grpc's own server gives the client for calls still running when stop()'s grace
+# ends; on the server side those calls are cancelled (is_active() false, callbacks run).
+_STOP_CODE = grpc.StatusCode.UNAVAILABLE.value[0]
+_STOP_DETAILS = "Cancelling all calls"
 
 
 class _HandlerCallDetails(
@@ -240,7 +242,8 @@ class _Server(grpc.Server):
     def add_generic_rpc_handlers(self, generic_rpc_handlers: Iterable[grpc.GenericRpcHandler]) -> None:
         generic_rpc_handlers = tuple(generic_rpc_handlers)
         _validate_generic_handlers(generic_rpc_handlers)
-        self._grpc.add_generic_rpc_handlers(generic_rpc_handlers)
+        self._grpc.add_generic_rpc_handlers(
+            tuple(_buffers.GrpcGenericHandler(h) for h in generic_rpc_handlers))
         with self._lock:
             self._generic.extend(generic_rpc_handlers)
 
@@ -249,7 +252,8 @@ class _Server(grpc.Server):
         with self._lock:
             started = self._stage is not _Stage.NEW
         # grpc warns and ignores once started; forwarding keeps its exact behaviour.
-        self._grpc.add_registered_method_handlers(service_name, method_handlers)
+        self._grpc.add_registered_method_handlers(service_name, {
+            name: _buffers.grpc_method_handler(h) for name, h in method_handlers.items()})
         if started:
             return
         with self._lock:
@@ -326,7 +330,7 @@ class _Server(grpc.Server):
                 break
             time.sleep(min(remaining, 0.005))
         if self._core is not None:
-            self._core.cancel_all(_CANCELLED, _STOP_DETAILS)
+            self._core.cancel_all(_STOP_CODE, _STOP_DETAILS)
             # cancel_all is ours, not the peer's: the watcher does not see these calls.
             for state in list(self._calls.values()):
                 state.run_callbacks()

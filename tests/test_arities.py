@@ -1,6 +1,7 @@
 """All four arities, through every calling style of the multicallables."""
 from __future__ import annotations
 
+import json
 import queue
 import threading
 from typing import Any, Iterator
@@ -17,6 +18,12 @@ def test_transport_negotiated(client: Client, pair: tuple[str, str]) -> None:
         client.stub.Unary(client.req(payload=b"x"), timeout=20)
     check_transport(client.channel, *pair)
     assert isinstance(client.channel, grpc.Channel)
+    # The server must agree: a call that really went over shm has no TCP peer.
+    peer = json.loads(client.stub.Unary(client.req(payload=b"p"), timeout=20).info)["peer"]
+    if pair == ("argrpc", "argrpc"):
+        assert not peer.startswith(("ipv4:", "ipv6:")), f"shm call served over TCP: {peer}"
+    else:
+        assert peer.startswith(("ipv4:", "ipv6:")), peer
 
 
 def test_unary_call_styles(client: Client) -> None:

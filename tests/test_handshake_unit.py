@@ -613,18 +613,41 @@ def test_bootstrap_method_is_served_for_plain_grpc_clients(grpc_server: Any, lis
         assert resp.shm.server_pid == os.getpid()
 
 
-@pytest.mark.skipif(core_available(), reason="argrpc._core is built: covered by the integration tests")
-def test_negotiate_without_core_falls_back(grpc_server: Any, listener_factory: Any) -> None:
-    from argrpc._engine import EngineUnavailable, get_engine
-    with pytest.raises(EngineUnavailable, match="argrpc._core"):
-        get_engine(Config())
-    lst = listener_factory(Config(), host=local_identity())
-    target = grpc_server(lst.handler())
-    with grpc.insecure_channel(target) as ch:
-        n = negotiate(ch, Config(), 4 * MiB, 5.0)
-        assert n.transport == "grpc" and "argrpc._core" in n.reason and not n.retryable
-        n = negotiate(ch, Config(transport="shm"), 4 * MiB, 5.0)
-        assert "argrpc._core" in n.forced_error
+_NO_CORE_SCRIPT = r"""
+import sys
+sys.modules["argrpc._core"] = None  # this interpreter cannot import the engine
+import concurrent.futures, grpc
+from argrpc._bootstrap import FastPathListener, negotiate
+from argrpc._config import Config
+from argrpc._engine import EngineUnavailable, get_engine
+from argrpc._host import local_identity
+try:
+    get_engine(Config())
+    raise SystemExit("engine was created without _core")
+except EngineUnavailable as e:
+    assert "argrpc._core" in str(e), e
+server = grpc.server(concurrent.futures.ThreadPoolExecutor(2))
+lst = FastPathListener("core-server", Config(), 4 << 20, host=local_identity())
+server.add_generic_rpc_handlers((lst.handler(),))
+port = server.add_insecure_port("127.0.0.1:0")
+server.start()
+with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+    n = negotiate(ch, Config(), 4 << 20, 5.0)
+    assert n.transport == "grpc" and "argrpc._core" in n.reason and not n.retryable, n
+    n = negotiate(ch, Config(transport="shm"), 4 << 20, 5.0)
+    assert "argrpc._core" in n.forced_error, n
+lst.close()
+server.stop(None)
+print("ok")
+"""
+
+
+def test_negotiate_without_core_falls_back() -> None:
+    # A host where the extension cannot load: the channel must fall back with a reason.
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", _NO_CORE_SCRIPT], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
 def test_negotiate_on_closed_channel_does_not_raise() -> None:
@@ -637,15 +660,7 @@ def test_negotiate_on_closed_channel_does_not_raise() -> None:
 # --------------------------------------------------------------------------- engine singleton
 
 _ENGINE_SCRIPT = r"""
-import os, sys, threading, types
-core = types.ModuleType("argrpc._core")
-class Engine:
-    def __init__(self, config):
-        self.config, self.pid = config, os.getpid()
-core.Engine = Engine
-sys.modules["argrpc._core"] = core
-import argrpc
-argrpc._core = core
+import os, threading
 from argrpc._config import load
 from argrpc._engine import get_engine, peek_engine
 assert peek_engine() is None
@@ -654,11 +669,12 @@ threads = [threading.Thread(target=lambda: got.append(get_engine(load()))) for _
 for t in threads: t.start()
 for t in threads: t.join()
 eng = got[0]
-assert all(e is eng for e in got) and eng.config == {"buf_size": 128 << 20, "spin_us": 7}
+assert all(e is eng for e in got) and eng.pool_size == 128 << 20
 pid = os.fork()
 if pid == 0:
     child = get_engine(load())
-    os._exit(0 if child is not eng and child.pid == os.getpid() and get_engine(load()) is child else 1)
+    ok = child is not eng and get_engine(load()) is child and child.pool_size == 128 << 20
+    os._exit(0 if ok else 1)
 _, status = os.waitpid(pid, 0)
 assert os.waitstatus_to_exitcode(status) == 0
 assert get_engine(load()) is eng and peek_engine() is eng
@@ -667,8 +683,8 @@ print("ok")
 
 
 def test_engine_singleton_and_fork() -> None:
-    # A stand-in _core module in a fresh interpreter: what is tested is _engine's
-    # once-per-process creation, thread safety and fork handling.
+    # The real engine in a fresh interpreter: _engine's once-per-process creation,
+    # thread safety and fork handling (the child gets its own engine).
     env = dict(os.environ, TF_RDMA_BUF_SIZE="128M", TF_RDMA_SPIN_US="7",
                PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run([sys.executable, "-c", _ENGINE_SCRIPT], env=env, capture_output=True,

@@ -1,0 +1,53 @@
+"""Serializer output on the plain-gRPC path.
+
+argrpc lets a serializer return any buffer-protocol object (memoryview, numpy array) and
+sends it without a copy on the fast path. grpc's own core accepts only `bytes`, so on the
+plain-gRPC path (fallback channels, plain clients of an argrpc server) such a buffer is
+copied into `bytes` once; `bytes` themselves pass through untouched.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable, Optional
+
+import grpc
+
+
+def bytes_serializer(serializer: Optional[Callable[[Any], Any]]) -> Optional[Callable[[Any], bytes]]:
+    if serializer is None:
+        return None
+
+    def serialize(message: Any) -> bytes:
+        out = serializer(message)
+        return out if type(out) is bytes else memoryview(out).tobytes()
+
+    return serialize
+
+
+class _MethodHandler(
+        collections.namedtuple("_MethodHandler", (
+            "request_streaming", "response_streaming", "request_deserializer",
+            "response_serializer", "unary_unary", "unary_stream", "stream_unary",
+            "stream_stream")),
+        grpc.RpcMethodHandler):
+    pass
+
+
+def grpc_method_handler(handler: Optional[grpc.RpcMethodHandler]) -> Optional[grpc.RpcMethodHandler]:
+    """The same handler with a response serializer grpc's core can send."""
+    if handler is None or handler.response_serializer is None:
+        return handler
+    return _MethodHandler(
+        handler.request_streaming, handler.response_streaming, handler.request_deserializer,
+        bytes_serializer(handler.response_serializer), handler.unary_unary,
+        handler.unary_stream, handler.stream_unary, handler.stream_stream)
+
+
+class GrpcGenericHandler(grpc.GenericRpcHandler):
+    """Wraps a user's generic handler for the grpc server beside the fast path."""
+
+    def __init__(self, inner: grpc.GenericRpcHandler) -> None:
+        self._inner = inner
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> Optional[grpc.RpcMethodHandler]:
+        return grpc_method_handler(self._inner.service(handler_call_details))
