@@ -33,12 +33,6 @@ MiB = 1024 * 1024
 SERVER_HOST = HostIdentity(boot_id="boot-a", netns=4026531840, hostname="srv", uid=1000, pid=4242)
 
 
-def core_available() -> bool:
-    try:
-        from argrpc import _core  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def open_fds() -> set[int]:
