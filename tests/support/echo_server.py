@@ -2,6 +2,7 @@
 
     python -m tests.support.echo_server --stack argrpc|grpc --port 0 [--workers N]
         [--stubs DIR] [--max-recv N] [--max-send N] [--reject-method /pkg.Svc/M ...]
+        [--tls-cert PEM --tls-key PEM] [--server-option KEY=VALUE ...]
 
 Prints "PORT <n>" once serving. Reads commands on stdin, one per line:
     stop <grace|none>   server.stop(grace) and wait; prints "STOPPED"
@@ -24,7 +25,7 @@ from typing import Any, Callable
 import grpc
 
 from tests.support import resources, stubs
-from tests.support.servicer import EchoServicer, raw_handler
+from tests.support.servicer import EchoServicer, hold_handler, raw_handler
 
 REJECT_DETAILS = "rejected by interceptor"
 
@@ -76,7 +77,15 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-send", type=int, help="grpc.max_send_message_length")
     p.add_argument("--reject-method", action="append", default=[],
                    help="full method name a server interceptor rejects")
-    return p.parse_args(argv)
+    p.add_argument("--tls-cert", help="PEM certificate chain: serve on a TLS port "
+                   "(add_secure_port) instead of an insecure one; needs --tls-key")
+    p.add_argument("--tls-key", help="PEM private key for --tls-cert")
+    p.add_argument("--server-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra (key, value) server option, e.g. TF_RDMA_OVER_TLS=true")
+    args = p.parse_args(argv)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        p.error("--tls-cert and --tls-key go together")
+    return args
 
 
 def _make_server(args: argparse.Namespace, executor: futures.ThreadPoolExecutor) -> Any:
@@ -85,6 +94,9 @@ def _make_server(args: argparse.Namespace, executor: futures.ThreadPoolExecutor)
         options.append(("grpc.max_receive_message_length", args.max_recv))
     if args.max_send is not None:
         options.append(("grpc.max_send_message_length", args.max_send))
+    for item in args.server_option:
+        key, _, value = item.partition("=")
+        options.append((key, value))
     interceptors = [RejectInterceptor(args.reject_method)] if args.reject_method else None
     if args.stack == "argrpc":
         import argrpc
@@ -115,7 +127,17 @@ def main(argv: list[str] | None = None) -> int:
         servicer = EchoServicer(pb2)
         pb2_grpc.add_EchoServicer_to_server(servicer, server)
         server.add_generic_rpc_handlers((raw_handler(args.stack == "argrpc"),))
-        port = server.add_insecure_port(f"{args.host}:{args.port}")
+        server.add_generic_rpc_handlers((hold_handler(),))
+        address = f"{args.host}:{args.port}"
+        if args.tls_cert:
+            with open(args.tls_key, "rb") as f:
+                key = f.read()
+            with open(args.tls_cert, "rb") as f:
+                chain = f.read()
+            port = server.add_secure_port(
+                address, grpc.ssl_server_credentials([(key, chain)]))
+        else:
+            port = server.add_insecure_port(address)
         server.start()
     except Exception as exc:  # reported to the test, which asserts on it
         _emit(f"ERROR {type(exc).__module__}.{type(exc).__qualname__}: {exc}")

@@ -202,3 +202,36 @@ def raw_handler(buffer_serializer: bool) -> grpc.GenericRpcHandler:
         "Invert": grpc.unary_unary_rpc_method_handler(
             invert, request_deserializer=None, response_serializer=serializer),
     })
+
+
+HOLD_SERVICE = "argrpc.test.Hold"
+HOLD_METHOD = f"/{HOLD_SERVICE}/Digest"
+
+
+def hold_handler() -> grpc.GenericRpcHandler:
+    """A protobuf-free service that keeps the received buffer while it sleeps.
+
+    The request deserializer returns the buffer it is handed as is (on argrpc's shm path a
+    large message is a read-only view of the sender's pool block, so holding it keeps that
+    block in use). The handler sleeps for the `x-hold-ms` metadata value (0 if absent),
+    then answers JSON bytes: sha256 hex and size of the request, the buffer's type name
+    and whether it was read-only.
+    """
+
+    def digest(request: Any, context: grpc.ServicerContext) -> bytes:
+        md = dict(context.invocation_metadata())
+        hold_ms = int(md.get("x-hold-ms", "0"))
+        if hold_ms:
+            time.sleep(hold_ms / 1000)
+        view = memoryview(request)
+        return json.dumps({
+            "sha256": hashlib.sha256(view).hexdigest(),
+            "size": view.nbytes,
+            "kind": type(request).__name__,
+            "readonly": view.readonly,
+        }).encode()
+
+    return grpc.method_handlers_generic_handler(HOLD_SERVICE, {
+        "Digest": grpc.unary_unary_rpc_method_handler(
+            digest, request_deserializer=lambda buf: buf, response_serializer=None),
+    })

@@ -1,0 +1,21 @@
+"""argrpc-bench: TF-gRPC-Bench-style microbenchmarks (issue 3).
+
+Point-to-point latency, point-to-point bandwidth and parameter-server throughput over
+plain grpcio, argrpc's shared-memory path and argrpc-verbs where a device exists, with
+serialized (protobuf) and raw (buffer serializer) payloads, all measured in one run so
+the ratios compare like with like. Run ``argrpc-bench --help`` or
+``python -m argrpc.bench --help``.
+
+Modules, one job each: ``schemes`` (payload sizes), ``models`` (ResNet-50 variable
+shapes), ``results`` (Measurement + JSON schema), ``runner`` / ``server`` / ``client`` /
+``ps`` / ``messages`` (the measured processes), ``report`` (terminal table, Markdown,
+targets), ``plots`` (PNG), ``progress`` (stderr progress), ``cli`` (argument parsing).
+"""
+from __future__ import annotations
+
+BENCHMARKS = ("latency", "bandwidth", "ps")
+TRANSPORTS = ("grpc", "shm", "verbs")
+MODES = ("raw", "serialized")
+SCHEMES = ("uniform", "random", "skew")
+
+__all__ = ["BENCHMARKS", "TRANSPORTS", "MODES", "SCHEMES"]

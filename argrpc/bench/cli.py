@@ -1,0 +1,308 @@
+"""``argrpc-bench`` command line: parses options, plans the runs, hands them to the
+runner, then writes the table, JSON, Markdown and plots.
+
+The plan is a list of ``RunSpec``s: one per (benchmark, mode, sweep combination), each
+comparing all requested transports in the same run. This process never changes its own
+environment: sweep values reach only the measured processes, through ``RunSpec.env``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+from argrpc._config import KNOBS, ConfigError, load as load_config, parse_size
+from argrpc.bench import BENCHMARKS, MODES, SCHEMES, TRANSPORTS
+from argrpc.bench.progress import Progress
+from argrpc.bench.report import (evaluate_targets, fmt_size, markdown_report,
+                                 terminal_report, write_json, write_text)
+from argrpc.bench.results import Measurement, collect_meta
+
+if TYPE_CHECKING:
+    from argrpc.bench.runner import RunSpec
+
+DEFAULT_OUT = "bench-results"
+KNOB_NAMES = tuple(k[0] for k in KNOBS)
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """Per-benchmark defaults; ``QUICK`` keeps ``all --quick`` well under two minutes on
+    2 vCPUs while still covering every speed target of issue 3 (64 B latency, raw 64 MiB
+    and serialized 4 MiB bandwidth, PS with the skew scheme)."""
+    sizes: tuple[int, ...]
+    scheme: str
+    duration: float   # seconds per (size, transport)
+    warmup: int
+    repeats: int
+
+
+K, M = 1 << 10, 1 << 20
+FULL: dict[str, Defaults] = {
+    "latency": Defaults((64, K, 64 * K, M), "uniform", 2.0, 200, 3),
+    "bandwidth": Defaults((64 * K, M, 4 * M, 16 * M, 64 * M), "uniform", 3.0, 3, 3),
+    "ps": Defaults((), "skew", 6.0, 1, 3),
+}
+QUICK: dict[str, Defaults] = {
+    "latency": Defaults((64, 4 * K, 64 * K), "uniform", 1.0, 50, 1),
+    "bandwidth": Defaults((M, 4 * M, 64 * M), "uniform", 1.5, 1, 1),
+    "ps": Defaults((), "skew", 3.0, 1, 1),
+}
+
+
+# --------------------------------------------------------------------------- parsing
+
+def _csv(text: str) -> list[str]:
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'64,1K,64K' -> [64, 1024, 65536]; K/M/G are binary, as everywhere in argrpc."""
+    sizes = []
+    for part in _csv(text):
+        try:
+            sizes.append(parse_size(part))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"not a size: {part!r} (bytes, or a number with K/M/G)") from None
+    if not sizes:
+        raise argparse.ArgumentTypeError("no sizes given")
+    return sizes
+
+
+def parse_transports(text: str) -> list[str]:
+    ts = _csv(text)
+    bad = [t for t in ts if t not in TRANSPORTS]
+    if bad or not ts:
+        raise argparse.ArgumentTypeError(
+            f"unknown transport(s) {', '.join(bad) or '(none)'}; "
+            f"choose from {', '.join(TRANSPORTS)}")
+    return list(dict.fromkeys(ts))  # keep order, drop repeats
+
+
+def parse_sweep(text: str) -> tuple[str, list[str]]:
+    """'TF_RDMA_ACC_SIZE=4K,8K,16K' -> ('TF_RDMA_ACC_SIZE', ['4K', '8K', '16K'])."""
+    name, sep, values = text.partition("=")
+    name = name.strip().upper()
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected VAR=v1,v2,... got {text!r}")
+    if name not in KNOB_NAMES:
+        raise argparse.ArgumentTypeError(
+            f"{name!r} is not an argrpc knob; sweepable: {', '.join(KNOB_NAMES)}")
+    vals = _csv(values)
+    if not vals:
+        raise argparse.ArgumentTypeError(f"no values to sweep for {name}")
+    return name, list(dict.fromkeys(vals))
+
+
+def sweep_envs(sweeps: Sequence[tuple[str, list[str]]]) -> list[dict[str, str]]:
+    """Cartesian product of all sweeps; ``[{}]`` (one run, unchanged env) without any."""
+    names = [n for n, _ in sweeps]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ValueError(f"--sweep given twice for {', '.join(sorted(dup))}")
+    if not sweeps:
+        return [{}]
+    return [dict(zip(names, combo)) for combo in itertools.product(*(v for _, v in sweeps))]
+
+
+def validate_env(env: dict[str, str]) -> None:
+    """Rejects a sweep value argrpc itself would reject, before any process starts.
+
+    Checked together with the TF_RDMA_* already in this environment, since the measured
+    processes inherit those (and cross-knob limits such as ACC_SIZE ≤ RING_SIZE/4 apply).
+    """
+    inherited = {k: v for k, v in os.environ.items() if k.startswith("TF_RDMA_")}
+    load_config(environ={**inherited, **env})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="argrpc-bench",
+        description="TF-gRPC-Bench-style microbenchmarks: plain grpcio vs argrpc-shm "
+                    "(and argrpc-verbs where a device exists), measured side by side in "
+                    "one run. Progress goes to stderr; tables, targets and written file "
+                    "paths to stdout.",
+        epilog="examples:\n"
+               "  argrpc-bench all --quick\n"
+               "  argrpc-bench latency --sizes 64,1K,64K --mode serialized\n"
+               "  argrpc-bench bandwidth --scheme skew --buffers 16 --sizes 16M,64M\n"
+               "  argrpc-bench ps --workers 2 --duration 5\n"
+               "  argrpc-bench bandwidth --sizes 4M --sweep TF_RDMA_ACC_SIZE=4K,8K,16K",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("benchmark", nargs="?", default="all", choices=[*BENCHMARKS, "all"],
+                   help="latency: ping-pong echo; bandwidth: one-way large messages; "
+                        "ps: parameter server + N workers; all: the three (default)")
+    p.add_argument("--transports", type=parse_transports, default=list(TRANSPORTS),
+                   help="comma list of grpc,shm,verbs (default: all; unavailable ones "
+                        "are reported as skipped with the reason)")
+    p.add_argument("--mode", choices=[*MODES, "both"], default="both",
+                   help="raw: buffers via buffer serializers, no protobuf; serialized: "
+                        "protobuf message with repeated bytes (default: both)")
+    p.add_argument("--scheme", choices=SCHEMES, default=None,
+                   help="how a message splits into buffers (default: uniform; ps: skew)")
+    p.add_argument("--sizes", type=parse_sizes, default=None,
+                   help="message sizes, e.g. 64,1K,64K,1M,16M,64M (K/M/G = KiB/MiB/GiB)")
+    p.add_argument("--buffers", type=int, default=1,
+                   help="buffers (iovecs) per message for latency/bandwidth (default 1)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--iterations", type=int, default=None,
+                   help="timed iterations per (size, transport) and repeat")
+    g.add_argument("--duration", type=float, default=None,
+                   help="seconds per (size, transport) and repeat (default: per benchmark)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed iterations first")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="repeats per cell (default 3, --quick 1)")
+    p.add_argument("--workers", type=int, default=2, help="ps worker processes (default 2)")
+    p.add_argument("--seed", type=int, default=0, help="payload/scheme seed (default 0)")
+    p.add_argument("--sweep", type=parse_sweep, action="append", default=[],
+                   metavar="TF_RDMA_VAR=v1,v2,...",
+                   help="rerun per value, the value given only to the measured processes; "
+                        "repeatable (cartesian product)")
+    p.add_argument("--out", default=DEFAULT_OUT,
+                   help=f"output directory for JSON, Markdown and PNGs (default "
+                        f"{DEFAULT_OUT}/)")
+    p.add_argument("--json", default=None, help="JSON path (default OUT/results.json)")
+    p.add_argument("--markdown", default=None, help="Markdown path (default OUT/results.md)")
+    p.add_argument("--no-plots", action="store_true", help="do not write PNGs")
+    p.add_argument("--quick", action="store_true",
+                   help="short run (well under two minutes on 2 vCPUs) that still covers "
+                        "every speed target")
+    return p
+
+
+def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    for name in ("buffers", "iterations", "repeats", "workers"):
+        v = getattr(a, name)
+        if v is not None and v < 1:
+            p.error(f"--{name} must be >= 1")
+    if a.warmup is not None and a.warmup < 0:
+        p.error("--warmup must be >= 0")
+    if a.duration is not None and a.duration <= 0:
+        p.error("--duration must be > 0")
+    try:
+        a.envs = sweep_envs(a.sweep)
+        for env in a.envs:
+            validate_env(env)
+    except (ValueError, ConfigError) as e:
+        p.error(f"--sweep: {e}")
+
+
+# --------------------------------------------------------------------------- planning
+
+def plan(a: argparse.Namespace) -> list["RunSpec"]:
+    """One RunSpec per (benchmark, mode, sweep env), in that nesting order."""
+    from argrpc.bench.runner import RunSpec
+
+    benches = BENCHMARKS if a.benchmark == "all" else (a.benchmark,)
+    modes = MODES if a.mode == "both" else (a.mode,)
+    table = QUICK if a.quick else FULL
+    specs = []
+    for b in benches:
+        d = table[b]
+        iterations = a.iterations
+        duration = None if iterations is not None else (a.duration or d.duration)
+        for mode in modes:
+            for env in getattr(a, "envs", [{}]):
+                kw: dict[str, Any] = dict(
+                    benchmark=b, transports=list(a.transports), mode=mode,
+                    scheme=a.scheme or d.scheme, buffers=a.buffers,
+                    warmup=d.warmup if a.warmup is None else a.warmup,
+                    iterations=iterations, duration=duration,
+                    repeats=a.repeats or d.repeats, workers=a.workers, seed=a.seed,
+                    env=dict(env))
+                if b != "ps":
+                    kw["sizes"] = list(a.sizes or d.sizes)
+                specs.append(RunSpec(**kw))
+    return specs
+
+
+def _title(spec: "RunSpec") -> str:
+    what = spec.benchmark
+    if spec.benchmark != "ps":
+        what += " " + ",".join(fmt_size(s) for s in spec.sizes)
+    env = " ".join(f"{k}={v}" for k, v in sorted(spec.env.items()))
+    return f"{what} [{spec.mode}, {spec.scheme}]" + (f" {env}" if env else "")
+
+
+# --------------------------------------------------------------------------- main
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    _check_args(parser, a)
+
+    from argrpc.bench import runner  # imported late so --help works without the engine
+
+    specs = plan(a)
+    available = runner.available_transports()
+    prog = Progress(len(specs))
+    for t in a.transports:
+        if available.get(t, "unknown transport"):
+            prog.message(f"note: {t} unavailable here ({available.get(t)}); reported as "
+                         "skipped")
+    measurements: list[Measurement] = []
+    errors: list[str] = []
+    started = time.monotonic()
+    for spec in specs:
+        title = _title(spec)
+        try:
+            got = runner.run(spec, progress=prog.step(title))
+        except KeyboardInterrupt:
+            prog.close()
+            errors.append(f"{title}: interrupted")
+            break
+        except Exception as e:  # one failed run must not lose the others' results
+            prog.message(f"error: {title}: {type(e).__name__}: {e}")
+            errors.append(f"{title}: {type(e).__name__}: {e}")
+            continue
+        for m in got:
+            if not m.env and spec.env:  # the report groups by it; never lose the sweep
+                m.env = dict(spec.env)
+        measurements.extend(got)
+    prog.close()
+    elapsed = time.monotonic() - started
+
+    targets = evaluate_targets(measurements)
+    meta = collect_meta(argv, quick=a.quick, elapsed_s=round(elapsed, 1),
+                        transports_available=available,
+                        specs=[dataclasses.asdict(s) for s in specs],
+                        targets=[t.to_dict() for t in targets], errors=errors)
+    out = a.out
+    json_path = a.json or os.path.join(out, "results.json")
+    md_path = a.markdown or os.path.join(out, "results.md")
+    plots: list[str] = []
+    plot_note = ""
+    if not a.no_plots:
+        from argrpc.bench.plots import PlotsUnavailable, write_plots
+        try:
+            plots = write_plots(measurements, out)
+        except PlotsUnavailable as e:
+            plot_note = f"plots skipped: {e}"
+    write_json(json_path, measurements, meta)
+    write_text(md_path, markdown_report(measurements, meta, plots, md_path))
+
+    sys.stdout.write(terminal_report(measurements))
+    print()
+    if errors:
+        print("errors:")
+        for e in errors:
+            print(f"  {e}")
+    print(f"finished in {elapsed:.0f} s; written:")
+    print(f"  JSON      {json_path}")
+    print(f"  Markdown  {md_path}")
+    for p in plots:
+        print(f"  plot      {p}")
+    if plot_note:
+        print(f"  ({plot_note})")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,419 @@
+"""Turns Measurements into the terminal table, the Markdown report and the target checks.
+
+Every ratio is against plain grpcio measured in the same run, with the same mode, scheme,
+size, buffer count, worker count and sweep environment, so a noisy machine moves both
+sides of a ratio together. Ratios are all "speedup" (higher is better): grpc/transport
+for latency, transport/grpc for GB/s and steps/s.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from argrpc.bench import BENCHMARKS, MODES, SCHEMES, TRANSPORTS
+from argrpc.bench.results import Measurement, to_json
+
+BASELINE = "grpc"
+TARGET_TRANSPORT = "shm"  # issue 3's targets are argrpc-shm against plain grpcio
+
+MiB = 1 << 20
+
+# Column set per benchmark: (header, Measurement attribute or special key, kind).
+# Kinds: us (latency), gbps, rate, ratio:<metric> (speedup of that metric vs grpc).
+_COLUMNS: dict[str, list[tuple[str, str, str]]] = {
+    "latency": [("p50 µs", "p50_us", "us"), ("p99 µs", "p99_us", "us"),
+                ("mean µs", "mean_us", "us"), ("RPC/s", "rpcs_per_s", "rate"),
+                ("p50 vs grpc", "p50_us", "ratio"), ("p99 vs grpc", "p99_us", "ratio")],
+    "bandwidth": [("GB/s", "gbps", "gbps"), ("RPC/s", "rpcs_per_s", "rate"),
+                  ("mean µs", "mean_us", "us"), ("p99 µs", "p99_us", "us"),
+                  ("GB/s vs grpc", "gbps", "ratio")],
+    "ps": [("steps/s", "steps_per_s", "rate"), ("GB/s", "gbps", "gbps"),
+           ("RPC/s", "rpcs_per_s", "rate"), ("steps/s vs grpc", "steps_per_s", "ratio")],
+}
+
+# The one number a sweep table shows per cell.
+PRIMARY: dict[str, str] = {"latency": "p50_us", "bandwidth": "gbps", "ps": "steps_per_s"}
+LOWER_IS_BETTER = {"p50_us", "p99_us", "mean_us"}
+
+_DESCRIPTION = {
+    "latency": "ping-pong echo of one message; speedup = grpc latency / transport latency",
+    "bandwidth": "one-way throughput (client sends, server acks 1 B); "
+                 "speedup = transport GB/s / grpc GB/s",
+    "ps": "parameter server: each worker pulls every variable and pushes a gradient of each "
+          "per step; size = bytes per step per worker (pull + push); "
+          "speedup = transport steps/s / grpc steps/s",
+}
+
+
+# --------------------------------------------------------------------------- formatting
+
+def fmt_size(n: int) -> str:
+    """64 -> '64 B', 4096 -> '4 KiB', 67108864 -> '64 MiB'; non-round sizes keep 3 digits."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            v = n / (1 << shift)
+            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.3g} {unit}"
+    return f"{n} B"
+
+
+def fmt_num(v: float | None) -> str:
+    """Three significant digits, thousands separators for large values, '–' for none."""
+    if v is None:
+        return "–"
+    if v == 0:
+        return "0"
+    a = abs(v)
+    if a >= 1000:
+        return f"{v:,.0f}"
+    if a >= 100:
+        return f"{v:.0f}"
+    if a >= 10:
+        return f"{v:.1f}"
+    if a >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3g}"
+
+
+def fmt_ratio(r: float | None) -> str:
+    if r is None:
+        return "–"
+    return f"{r:.1f}×" if r >= 10 else f"{r:.2f}×"
+
+
+def env_label(env: dict[str, str]) -> str:
+    """'ACC_SIZE=4K, SPIN_US=0' (TF_RDMA_ dropped for width); '(default)' when empty."""
+    if not env:
+        return "(default)"
+    return ", ".join(f"{k.removeprefix('TF_RDMA_')}={v}" for k, v in sorted(env.items()))
+
+
+# --------------------------------------------------------------------------- grouping
+
+def _env_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(env.items()))
+
+
+def cell_key(m: Measurement, with_env: bool = True) -> tuple[Any, ...]:
+    """Everything but the transport: measurements with equal keys are comparable."""
+    key: tuple[Any, ...] = (m.benchmark, m.mode, m.scheme, m.size, m.buffers, m.workers)
+    return key + (_env_key(m.env),) if with_env else key
+
+
+def baseline_of(m: Measurement, ms: Sequence[Measurement]) -> Measurement | None:
+    key = cell_key(m)
+    for b in ms:
+        if b.transport == BASELINE and not b.skipped and cell_key(b) == key:
+            return b
+    return None
+
+
+def speedup(m: Measurement, base: Measurement | None, metric: str) -> float | None:
+    """>1 means the transport is better than grpc on ``metric``."""
+    if base is None or m.skipped:
+        return None
+    a, b = getattr(m, metric), getattr(base, metric)
+    if a is None or b is None or a <= 0 or b <= 0:
+        return None
+    return b / a if metric in LOWER_IS_BETTER else a / b
+
+
+def _order(ms: Iterable[Measurement]) -> list[Measurement]:
+    def rank(seq: Sequence[str], v: str) -> int:
+        return seq.index(v) if v in seq else len(seq)
+
+    return sorted(ms, key=lambda m: (
+        rank(BENCHMARKS, m.benchmark), rank(MODES, m.mode), rank(SCHEMES, m.scheme),
+        m.size, m.buffers, m.workers or 0, _env_key(m.env), rank(TRANSPORTS, m.transport)))
+
+
+# --------------------------------------------------------------------------- tables
+
+@dataclass
+class Table:
+    headers: list[str]
+    rows: list[list[str]]
+    numeric: list[bool]  # right-align these columns
+
+    def text(self) -> str:
+        widths = [len(h) for h in self.headers]
+        for r in self.rows:
+            widths = [max(w, len(c)) for w, c in zip(widths, r)]
+
+        def line(cells: Sequence[str]) -> str:
+            return "  ".join(c.rjust(w) if num else c.ljust(w)
+                             for c, w, num in zip(cells, widths, self.numeric)).rstrip()
+
+        sep = "  ".join("-" * w for w in widths)
+        return "\n".join([line(self.headers), sep, *(line(r) for r in self.rows)])
+
+    def markdown(self) -> str:
+        def esc(c: str) -> str:
+            return c.replace("|", "\\|")
+
+        head = "| " + " | ".join(esc(h) for h in self.headers) + " |"
+        align = "|" + "|".join("---:" if n else ":---" for n in self.numeric) + "|"
+        body = ["| " + " | ".join(esc(c) for c in r) + " |" for r in self.rows]
+        return "\n".join([head, align, *body])
+
+
+def _has_sweep(ms: Sequence[Measurement]) -> bool:
+    return len({_env_key(m.env) for m in ms}) > 1 or any(m.env for m in ms)
+
+
+def benchmark_table(ms: Sequence[Measurement], benchmark: str) -> Table:
+    """One row per (cell, transport) for one benchmark, with its speedups vs grpc."""
+    rows_ms = _order(m for m in ms if m.benchmark == benchmark)
+    sweep = _has_sweep(rows_ms)
+    size_head = "bytes/step/worker" if benchmark == "ps" else "size"
+    bufs_head = "vars" if benchmark == "ps" else "bufs"
+    lead = ["mode", "scheme", size_head, bufs_head]
+    if benchmark == "ps":
+        lead.append("workers")
+    if sweep:
+        lead.append("env")
+    lead.append("transport")
+    cols = _COLUMNS[benchmark]
+    headers = lead + [c[0] for c in cols]
+    numeric = [False, False, True, True] + ([True] if benchmark == "ps" else []) \
+        + ([False] if sweep else []) + [False] + [True] * len(cols)
+    rows: list[list[str]] = []
+    for m in rows_ms:
+        r = [m.mode, m.scheme, fmt_size(m.size), str(m.buffers)]
+        if benchmark == "ps":
+            r.append(str(m.workers if m.workers is not None else "–"))
+        if sweep:
+            r.append(env_label(m.env))
+        r.append(m.transport)
+        if m.skipped:
+            # the reason goes in the first value column; the rest stay empty
+            r.append(f"skipped: {m.note}" if m.note else "skipped")
+            r.extend([""] * (len(cols) - 1))
+        else:
+            base = baseline_of(m, rows_ms)
+            for _, attr, kind in cols:
+                if kind == "ratio":
+                    r.append("base" if m.transport == BASELINE
+                             else fmt_ratio(speedup(m, base, attr)))
+                else:
+                    r.append(fmt_num(getattr(m, attr)))
+        rows.append(r)
+    return Table(headers, rows, numeric)
+
+
+def sweep_table(ms: Sequence[Measurement], benchmark: str) -> Table | None:
+    """The primary metric per sweep value side by side (None when nothing was swept)."""
+    rows_ms = [m for m in _order(ms) if m.benchmark == benchmark]
+    envs: list[tuple[tuple[str, str], ...]] = []
+    for m in rows_ms:
+        if _env_key(m.env) not in envs:
+            envs.append(_env_key(m.env))
+    if len(envs) < 2:
+        return None
+    metric = PRIMARY[benchmark]
+    cells: dict[tuple[Any, ...], dict[tuple[tuple[str, str], ...], Measurement]] = {}
+    for m in rows_ms:
+        cells.setdefault(cell_key(m, with_env=False) + (m.transport,), {})[_env_key(m.env)] = m
+    headers = ["mode", "scheme", "size", "bufs", "transport"] + \
+        [env_label(dict(e)) for e in envs] + ["best"]
+    rows = []
+    for key, by_env in cells.items():
+        _, mode, scheme, size, bufs, _, transport = key
+        vals: list[str] = []
+        best: tuple[float, str] | None = None
+        for e in envs:
+            m = by_env.get(e)
+            v = None if m is None or m.skipped else getattr(m, metric)
+            vals.append(fmt_num(v) if m is None or not m.skipped else "skipped")
+            if v is not None:
+                score = -v if metric in LOWER_IS_BETTER else v
+                if best is None or score > best[0]:
+                    best = (score, env_label(dict(e)))
+        rows.append([mode, scheme, fmt_size(size), str(bufs), transport, *vals,
+                     best[1] if best else "–"])
+    unit = {"p50_us": "p50 µs (lower is better)", "gbps": "GB/s",
+            "steps_per_s": "steps/s"}[metric]
+    headers[4] = f"transport [{unit}]"
+    return Table(headers, rows, [False, False, True, True, False]
+                 + [True] * len(envs) + [False])
+
+
+# --------------------------------------------------------------------------- targets
+
+@dataclass(frozen=True)
+class Target:
+    """A speed target of issue 3: TARGET_TRANSPORT at least ``min_ratio``× better."""
+    benchmark: str
+    metric: str
+    min_ratio: float
+    mode: str | None = None      # None: checked in every mode that was measured
+    scheme: str | None = None    # None: any scheme
+    size: int | None = None      # None: any size (ps)
+    text: str = ""
+    flags: str = ""              # how to cover it when it was not measured
+
+
+TARGETS: tuple[Target, ...] = (
+    Target("latency", "p50_us", 20.0, size=64, text="latency p50 at 64 B ≥ 20× lower",
+           flags="argrpc-bench latency --sizes 64"),
+    Target("latency", "p99_us", 10.0, size=64, text="latency p99 at 64 B ≥ 10× lower",
+           flags="argrpc-bench latency --sizes 64"),
+    Target("bandwidth", "gbps", 30.0, mode="raw", size=64 * MiB,
+           text="raw bandwidth at 64 MiB ≥ 30× higher",
+           flags="argrpc-bench bandwidth --mode raw --sizes 64M"),
+    Target("bandwidth", "gbps", 3.0, mode="serialized", size=4 * MiB,
+           text="serialized bandwidth at 4 MiB ≥ 3× higher",
+           flags="argrpc-bench bandwidth --mode serialized --sizes 4M"),
+    Target("ps", "steps_per_s", 5.0, scheme="skew",
+           text="PS throughput, skew scheme ≥ 5× higher",
+           flags="argrpc-bench ps --scheme skew"),
+)
+
+
+@dataclass
+class TargetResult:
+    target: Target
+    status: str                  # PASS | MISS | not measured | no data
+    ratio: float | None = None
+    where: str = ""              # mode / scheme / buffers / env of the cell checked
+    detail: str = ""
+
+    def line(self) -> str:
+        head = f"{self.status:<12} {self.target.text}"
+        if self.where:
+            head += f" [{self.where}]"
+        return head + (f": {self.detail}" if self.detail else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target": self.target.text, "status": self.status, "ratio": self.ratio,
+                "min_ratio": self.target.min_ratio, "where": self.where,
+                "detail": self.detail}
+
+
+def evaluate_targets(ms: Sequence[Measurement]) -> list[TargetResult]:
+    """Checks each target of a benchmark that ran, once per matching cell.
+
+    A miss says by how much (the factor still needed). Targets of benchmarks that did not
+    run are left out; a benchmark that ran without the target's cell says how to get it.
+    """
+    out: list[TargetResult] = []
+    ran = {m.benchmark for m in ms}
+    for t in TARGETS:
+        if t.benchmark not in ran:
+            continue
+        cands = [m for m in _order(ms) if m.benchmark == t.benchmark
+                 and m.transport == TARGET_TRANSPORT
+                 and (t.mode is None or m.mode == t.mode)
+                 and (t.scheme is None or m.scheme == t.scheme)
+                 and (t.size is None or m.size == t.size)]
+        if not cands:
+            out.append(TargetResult(t, "not measured", detail=f"run `{t.flags}`"))
+            continue
+        for m in cands:
+            where = f"{m.mode}, {m.scheme}, {m.buffers} buf" + \
+                ("s" if m.buffers != 1 else "") + \
+                (f", {env_label(m.env)}" if m.env else "")
+            if m.skipped:
+                out.append(TargetResult(t, "no data", where=where,
+                                        detail=f"shm skipped: {m.note}"))
+                continue
+            base = baseline_of(m, ms)
+            r = speedup(m, base, t.metric)
+            if r is None:
+                why = "grpc baseline missing or skipped" if base is None else "no value"
+                out.append(TargetResult(t, "no data", where=where, detail=why))
+            elif r >= t.min_ratio:
+                out.append(TargetResult(t, "PASS", r, where,
+                                        f"{fmt_ratio(r)} (needs {t.min_ratio:g}×)"))
+            else:
+                out.append(TargetResult(
+                    t, "MISS", r, where,
+                    f"{fmt_ratio(r)}, needs {t.min_ratio:g}×: short by "
+                    f"{t.min_ratio / r:.2f}× ({(1 - r / t.min_ratio) * 100:.0f}% below)"))
+    return out
+
+
+# --------------------------------------------------------------------------- documents
+
+def terminal_report(ms: Sequence[Measurement]) -> str:
+    parts: list[str] = []
+    for b in BENCHMARKS:
+        if not any(m.benchmark == b for m in ms):
+            continue
+        parts.append(f"== {b}: {_DESCRIPTION[b]}")
+        parts.append(benchmark_table(ms, b).text())
+        sw = sweep_table(ms, b)
+        if sw is not None:
+            parts.append(f"-- {b}: sweep, {PRIMARY[b]} per environment")
+            parts.append(sw.text())
+        parts.append("")
+    results = evaluate_targets(ms)
+    if results:
+        parts.append("== speed targets (issue 3: argrpc-shm vs plain grpcio, same run)")
+        parts.extend(r.line() for r in results)
+    notes = sorted({f"{m.transport}: {m.note}" for m in ms if m.note and m.skipped})
+    if notes:
+        parts.append("")
+        parts.append("skipped: " + "; ".join(notes))
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def markdown_report(ms: Sequence[Measurement], meta: dict[str, Any],
+                    plots: Sequence[str] = (), md_path: str | None = None) -> str:
+    """A self-contained Markdown page: machine, command, tables, targets, plots.
+
+    Plot links are made relative to ``md_path``'s directory so the page renders where it
+    is written (and in a repository browser).
+    """
+    lines = ["# argrpc-bench results", ""]
+    info = [("date", meta.get("date")), ("command", f"`{meta.get('command', '')}`"),
+            ("machine", f"{meta.get('cpus')} vCPU {meta.get('cpu', '')}, "
+                        f"{meta.get('kernel', '')} ({meta.get('machine', '')})"),
+            ("software", f"Python {meta.get('python')}, grpcio {meta.get('grpcio')}, "
+                         f"protobuf {meta.get('protobuf')}, numpy {meta.get('numpy')}, "
+                         f"argrpc {meta.get('argrpc')}")]
+    lines += [f"- **{k}**: {v}" for k, v in info if v]
+    lines.append("")
+    for b in BENCHMARKS:
+        if not any(m.benchmark == b for m in ms):
+            continue
+        lines += [f"## {b}", "", _DESCRIPTION[b][0].upper() + _DESCRIPTION[b][1:] + ".", "",
+                  benchmark_table(ms, b).markdown(), ""]
+        sw = sweep_table(ms, b)
+        if sw is not None:
+            lines += [f"Sweep ({PRIMARY[b]} per environment):", "", sw.markdown(), ""]
+    results = evaluate_targets(ms)
+    if results:
+        lines += ["## Speed targets (argrpc-shm vs plain grpcio, same run)", "",
+                  "| status | target | where | result |", "|:---|:---|:---|:---|"]
+        lines += [f"| {r.status} | {r.target.text} | {r.where} | {r.detail} |"
+                  for r in results]
+        lines.append("")
+    if plots:
+        lines += ["## Plots", ""]
+        base = os.path.dirname(os.path.abspath(md_path)) if md_path else None
+        for p in plots:
+            rel = os.path.relpath(os.path.abspath(p), base) if base else p
+            name = os.path.splitext(os.path.basename(p))[0]
+            lines += [f"![{name}]({rel})", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_json(path: str, ms: Sequence[Measurement], meta: dict[str, Any]) -> None:
+    doc = to_json(ms, meta)
+    _ensure_dir(path)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+
+
+def write_text(path: str, text: str) -> None:
+    _ensure_dir(path)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def _ensure_dir(path: str) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)

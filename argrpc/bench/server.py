@@ -1,0 +1,146 @@
+"""Benchmark server process for the point-to-point benchmarks.
+
+    python -m argrpc.bench.server --stack grpc|argrpc [--threads N]
+
+Serves, on one port, every method both point-to-point benchmarks need (the client picks
+by mode and buffer count, so one server serves a whole run):
+
+* ``Echo`` / ``EchoRaw`` / ``EchoFramed`` (latency: the request comes back);
+* ``Sink`` / ``SinkRaw`` / ``SinkFramed`` (bandwidth: the request is received and
+  unpacked, a tiny ack goes back);
+* ``Env``: the TF_RDMA_* environment of this process, so a run can prove which settings
+  the measured server actually had.
+
+Prints ``PORT n`` once listening and serves until its stdin reaches EOF: the
+orchestrator closes it when done, and if the orchestrator dies the pipe closes too, so a
+server is never orphaned. The stack (grpc.server or argrpc.server) is the only difference
+between transports; the handlers are the same code.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import struct
+import sys
+from concurrent import futures
+from typing import Any, Callable, Sequence
+
+import grpc
+
+from argrpc.bench import messages as msg
+
+# Unlimited both ways: the default 4 MiB receive cap would reject bulk messages, and the
+# point is to compare transports, not limits.
+BIG_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.max_send_message_length", -1),
+]
+DEFAULT_THREADS = 8
+_RAW_ACK = struct.Struct("<QI")  # payload bytes received, buffer count
+
+
+def tf_rdma_env() -> dict[str, str]:
+    """The TF_RDMA_* part of this process's environment."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("TF_RDMA_")}
+
+
+def env_report() -> bytes:
+    return json.dumps({"pid": os.getpid(), "env": tf_rdma_env()}).encode()
+
+
+def raw_ack(size: int, count: int) -> bytes:
+    return _RAW_ACK.pack(size, count)
+
+
+def parse_raw_ack(data: Any) -> tuple[int, int]:
+    size, count = _RAW_ACK.unpack(bytes(data))
+    return int(size), int(count)
+
+
+class Received:
+    """A raw request: the message as received plus zero-copy views of its buffers. Echo
+    sends ``data`` back as is (it already is the packed form of ``views``)."""
+
+    __slots__ = ("data", "views")
+
+    def __init__(self, data: Any, framed: bool) -> None:
+        self.data = data
+        self.views = msg.unpack(data, framed)
+
+
+def raw_serializer(stack: str) -> Callable[[Any], Any]:
+    """Identity on argrpc (buffers go out as they are); ``bytes`` for grpcio's core."""
+    return msg.bytes_only(msg.identity) if stack == "grpc" else msg.identity
+
+
+def _handlers(stack: str) -> dict[str, grpc.RpcMethodHandler]:
+    uu = grpc.unary_unary_rpc_method_handler
+    out_raw = raw_serializer(stack)
+
+    def echo(req: Any, ctx: grpc.ServicerContext) -> Any:
+        return req
+
+    def sink(req: Any, ctx: grpc.ServicerContext) -> Any:
+        return msg.Ack(size=sum(len(b) for b in req.buffers), count=len(req.buffers))
+
+    def echo_raw(req: Received, ctx: grpc.ServicerContext) -> Any:
+        return req.data
+
+    def sink_raw(req: Received, ctx: grpc.ServicerContext) -> bytes:
+        return raw_ack(sum(v.nbytes for v in req.views), len(req.views))
+
+    def env(req: bytes, ctx: grpc.ServicerContext) -> bytes:
+        return env_report()
+
+    return {
+        msg.ECHO: uu(echo, msg.Payload.FromString, msg.Payload.SerializeToString),
+        msg.SINK: uu(sink, msg.Payload.FromString, msg.Ack.SerializeToString),
+        msg.ECHO_RAW: uu(echo_raw, lambda d: Received(d, False), out_raw),
+        msg.ECHO_FRAMED: uu(echo_raw, lambda d: Received(d, True), out_raw),
+        msg.SINK_RAW: uu(sink_raw, lambda d: Received(d, False), out_raw),
+        msg.SINK_FRAMED: uu(sink_raw, lambda d: Received(d, True), out_raw),
+        msg.ENV: uu(env, None, None),
+    }
+
+
+def make_server(stack: str, threads: int) -> grpc.Server:
+    """grpc.server or argrpc.server with the same pool size and unlimited message sizes.
+    argrpc is imported only for its stack, so a grpc process never starts its engine."""
+    pool = futures.ThreadPoolExecutor(max_workers=threads)
+    if stack == "argrpc":
+        import argrpc
+
+        return argrpc.server(pool, options=BIG_OPTIONS)
+    if stack == "grpc":
+        return grpc.server(pool, options=BIG_OPTIONS)
+    raise ValueError(f"unknown stack {stack!r} (grpc or argrpc)")
+
+
+def serve(server: grpc.Server, handlers: Sequence[grpc.GenericRpcHandler]) -> int:
+    """Listen on a free port, print ``PORT n``, serve until stdin closes."""
+    server.add_generic_rpc_handlers(tuple(handlers))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    print(f"PORT {port}", flush=True)
+    try:
+        sys.stdin.read()  # EOF = the orchestrator is done or gone
+    except KeyboardInterrupt:
+        pass
+    server.stop(0).wait(10)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m argrpc.bench.server", description=__doc__)
+    p.add_argument("--stack", choices=("grpc", "argrpc"), required=True)
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                   help="server thread-pool size, the same for every stack")
+    args = p.parse_args(argv)
+    server = make_server(args.stack, args.threads)
+    handler = grpc.method_handlers_generic_handler(msg.SERVICE, _handlers(args.stack))
+    return serve(server, [handler])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
