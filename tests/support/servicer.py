@@ -209,26 +209,42 @@ HOLD_METHOD = f"/{HOLD_SERVICE}/Digest"
 
 
 def hold_handler() -> grpc.GenericRpcHandler:
-    """A protobuf-free service that keeps the received buffer while it sleeps.
+    """A protobuf-free service that keeps the received buffer while it waits.
 
     The request deserializer returns the buffer it is handed as is (on argrpc's shm path a
     large message is a read-only view of the sender's pool block, so holding it keeps that
-    block in use). The handler sleeps for the `x-hold-ms` metadata value (0 if absent),
-    then answers JSON bytes: sha256 hex and size of the request, the buffer's type name
-    and whether it was read-only.
+    block in use). Controlled by invocation metadata:
+      x-hold-ms     keep the request this long (0 if absent) before answering;
+      x-hold-tag    ... or until a call with x-release=<the same tag> arrives, if sooner;
+      x-release     release every call held under this tag and answer at once.
+    The answer is JSON bytes: sha256 hex and size of the request, the buffer's type name,
+    whether it was read-only, and whether the hold ended by release.
     """
+    lock = threading.Lock()
+    releases: dict[str, threading.Event] = {}
+
+    def event(tag: str) -> threading.Event:
+        with lock:
+            return releases.setdefault(tag, threading.Event())
 
     def digest(request: Any, context: grpc.ServicerContext) -> bytes:
         md = dict(context.invocation_metadata())
-        hold_ms = int(md.get("x-hold-ms", "0"))
-        if hold_ms:
-            time.sleep(hold_ms / 1000)
+        if "x-release" in md:
+            event(md["x-release"]).set()
+            return json.dumps({"released": md["x-release"]}).encode()
+        hold_s = int(md.get("x-hold-ms", "0")) / 1000
+        released = False
+        if hold_s and "x-hold-tag" in md:
+            released = event(md["x-hold-tag"]).wait(hold_s)
+        elif hold_s:
+            time.sleep(hold_s)
         view = memoryview(request)
         return json.dumps({
             "sha256": hashlib.sha256(view).hexdigest(),
             "size": view.nbytes,
             "kind": type(request).__name__,
             "readonly": view.readonly,
+            "released": released,
         }).encode()
 
     return grpc.method_handlers_generic_handler(HOLD_SERVICE, {

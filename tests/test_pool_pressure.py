@@ -1,0 +1,281 @@
+"""Back-pressure of the sender's registered pool (TF_RDMA_BUF_SIZE) on the shm path.
+
+A large message (> TF_RDMA_ACC_SIZE) is copied into a block of the SENDER's pool and
+pulled by the receiver; the block returns when the receiver is done with it. A message of
+at least TF_RDMA_ZERO_COPY_MIN (1M) is handed to the receiver's deserializer as a view of
+that block (at most 1/4 of the sender's pool per connection; beyond that it is copied), so
+a handler that keeps the view keeps the sender's block in use. When the pool is full a
+sender waits for room within the call's deadline, then fails RESOURCE_EXHAUSTED naming
+TF_RDMA_BUF_SIZE; a message larger than the whole pool fails at once. Never truncated or
+corrupt: every request below is checked with a sha256 computed by the server handler.
+
+The pool is process-wide and read from the environment once, so the client side runs in
+its own interpreter with TF_RDMA_BUF_SIZE=64M (the minimum) and prints one RESULT line.
+The server is an ordinary argrpc echo server (tests.support.servicer.hold_handler).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import grpc
+import pytest
+
+from tests.support.clients import UNLIMITED_SERVER_ARGS
+from tests.support.procs import run_python
+
+MiB = 1 << 20
+POOL = 64 * MiB
+
+# Client side of every case, in a fresh interpreter. ECHO_CASE picks the scenario.
+CLIENT_SCRIPT = r"""
+import hashlib, json, os, sys, threading, time, traceback
+from concurrent.futures import ThreadPoolExecutor
+import grpc, argrpc
+from argrpc import _engine
+from tests.support import payload, stubs
+
+MiB = 1 << 20
+TARGET = os.environ["ECHO_TARGET"]
+CASE = os.environ["ECHO_CASE"]
+OPTS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+HOLD = "/argrpc.test.Hold/Digest"
+pb2, pb2_grpc = stubs.load(os.environ["ECHO_STUBS"])
+out = {"case": CASE}
+
+
+class Chan:
+    def __init__(self):
+        self.ch = argrpc.insecure_channel(TARGET, options=OPTS)
+        self.hold = self.ch.unary_unary(HOLD, request_serializer=lambda b: b,
+                                        response_deserializer=json.loads)
+        self.echo = pb2_grpc.EchoStub(self.ch)
+        self.hold(b"warm-up", timeout=60, wait_for_ready=True)
+
+    def transport(self):
+        return [self.ch.transport, self.ch.fallback_reason]
+
+
+def stats():
+    return _engine.peek_engine().pool_stats()
+
+
+def poll(pred, timeout=60.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        s = stats()
+        if pred(s):
+            return s
+        time.sleep(0.02)
+    return stats()
+
+
+def hold_call(chan, seed, size, timeout, md=()):
+    data = payload.make(seed, size)
+    try:
+        r = chan.hold(data, metadata=list(md), timeout=timeout)
+    except grpc.RpcError as e:
+        return {"code": e.code().name, "details": e.details()}
+    return {"code": "OK", "exact": r["sha256"] == hashlib.sha256(data).hexdigest()
+            and r["size"] == size, "size": r["size"], "released": r["released"]}
+
+
+def echo_call(chan, seed, size, timeout):
+    data = payload.make(seed, size)
+    try:
+        r = chan.echo.Unary(pb2.EchoRequest(payload=data, digest_only=True), timeout=timeout)
+    except grpc.RpcError as e:
+        return {"code": e.code().name, "details": e.details()}
+    return {"code": "OK", "exact": r.digest == payload.sha256(data) and r.size == size,
+            "size": r.size}
+
+
+def release(chan, tag):
+    return chan.hold(b"", metadata=[("x-release", tag)], timeout=60)
+
+
+def fill_pool(tag, nchan=4, size=16 * MiB):
+    # Each channel lends at most 1/4 of the pool as a view, so four channels each with one
+    # held 16 MiB view keep the whole 64 MiB pool in use.
+    chans = [Chan() for _ in range(nchan)]
+    ex = ThreadPoolExecutor(nchan + 2)
+    md = [("x-hold-ms", "120000"), ("x-hold-tag", tag)]
+    holders = [ex.submit(hold_call, c, 100 + i, size, 150, md) for i, c in enumerate(chans)]
+    out["full"] = poll(lambda s: s["in_use"] >= s["capacity"])
+    return chans, ex, holders
+
+
+try:
+    out["capacity"] = None
+    if CASE == "concurrent":
+        chan = Chan()
+        out["capacity"] = stats()["capacity"]
+        peak = {"in_use": 0, "waiters": 0}
+        stop = threading.Event()
+
+        def monitor():
+            while not stop.is_set():
+                s = stats()
+                peak["in_use"] = max(peak["in_use"], s["in_use"])
+                peak["waiters"] = max(peak["waiters"], s["waiters"])
+                time.sleep(0.002)
+
+        mon = threading.Thread(target=monitor)
+        mon.start()
+
+        def worker(i):
+            size = 20 * MiB + 4096 * i + i  # distinct, not page-aligned
+            # raw buffer (the server keeps a view while hashing) and protobuf
+            return [hold_call(chan, i, size, 120, [("x-hold-ms", "50")]),
+                    echo_call(chan, 1000 + i, size, 120)]
+
+        with ThreadPoolExecutor(8) as ex:
+            out["results"] = [r for rs in ex.map(worker, range(8)) for r in rs]
+        stop.set()
+        mon.join()
+        out["peak"] = peak
+        out["transport"] = chan.transport()
+        out["after"] = poll(lambda s: s["in_use"] == 0)
+    elif CASE == "wait_then_ok":
+        chans, ex, holders = fill_pool("wait")
+        waiter = Chan()
+        out["capacity"] = stats()["capacity"]
+        blocked = ex.submit(hold_call, waiter, 7, 16 * MiB, 120)
+        out["waiting"] = poll(lambda s: s["waiters"] >= 1)
+        out["blocked_done_before_release"] = blocked.done()
+        out["release"] = release(waiter, "wait")
+        out["blocked"] = blocked.result()
+        out["holders"] = [h.result() for h in holders]
+        out["after"] = poll(lambda s: s["in_use"] == 0)
+        out["transport"] = [c.transport() for c in chans + [waiter]]
+    elif CASE == "deadline":
+        chans, ex, holders = fill_pool("deadline")
+        late = Chan()
+        out["capacity"] = stats()["capacity"]
+        out["blocked"] = hold_call(late, 7, 16 * MiB, 1.0)
+        out["blocked_echo"] = echo_call(late, 8, 4 * MiB, 1.0)
+        out["holders_done_before_release"] = [h.done() for h in holders]
+        out["release"] = release(late, "deadline")
+        out["holders"] = [h.result() for h in holders]
+        out["freed"] = poll(lambda s: s["in_use"] == 0)
+        out["later"] = [hold_call(late, 9, 16 * MiB, 60), echo_call(late, 10, 20 * MiB, 60),
+                        hold_call(chans[0], 11, 30 * MiB, 60)]
+        out["after"] = poll(lambda s: s["in_use"] == 0)
+        out["transport"] = [c.transport() for c in chans + [late]]
+    elif CASE == "too_big":
+        chan = Chan()
+        out["capacity"] = stats()["capacity"]
+        out["raw"] = hold_call(chan, 1, 80 * MiB, 60)
+        out["proto"] = echo_call(chan, 2, 80 * MiB, 60)
+        out["later"] = [hold_call(chan, 3, 20 * MiB, 60), echo_call(chan, 4, 48 * MiB, 60),
+                        hold_call(chan, 5, 100, 60)]
+        out["after"] = poll(lambda s: s["in_use"] == 0)
+        out["transport"] = chan.transport()
+    else:
+        out["error"] = f"unknown case {CASE}"
+except Exception:
+    out["error"] = traceback.format_exc()
+print("RESULT " + json.dumps(out), flush=True)
+os._exit(0)  # held/blocked calls are all finished; skip slow interpreter teardown
+"""
+
+
+def _run(case: str, target: str, stubs_dir: str) -> dict[str, Any]:
+    drop = [k for k in os.environ if k.startswith("TF_RDMA_")]
+    proc = run_python(CLIENT_SCRIPT, env={
+        "ECHO_CASE": case, "ECHO_TARGET": target, "ECHO_STUBS": stubs_dir,
+        "TF_RDMA_BUF_SIZE": "64M"}, drop_env=drop, timeout=300)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert lines, f"client process failed (rc={proc.returncode}):\n{proc.stderr[-4000:]}"
+    result = json.loads(lines[-1][len("RESULT "):])
+    assert "error" not in result, result["error"]
+    assert result["capacity"] == POOL, result
+    return result
+
+
+@pytest.fixture
+def target(servers: Any) -> str:
+    # An argrpc server with the default pool (1G) and unlimited message sizes; the hold
+    # handler needs one worker per held call plus one for the release call.
+    return servers.get("argrpc", UNLIMITED_SERVER_ARGS + ("--workers", "12")).target
+
+
+def _assert_shm(transports: Any) -> None:
+    for transport, reason in (transports if isinstance(transports[0], list) else [transports]):
+        assert transport == "shm", f"expected the shm fast path, got {transport}: {reason}"
+
+
+def _assert_exact(result: dict[str, Any], size: int | None = None) -> None:
+    assert result["code"] == "OK", result
+    assert result["exact"], f"payload corrupted in transit: {result}"
+    if size is not None:
+        assert result["size"] == size, result
+
+
+def _assert_pool_error(result: dict[str, Any], allow_deadline: bool) -> None:
+    codes = {"RESOURCE_EXHAUSTED"} | ({"DEADLINE_EXCEEDED"} if allow_deadline else set())
+    assert result["code"] in codes, result
+    if result["code"] == "RESOURCE_EXHAUSTED":
+        assert "TF_RDMA_BUF_SIZE" in result["details"], result["details"]
+
+
+def test_concurrent_large_calls_exceeding_pool_all_complete(target: str, stubs_dir: str) -> None:
+    """8 threads x (20 MiB raw + 20 MiB protobuf) = 320 MiB through a 64 MiB pool."""
+    r = _run("concurrent", target, stubs_dir)
+    _assert_shm(r["transport"])
+    assert len(r["results"]) == 16
+    for res in r["results"]:
+        _assert_exact(res)
+    # The pool never held more than its capacity, and every block came back.
+    assert r["peak"]["in_use"] <= POOL, r["peak"]
+    assert r["after"]["in_use"] == 0 and r["after"]["waiters"] == 0, r["after"]
+
+
+def test_full_pool_makes_sender_wait_then_succeed(target: str, stubs_dir: str) -> None:
+    """Views held by the server fill the client's pool; a new large call waits (a pool
+    waiter is seen) and completes byte-exact once the server drops the views."""
+    r = _run("wait_then_ok", target, stubs_dir)
+    _assert_shm(r["transport"])
+    assert r["full"]["in_use"] == POOL, f"held views did not fill the pool: {r['full']}"
+    assert r["waiting"]["waiters"] >= 1, f"no sender waited for pool room: {r['waiting']}"
+    assert not r["blocked_done_before_release"], r["blocked"]
+    _assert_exact(r["blocked"], 16 * MiB)
+    for holder in r["holders"]:
+        _assert_exact(holder, 16 * MiB)
+        assert holder["released"], holder
+    assert r["after"]["in_use"] == 0, r["after"]
+
+
+def test_full_pool_until_deadline_fails_then_recovers(target: str, stubs_dir: str) -> None:
+    """No room before the deadline: RESOURCE_EXHAUSTED naming TF_RDMA_BUF_SIZE (or
+    DEADLINE_EXCEEDED), never a partial message; later calls succeed once the pool frees."""
+    r = _run("deadline", target, stubs_dir)
+    _assert_shm(r["transport"])
+    assert r["full"]["in_use"] == POOL, f"held views did not fill the pool: {r['full']}"
+    _assert_pool_error(r["blocked"], allow_deadline=True)
+    _assert_pool_error(r["blocked_echo"], allow_deadline=True)
+    # The failed calls did not disturb the held ones: each still sees its exact request.
+    assert r["holders_done_before_release"] == [False] * 4, r
+    for holder in r["holders"]:
+        _assert_exact(holder, 16 * MiB)
+        assert holder["released"], holder
+    assert r["freed"]["in_use"] == 0, r["freed"]
+    sizes = [16 * MiB, 20 * MiB, 30 * MiB]
+    for res, size in zip(r["later"], sizes):
+        _assert_exact(res, size)
+    assert r["after"]["in_use"] == 0, r["after"]
+
+
+def test_message_larger_than_pool_fails_and_channel_survives(target: str, stubs_dir: str
+                                                              ) -> None:
+    """80 MiB through a 64 MiB pool: RESOURCE_EXHAUSTED at once, naming TF_RDMA_BUF_SIZE;
+    the same channel keeps working (still shm) for large and small calls."""
+    r = _run("too_big", target, stubs_dir)
+    for res in (r["raw"], r["proto"]):
+        assert res["code"] == grpc.StatusCode.RESOURCE_EXHAUSTED.name, res
+        assert "TF_RDMA_BUF_SIZE" in res["details"], res["details"]
+    for res, size in zip(r["later"], [20 * MiB, 48 * MiB, 100]):
+        _assert_exact(res, size)
+    _assert_shm(r["transport"])
+    assert r["after"]["in_use"] == 0, r["after"]
