@@ -17,6 +17,9 @@ Raw mode is the transport alone: buffers go through buffer serializers, no proto
   allocation, hence no page faults, per call). The receiver parses the header and takes
   zero-copy ``numpy`` views of each buffer.
 
+The method name (``EchoRaw`` vs ``EchoFramed``...) tells the receiver which layout it
+gets, so no per-call metadata is spent on it.
+
 Plain grpcio's core only accepts ``bytes`` from a serializer, so on the grpc stack the
 raw frame is turned into ``bytes`` (one copy) — exactly what argrpc itself does on its
 plain-gRPC fallback path.

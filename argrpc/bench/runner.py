@@ -1,0 +1,529 @@
+"""Runs one ``RunSpec``: per transport, the server and client (or PS and worker)
+processes, and turns what they report into ``Measurement``s.
+
+Every measured process is a fresh ``python -m argrpc.bench.<module>`` with the
+environment ``os.environ | spec.env``: a ``--sweep`` value reaches the measured processes
+and nothing else, and this (orchestrating) process never changes its own environment.
+Children run with the working directory that holds the ``argrpc`` package this process
+imported, so they measure the same code even from an uninstalled checkout.
+
+Transports run one after the other (never two stacks on the two cores at once), in the
+order given. grpc uses ``grpc.server`` / ``grpc.insecure_channel``; shm (and verbs, once
+it exists) use ``argrpc.server`` / ``argrpc.insecure_channel`` and every client checks
+that its channel really is on that transport, failing with the fallback reason otherwise.
+
+Process hygiene: servers exit when their stdin closes, clients and workers exit when
+theirs does, every wait is bounded, and on any error or timeout every process this run
+started is killed before the exception propagates.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import math
+import os
+import queue
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from argrpc.bench import BENCHMARKS, MODES, SCHEMES, TRANSPORTS
+from argrpc.bench.results import Measurement
+
+ProgressFn = Callable[[str, float], None]
+
+K, M = 1 << 10, 1 << 20
+DEFAULT_SIZES: dict[str, list[int]] = {
+    "latency": [64, 4 * K, 64 * K, M],
+    "bandwidth": [M, 4 * M, 16 * M, 64 * M],
+    "ps": [],
+}
+# Timed seconds per (size, transport) when neither iterations nor duration is given.
+DEFAULT_DURATION: dict[str, float] = {"latency": 1.0, "bandwidth": 1.0, "ps": 3.0}
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 15.0
+# Pessimistic rates for the time budget of a child (a 2-core machine under load).
+_SLOW_BYTES_PER_S = 50e6
+_SLOW_CALL_S = 0.005
+
+# Where the imported argrpc package lives: children run from there.
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+@dataclass
+class RunSpec:
+    benchmark: str                 # latency | bandwidth | ps
+    transports: list[str]          # subset of ["grpc", "shm", "verbs"]
+    mode: str = "raw"              # serialized | raw
+    scheme: str = "uniform"
+    sizes: list[int] = field(default_factory=list)  # empty: DEFAULT_SIZES[benchmark]
+    buffers: int = 1
+    warmup: int = 10
+    iterations: int | None = None  # or duration; neither: DEFAULT_DURATION[benchmark]
+    duration: float | None = None  # seconds per (size, transport), split over repeats
+    repeats: int = 1
+    workers: int = 2               # ps
+    seed: int = 0
+    env: dict[str, str] = field(default_factory=dict)  # TF_RDMA_* for the measured processes only
+    # Extensions beyond the A/B contract (defaults keep it):
+    model_bytes: int | None = None  # ps: scale the model's variables to this total (tests)
+    threads: int = 8                # server / PS thread-pool size, the same on every stack
+    timeout: float | None = None    # per child process; None: estimated from the spec
+
+
+class BenchError(RuntimeError):
+    """A measured process failed, timed out or reported nonsense."""
+
+
+class TransportError(BenchError):
+    """A client's channel was not on the transport being measured (e.g. shm fell back to
+    plain gRPC): its numbers would be gRPC's under the wrong name."""
+
+
+# ---------------------------------------------------------------- transport availability
+
+def _falsy(value: str | None) -> bool:
+    return value is not None and value.strip().lower() in ("false", "0", "no", "off")
+
+
+def _argrpc_reason() -> tuple[str, tuple[str, ...]]:
+    """("" or why argrpc cannot run here, the fast transports this build negotiates)."""
+    try:
+        import argrpc._core  # noqa: F401 - the C++ engine must load
+        from argrpc._bootstrap import FAST_TRANSPORTS
+    except Exception as exc:  # noqa: BLE001 - any import failure means "not usable"
+        return f"argrpc's engine is not importable: {type(exc).__name__}: {exc}", ()
+    return "", tuple(FAST_TRANSPORTS)
+
+
+def _rdma_devices() -> list[str]:
+    try:
+        return sorted(os.listdir("/sys/class/infiniband"))
+    except OSError:
+        return []
+
+
+def transport_reasons(env: Mapping[str, str]) -> dict[str, str]:
+    """Like ``available_transports`` for processes that would get ``env``."""
+    out = {"grpc": ""}
+    base, fast = _argrpc_reason()
+    disabled = ""
+    if _falsy(env.get("TF_RDMA_ENABLED")):
+        disabled = "TF_RDMA_ENABLED is false for the measured processes"
+    elif env.get("TF_RDMA_TRANSPORT", "").strip().lower() == "grpc":
+        disabled = "TF_RDMA_TRANSPORT=grpc for the measured processes"
+    for name in ("shm", "verbs"):
+        if base:
+            out[name] = base
+        elif name not in fast:
+            out[name] = (f"argrpc's {name} fabric is not in this build yet (it negotiates "
+                         f"only: {', '.join(fast) or 'nothing'})")
+        elif disabled:
+            out[name] = disabled
+        elif name == "shm" and not os.access("/dev/shm", os.W_OK):
+            out[name] = "/dev/shm is not writable"
+        elif name == "verbs" and not _rdma_devices():
+            out[name] = "no RDMA device (/sys/class/infiniband is empty)"
+        else:
+            out[name] = ""
+    return out
+
+
+def available_transports() -> dict[str, str]:
+    """name -> "" if usable here, else the reason it is not."""
+    return transport_reasons(os.environ)
+
+
+# ------------------------------------------------------------------------ processes
+
+class Child:
+    """One measured process: ``python -m <module> args`` with stdout/stderr read on
+    threads (so a chatty child never blocks on a full pipe), an event queue for the main
+    thread, and the last stderr lines kept for error messages."""
+
+    def __init__(self, name: str, module: str, args: Sequence[str],
+                 env: Mapping[str, str]) -> None:
+        self.name = name
+        self.events: "queue.Queue[tuple[str, Any]]" = queue.Queue()
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=40)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args], cwd=_PACKAGE_ROOT, env=dict(env),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, bufsize=1)
+        self._threads = [threading.Thread(target=self._read_out, daemon=True),
+                         threading.Thread(target=self._read_err, daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    def _read_out(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.events.put(("out", line.rstrip("\n")))
+        self.events.put(("eof", None))
+
+    def _read_err(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            line = line.rstrip("\n")
+            if line.startswith("PROGRESS "):
+                try:
+                    done, total = (int(x) for x in line.split()[1:3])
+                    self.events.put(("progress", (done, total)))
+                    continue
+                except ValueError:
+                    pass
+            self.stderr_tail.append(line)
+
+    def describe(self) -> str:
+        tail = "\n".join(self.stderr_tail)
+        rc = self.proc.poll()
+        return (f"{self.name} (pid {self.proc.pid}"
+                + (f", exit code {rc}" if rc is not None else "") + ")"
+                + (f"; its stderr ends:\n{tail}" if tail else ""))
+
+    def next_line(self, deadline: float, on_progress: Callable[[int, int], None] | None = None,
+                  ) -> str:
+        """Next stdout line; raises BenchError at EOF or when the deadline passes."""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BenchError(f"timed out waiting for {self.describe()}")
+            try:
+                kind, value = self.events.get(timeout=left)
+            except queue.Empty:
+                continue
+            if kind == "out":
+                return value
+            if kind == "progress":
+                if on_progress is not None:
+                    on_progress(*value)
+                continue
+            # EOF: give the stderr reader a moment so the message carries the cause.
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            self._threads[1].join(timeout=2)
+            raise BenchError(f"{self.describe()} ended without the expected output")
+
+    def expect(self, prefix: str, deadline: float) -> str:
+        """The next line starting with ``prefix``; a JSON line instead is a reported
+        failure (raised as such), other lines are skipped."""
+        while True:
+            line = self.next_line(deadline)
+            if line.startswith(prefix):
+                return line
+            if line.startswith("{"):
+                fail(self, parse_result(self, line))
+
+    def result(self, deadline: float,
+               on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+        """The child's one JSON result line, checked for ``ok``; the child is reaped."""
+        while True:
+            line = self.next_line(deadline, on_progress)
+            if line.startswith("{"):
+                break
+        doc = parse_result(self, line)
+        if not doc.get("ok"):
+            fail(self, doc)
+        try:  # it exits by itself after its result; closing stdin first would abort it
+            self.proc.wait(timeout=max(1.0, min(STOP_TIMEOUT_S, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            pass
+        self.close(deadline)
+        return doc
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def close(self, deadline: float | None = None) -> None:
+        """Close stdin (the child's signal to finish), wait a bounded time, else kill."""
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            wait = STOP_TIMEOUT_S if deadline is None else \
+                max(1.0, min(STOP_TIMEOUT_S, deadline - time.monotonic()))
+            try:
+                self.proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+
+
+def parse_result(child: Child, line: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(line)
+    except ValueError as exc:
+        raise BenchError(f"{child.name} printed a malformed result line {line[:200]!r}: "
+                         f"{exc}") from exc
+    if not isinstance(doc, dict):
+        raise BenchError(f"{child.name} printed a non-object result: {line[:200]!r}")
+    return doc
+
+
+def fail(child: Child, doc: dict[str, Any]) -> None:
+    error = str(doc.get("error", "no error given"))
+    if doc.get("kind") == "transport":
+        raise TransportError(f"{child.name}: {error}")
+    raise BenchError(f"{child.name} failed: {error}\n{child.describe()}")
+
+
+def spawn(stack: ExitStack, name: str, module: str, args: Sequence[str],
+          env: Mapping[str, str]) -> Child:
+    child = Child(name, module, args, env)
+    stack.callback(child.kill)  # on any exit path: nothing outlives the run
+    return child
+
+
+def start_server(stack: ExitStack, name: str, module: str, args: Sequence[str],
+                 env: Mapping[str, str]) -> tuple[Child, int]:
+    server = spawn(stack, name, module, args, env)
+    line = server.expect("PORT ", time.monotonic() + START_TIMEOUT_S)
+    return server, int(line.split()[1])
+
+
+# ------------------------------------------------------------------------- helpers
+
+def child_env(spec: RunSpec) -> dict[str, str]:
+    """The measured processes' environment: ours plus the spec's knobs (never applied to
+    ``os.environ``)."""
+    return dict(os.environ) | {k: str(v) for k, v in spec.env.items()}
+
+
+def stack_of(transport: str) -> str:
+    return "grpc" if transport == "grpc" else "argrpc"
+
+
+def _plan_args(spec: RunSpec) -> list[str]:
+    out = ["--warmup", str(spec.warmup), "--repeats", str(spec.repeats)]
+    if spec.iterations is not None:
+        return out + ["--iterations", str(spec.iterations)]
+    return out + ["--duration", str(spec.duration)]
+
+
+def _budget(spec: RunSpec, per_call_s: Sequence[float], calls_per_unit: int = 1) -> float:
+    """A generous bound on a child's run time (seconds), from pessimistic rates."""
+    if spec.timeout is not None:
+        return spec.timeout
+    total = START_TIMEOUT_S
+    for c in per_call_s:
+        total += (spec.warmup + 1) * c * calls_per_unit
+        if spec.iterations is not None:
+            total += spec.iterations * spec.repeats * c * calls_per_unit
+        else:
+            assert spec.duration is not None
+            total += spec.duration + spec.repeats * c * calls_per_unit
+    return total
+
+
+def check_env(child: str, spec: RunSpec, reported: Mapping[str, str], whose: str) -> None:
+    """The measured process must have exactly the knobs the spec gave it."""
+    wrong = {k: reported.get(k) for k, v in spec.env.items() if reported.get(k) != str(v)}
+    if wrong:
+        raise BenchError(f"{child}: the {whose} process has {wrong}, the spec asked for "
+                         f"{ {k: spec.env[k] for k in wrong} }")
+
+
+def _base(spec: RunSpec, transport: str, size: int, buffers: int, **kw: Any) -> Measurement:
+    return Measurement(benchmark=spec.benchmark, transport=transport, mode=spec.mode,
+                       scheme=spec.scheme, size=size, buffers=buffers,
+                       iterations=kw.pop("iterations", spec.iterations or 0),
+                       repeats=spec.repeats, **kw)
+
+
+def _ps_sizes(spec: RunSpec) -> list[int]:
+    from argrpc.bench.ps import variable_sizes
+
+    return variable_sizes(spec.scheme, spec.seed, spec.model_bytes)
+
+
+def skipped(spec: RunSpec, transport: str, reason: str) -> list[Measurement]:
+    env = {k: str(v) for k, v in spec.env.items()}
+    if spec.benchmark == "ps":
+        sizes = _ps_sizes(spec)
+        return [_base(spec, transport, 2 * sum(sizes), len(sizes), workers=spec.workers,
+                      env=env, note=reason, skipped=True)]
+    return [_base(spec, transport, s, spec.buffers, env=env, note=reason, skipped=True)
+            for s in spec.sizes]
+
+
+# ------------------------------------------------------------------ point to point
+
+def run_p2p(spec: RunSpec, transport: str, progress: Callable[[int, int], None]
+            ) -> list[Measurement]:
+    env = child_env(spec)
+    stack = stack_of(transport)
+    per_call = [_SLOW_CALL_S + s / _SLOW_BYTES_PER_S for s in spec.sizes]
+    with ExitStack() as procs:
+        server, port = start_server(procs, f"{transport} server", "argrpc.bench.server",
+                                    ["--stack", stack, "--threads", str(spec.threads)], env)
+        client = spawn(procs, f"{transport} client", "argrpc.bench.client", [
+            "--target", f"127.0.0.1:{port}", "--stack", stack, "--transport", transport,
+            "--benchmark", spec.benchmark, "--mode", spec.mode, "--scheme", spec.scheme,
+            "--sizes", ",".join(str(s) for s in spec.sizes), "--buffers", str(spec.buffers),
+            "--seed", str(spec.seed), *_plan_args(spec)], env)
+        doc = client.result(time.monotonic() + _budget(spec, per_call), progress)
+        server.close()
+    check_env(client.name, spec, doc["env"], "client")
+    check_env(client.name, spec, doc["server_env"], "server")
+    out = []
+    for r in doc["results"]:
+        out.append(_base(spec, transport, int(r["size"]), int(r["buffers"]),
+                         iterations=int(r["iterations"]), p50_us=r["p50_us"],
+                         p99_us=r["p99_us"], mean_us=r["mean_us"], gbps=r["gbps"],
+                         rpcs_per_s=r["rpcs_per_s"], env=dict(doc["env"])))
+    return out
+
+
+# ----------------------------------------------------------------- parameter server
+
+def _percentile_us(sorted_ns: Sequence[int], q: float) -> float:
+    idx = min(len(sorted_ns) - 1, max(0, math.ceil(q * len(sorted_ns)) - 1))
+    return sorted_ns[idx] / 1e3
+
+
+def aggregate_ps(docs: Sequence[dict[str, Any]], repeats: int) -> dict[str, float]:
+    """steps/s over all workers: per timed phase, total steps over the window from the
+    first worker's start to the last worker's end; summed over phases."""
+    steps = 0
+    window_ns = 0
+    for r in range(repeats):
+        phases = [d["phases"][r] for d in docs]
+        steps += sum(p["steps"] for p in phases)
+        window_ns += max(p["end_ns"] for p in phases) - min(p["start_ns"] for p in phases)
+    samples = sorted(s for d in docs for s in d["step_ns"])
+    return {"steps_per_s": steps / (window_ns / 1e9),
+            "p50_us": _percentile_us(samples, 0.50), "p99_us": _percentile_us(samples, 0.99),
+            "mean_us": statistics.fmean(samples) / 1e3}
+
+
+def run_ps(spec: RunSpec, transport: str, progress: Callable[[int, int], None]
+           ) -> list[Measurement]:
+    env = child_env(spec)
+    stack = stack_of(transport)
+    sizes = _ps_sizes(spec)
+    # A step moves the model twice, in 2V RPCs, and the workers share the machine.
+    step_s = spec.workers * (2 * len(sizes) * _SLOW_CALL_S + 2 * sum(sizes) / _SLOW_BYTES_PER_S)
+    with ExitStack() as procs:
+        ps_args = ["serve", "--stack", stack, "--scheme", spec.scheme, "--seed", str(spec.seed),
+                   "--threads", str(spec.threads)]
+        if spec.model_bytes is not None:
+            ps_args += ["--model-bytes", str(spec.model_bytes)]
+        ps, port = start_server(procs, f"{transport} ps", "argrpc.bench.ps", ps_args, env)
+        workers = [spawn(procs, f"{transport} worker {i}", "argrpc.bench.ps", [
+            "worker", "--target", f"127.0.0.1:{port}", "--stack", stack,
+            "--transport", transport, "--mode", spec.mode, *_plan_args(spec)], env)
+            for i in range(spec.workers)]
+        deadline = time.monotonic() + _budget(spec, [step_s])
+        for r in range(spec.repeats):
+            # Every worker warmed up (or finished the previous phase): start together.
+            for w in workers:
+                w.expect("READY", deadline)
+            for w in workers:
+                w.send("GO")
+            progress(r, spec.repeats)
+        docs = [w.result(deadline) for w in workers]
+        progress(spec.repeats, spec.repeats)
+        ps.close()
+    for w, d in zip(workers, docs):
+        check_env(w.name, spec, d["env"], "worker")
+        check_env(w.name, spec, d["server_env"], "parameter-server")
+    agg = aggregate_ps(docs, spec.repeats)
+    size = int(docs[0]["bytes_per_step"])
+    return [_base(spec, transport, size, int(docs[0]["variables"]),
+                  iterations=min(p["steps"] for d in docs for p in d["phases"]),
+                  p50_us=agg["p50_us"], p99_us=agg["p99_us"], mean_us=agg["mean_us"],
+                  steps_per_s=agg["steps_per_s"], gbps=agg["steps_per_s"] * size / 1e9,
+                  rpcs_per_s=agg["steps_per_s"] * int(docs[0]["rpcs_per_step"]),
+                  workers=spec.workers, env=dict(docs[0]["env"]))]
+
+
+# ------------------------------------------------------------------------------ run
+
+def normalize(spec: RunSpec) -> RunSpec:
+    """Checks the spec and fills the defaults (a copy; the caller's spec is unchanged)."""
+    if spec.benchmark not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {spec.benchmark!r}")
+    if spec.mode not in MODES:
+        raise ValueError(f"unknown mode {spec.mode!r}")
+    if spec.scheme not in SCHEMES:
+        raise ValueError(f"unknown scheme {spec.scheme!r}")
+    bad = [t for t in spec.transports if t not in TRANSPORTS]
+    if bad or not spec.transports:
+        raise ValueError(f"unknown transport(s) {bad or '(none)'}")
+    if spec.iterations is not None and spec.duration is not None:
+        raise ValueError("give iterations or duration, not both")
+    if spec.buffers < 1 or spec.repeats < 1 or spec.workers < 1 or spec.warmup < 0:
+        raise ValueError("buffers, repeats and workers must be >= 1, warmup >= 0")
+    if spec.iterations is not None and spec.iterations < 1:
+        raise ValueError("iterations must be >= 1")
+    if spec.duration is not None and spec.duration <= 0:
+        raise ValueError("duration must be > 0")
+    bad_env = [k for k in spec.env if not k.startswith("TF_RDMA_")]
+    if bad_env:
+        raise ValueError(f"RunSpec.env takes TF_RDMA_* knobs only, got {bad_env}")
+    sizes = list(spec.sizes) or list(DEFAULT_SIZES[spec.benchmark])
+    if any(s < 0 for s in sizes):
+        raise ValueError("sizes must be >= 0")
+    duration = spec.duration
+    if spec.iterations is None and duration is None:
+        duration = DEFAULT_DURATION[spec.benchmark]
+    return RunSpec(**{**spec.__dict__, "sizes": sizes, "duration": duration,
+                      "env": dict(spec.env), "transports": list(spec.transports)})
+
+
+def run(spec: RunSpec, progress: ProgressFn | None = None) -> list[Measurement]:
+    """Measures ``spec`` on each of its transports, in order. An unavailable transport
+    gives skipped Measurements with the reason in ``note``; a failure raises (BenchError,
+    or TransportError when an argrpc channel was not on the measured transport)."""
+    spec = normalize(spec)
+    reasons = transport_reasons(child_env(spec))
+    live = [t for t in spec.transports if not reasons.get(t)]
+    units_per = spec.repeats if spec.benchmark == "ps" else len(spec.sizes)
+    total_units = max(1, len(live) * units_per)
+    done_units = 0
+    out: list[Measurement] = []
+    for transport in spec.transports:
+        reason = reasons.get(transport, "unknown transport")
+        if reason:
+            out.extend(skipped(spec, transport, reason))
+            continue
+
+        def on_progress(done: int, total: int, t: str = transport) -> None:
+            if progress is not None:
+                what = (f"{t} {spec.sizes[done - 1]} B" if spec.benchmark != "ps" and done
+                        else f"{t} {done}/{total}")
+                progress(what, (done_units + done) / total_units)
+
+        on_progress(0, units_per)
+        measure = run_ps if spec.benchmark == "ps" else run_p2p
+        out.extend(measure(spec, transport, on_progress))
+        done_units += units_per
+    if progress is not None:
+        progress("done", 1.0)
+    return out

@@ -1,0 +1,154 @@
+"""argrpc.bench.runner: tiny real runs of every benchmark over every transport available
+here, the sweep environment reaching the measured processes (and only them), skipped
+and refused transports. Runs are a few iterations on a tiny payload: seconds each, and
+nothing is timing-asserted (the machine is shared and noisy)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from contextlib import ExitStack
+
+import pytest
+
+from argrpc.bench import runner
+from argrpc.bench.results import FIELDS, Measurement
+from argrpc.bench.runner import RunSpec
+
+AVAILABLE = runner.available_transports()
+LIVE = [t for t in ("grpc", "shm", "verbs") if not AVAILABLE[t]]
+KNOB, VALUE = "TF_RDMA_ACC_SIZE", "16K"  # valid, and not the default (8K)
+
+
+def tiny(benchmark: str, transports: list[str], mode: str = "raw", **kw: object) -> RunSpec:
+    defaults: dict[str, object] = dict(
+        sizes=[] if benchmark == "ps" else [64, 64 << 10], buffers=3, warmup=1,
+        iterations=2 if benchmark == "ps" else 5, repeats=2, workers=2, seed=3,
+        model_bytes=256 << 10, timeout=120.0)
+    defaults.update(kw)
+    return RunSpec(benchmark=benchmark, transports=transports, mode=mode, **defaults)  # type: ignore[arg-type]
+
+
+def finite_positive(x: float | None) -> bool:
+    return x is not None and math.isfinite(x) and x > 0
+
+
+def check_measured(m: Measurement, spec: RunSpec) -> None:
+    assert isinstance(m, Measurement)
+    assert not m.skipped and m.note == ""
+    assert (m.benchmark, m.mode, m.scheme, m.repeats) == \
+        (spec.benchmark, spec.mode, spec.scheme, spec.repeats)
+    assert m.iterations == spec.iterations
+    for key in ("p50_us", "p99_us", "mean_us", "gbps", "rpcs_per_s"):
+        assert finite_positive(getattr(m, key)), (key, m)
+    assert m.p50_us <= m.p99_us  # type: ignore[operator]
+    if spec.benchmark == "ps":
+        assert finite_positive(m.steps_per_s) and m.workers == spec.workers
+        assert m.buffers == 161  # ResNet-50's variable count, scaled down in bytes
+        assert m.size == 2 * spec.model_bytes  # type: ignore[operator]  # pull + push
+    else:
+        assert m.steps_per_s is None and m.workers is None
+        assert m.buffers == spec.buffers
+    json.dumps(m.__dict__)  # JSON-ready as is
+
+
+def test_available_transports_names_every_transport() -> None:
+    assert set(AVAILABLE) == {"grpc", "shm", "verbs"}
+    assert AVAILABLE["grpc"] == ""
+    assert all(isinstance(v, str) for v in AVAILABLE.values())
+
+
+@pytest.mark.parametrize("mode", ["raw", "serialized"])
+# (not "benchmark": pytest-benchmark owns that fixture name)
+@pytest.mark.parametrize("kind", ["latency", "bandwidth", "ps"])
+def test_tiny_run_of_each_benchmark_on_each_available_transport(kind: str,
+                                                                 mode: str) -> None:
+    spec = tiny(kind, LIVE, mode)
+    got = runner.run(spec)
+    per_transport = 1 if kind == "ps" else len(spec.sizes)
+    assert [m.transport for m in got] == [t for t in LIVE for _ in range(per_transport)]
+    if kind != "ps":
+        assert [m.size for m in got] == spec.sizes * len(LIVE)
+    for m in got:
+        check_measured(m, spec)
+        assert set(m.__dict__) == set(FIELDS)
+
+
+def test_duration_mode_and_progress_reach_the_end() -> None:
+    seen: list[tuple[str, float]] = []
+    spec = tiny("latency", ["grpc"], iterations=None, duration=0.2, repeats=1)
+    got = runner.run(spec, progress=lambda label, frac: seen.append((label, frac)))
+    assert len(got) == 2 and all(m.iterations >= 1 for m in got)
+    fractions = [f for _, f in seen]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+
+
+@pytest.mark.parametrize("kind", ["latency", "ps"])
+def test_sweep_env_reaches_the_measured_processes_only(
+        kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(KNOB, raising=False)
+    before = dict(os.environ)
+    got = runner.run(tiny(kind, LIVE, env={KNOB: VALUE}))
+    # The client / worker processes reported it, and the runner checked that their
+    # server / PS reported the same (it raises otherwise).
+    assert got and all(m.env.get(KNOB) == VALUE for m in got)
+    assert dict(os.environ) == before and KNOB not in os.environ
+
+
+def test_server_and_client_report_the_env_they_were_given(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(KNOB, raising=False)
+    spec = runner.normalize(tiny("bandwidth", ["grpc"], env={KNOB: VALUE}))
+    with ExitStack() as procs:
+        server, port = runner.start_server(procs, "server", "argrpc.bench.server",
+                                           ["--stack", "grpc"], runner.child_env(spec))
+        client = runner.spawn(procs, "client", "argrpc.bench.client", [
+            "--target", f"127.0.0.1:{port}", "--stack", "grpc", "--transport", "grpc",
+            "--benchmark", "bandwidth", "--sizes", "1024", "--iterations", "2"],
+            runner.child_env(spec))
+        doc = client.result(deadline=_deadline())
+        server.close()
+    assert doc["ok"] and doc["env"][KNOB] == VALUE and doc["server_env"][KNOB] == VALUE
+    assert doc["server_pid"] == server.proc.pid != os.getpid()
+    assert KNOB not in os.environ
+
+
+def test_unavailable_transport_is_skipped_with_its_reason() -> None:
+    # Disabling argrpc for the measured processes makes shm (and verbs) unavailable to
+    # them; grpc still runs. verbs without a device is skipped the same way.
+    got = runner.run(tiny("latency", ["grpc", "shm", "verbs"],
+                          env={"TF_RDMA_ENABLED": "false"}))
+    by = {t: [m for m in got if m.transport == t] for t in ("grpc", "shm", "verbs")}
+    assert all(not m.skipped for m in by["grpc"]) and len(by["grpc"]) == 2
+    for t in ("shm", "verbs"):
+        assert len(by[t]) == 2
+        for m in by[t]:
+            assert m.skipped and m.note and m.p50_us is None and m.gbps is None
+    assert "TF_RDMA_ENABLED" in by["shm"][0].note or "engine" in by["shm"][0].note
+
+
+@pytest.mark.skipif(not AVAILABLE["verbs"], reason="verbs is available here")
+def test_verbs_without_fabric_says_why() -> None:
+    for bench in ("bandwidth", "ps"):
+        (m, *_) = runner.run(tiny(bench, ["verbs"]))
+        assert m.skipped and m.transport == "verbs" and m.note == AVAILABLE["verbs"]
+
+
+@pytest.mark.skipif(bool(AVAILABLE["shm"]), reason=AVAILABLE["shm"] or "shm available")
+def test_shm_client_on_plain_grpc_fails_loudly_and_leaves_no_process() -> None:
+    env = runner.child_env(runner.normalize(tiny("latency", ["grpc"])))
+    with pytest.raises(runner.TransportError, match="not 'shm'.*server is plain gRPC"):
+        with ExitStack() as procs:
+            server, port = runner.start_server(procs, "server", "argrpc.bench.server",
+                                               ["--stack", "grpc"], env)
+            client = runner.spawn(procs, "client", "argrpc.bench.client", [
+                "--target", f"127.0.0.1:{port}", "--stack", "argrpc", "--transport", "shm",
+                "--benchmark", "latency", "--sizes", "64", "--iterations", "2"], env)
+            client.result(deadline=_deadline())
+    assert server.proc.poll() is not None and client.proc.poll() is not None
+
+
+def _deadline() -> float:
+    import time
+
+    return time.monotonic() + 60
