@@ -54,7 +54,7 @@ pip_install() { "$PY" -m pip install -q --disable-pip-version-check --root-user-
 log "Python build and test dependencies"
 pip_install "setuptools>=64" wheel "pybind11>=2.12" \
     "grpcio>=1.60" "grpcio-tools>=1.60" protobuf numpy \
-    pytest pytest-timeout
+    pytest pytest-timeout pytest-benchmark matplotlib "cryptography>=3"
 
 # ------------------------------------------------------------------------ argrpc
 # Rebuild only when the extension is missing, fails to import, or is older than any of

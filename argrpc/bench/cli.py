@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime as _dt
 import itertools
 import os
 import sys
@@ -37,20 +38,22 @@ class Defaults:
     and serialized 4 MiB bandwidth, PS with the skew scheme)."""
     sizes: tuple[int, ...]
     scheme: str
-    duration: float   # seconds per (size, transport)
+    duration: float   # timed seconds per (size, transport), split over the repeats
     warmup: int
     repeats: int
 
 
 K, M = 1 << 10, 1 << 20
 FULL: dict[str, Defaults] = {
-    "latency": Defaults((64, K, 64 * K, M), "uniform", 2.0, 200, 3),
+    "latency": Defaults((64, K, 64 * K, M), "uniform", 2.0, 500, 3),
     "bandwidth": Defaults((64 * K, M, 4 * M, 16 * M, 64 * M), "uniform", 3.0, 3, 3),
     "ps": Defaults((), "skew", 6.0, 1, 3),
 }
 QUICK: dict[str, Defaults] = {
-    "latency": Defaults((64, 4 * K, 64 * K), "uniform", 1.0, 50, 1),
-    "bandwidth": Defaults((M, 4 * M, 64 * M), "uniform", 1.5, 1, 1),
+    # warm-up: enough calls that first-touch page faults and lazy setup on either stack
+    # are over before timing (50 left the first cell of a run visibly slower)
+    "latency": Defaults((64, 4 * K, 64 * K), "uniform", 1.0, 300, 1),
+    "bandwidth": Defaults((M, 4 * M, 64 * M), "uniform", 1.5, 3, 1),
     "ps": Defaults((), "skew", 3.0, 1, 1),
 }
 
@@ -152,9 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="buffers (iovecs) per message for latency/bandwidth (default 1)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--iterations", type=int, default=None,
-                   help="timed iterations per (size, transport) and repeat")
+                   help="timed iterations per (size, transport) in each repeat")
     g.add_argument("--duration", type=float, default=None,
-                   help="seconds per (size, transport) and repeat (default: per benchmark)")
+                   help="timed seconds per (size, transport), split over the repeats "
+                        "(default: per benchmark, see --quick)")
     p.add_argument("--warmup", type=int, default=None, help="untimed iterations first")
     p.add_argument("--repeats", type=int, default=None,
                    help="repeats per cell (default 3, --quick 1)")
@@ -250,6 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     measurements: list[Measurement] = []
     errors: list[str] = []
     started = time.monotonic()
+    started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     for spec in specs:
         title = _title(spec)
         try:
@@ -270,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elapsed = time.monotonic() - started
 
     targets = evaluate_targets(measurements)
-    meta = collect_meta(argv, quick=a.quick, elapsed_s=round(elapsed, 1),
+    meta = collect_meta(argv, date=started_at, quick=a.quick, elapsed_s=round(elapsed, 1),
                         transports_available=available,
                         specs=[dataclasses.asdict(s) for s in specs],
                         targets=[t.to_dict() for t in targets], errors=errors)

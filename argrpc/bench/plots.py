@@ -80,7 +80,7 @@ def plot_latency(ms: Sequence[Measurement], path: str) -> str | None:
             and m.p50_us is not None]
     if not data:
         return None
-    fig = _figure()
+    fig = _figure(9.5, 4.8)
     ax = fig.add_subplot()
     vary = _varying(data)
     for (_, transport, _, mode, *_), line in _series(data).items():
@@ -99,7 +99,8 @@ def plot_latency(ms: Sequence[Measurement], path: str) -> str | None:
     ax.set_ylabel("round-trip latency, µs (log; lower is better)")
     ax.set_title("Latency vs message size (ping-pong echo)")
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize="small", ncols=2 if len(ax.get_lines()) > 6 else 1)
+    # outside the axes: p50 and p99 lines of several series fill the plot area
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path)
 
 
@@ -153,8 +154,8 @@ def plot_ps(ms: Sequence[Measurement], path: str) -> str | None:
             ax.bar(x, m.steps_per_s, width * 0.9, color=_COLOURS.get(t),
                    label=t if gi == 0 else None)
             r = speedup(m, baseline_of(m, data), "steps_per_s")
-            text = f"{m.steps_per_s:.3g}" + \
-                (f"\n{fmt_ratio(r)}" if r is not None and t != BASELINE else "")
+            text = f"{m.steps_per_s:.3g}/s" + \
+                (f"\n{fmt_ratio(r)} grpc" if r is not None and t != BASELINE else "")
             ax.text(x, m.steps_per_s + top * 0.01, text, ha="center", va="bottom",
                     fontsize="small")
     ax.set_xticks(range(len(labels)))

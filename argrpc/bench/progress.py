@@ -6,6 +6,7 @@ carriage-return redraws turn into megabytes of noise there.
 """
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from typing import Callable, TextIO
@@ -57,6 +58,9 @@ class Progress:
             bar = "#" * filled + "-" * (_BAR_WIDTH - filled)
             elapsed = now - self._started
             line = f"[{bar}] {overall * 100:3.0f}% {elapsed:5.0f}s  {text}"
+            # a line wider than the terminal wraps, and "\r" then redraws only its tail
+            width = shutil.get_terminal_size((100, 24)).columns - 1
+            line = line[:max(20, width)]
             pad = max(0, self._line_len - len(line))
             self.stream.write("\r" + line + " " * pad)
             self._line_len = len(line)

@@ -71,7 +71,7 @@ def fmt_num(v: float | None) -> str:
         return f"{v:.0f}"
     if a >= 10:
         return f"{v:.1f}"
-    if a >= 1:
+    if a >= 0.01:
         return f"{v:.2f}"
     return f"{v:.3g}"
 
@@ -123,9 +123,15 @@ def _order(ms: Iterable[Measurement]) -> list[Measurement]:
     def rank(seq: Sequence[str], v: str) -> int:
         return seq.index(v) if v in seq else len(seq)
 
+    ms = list(ms)
+    # sweep values keep the order they ran in (the user's order: 4K before 16K)
+    env_rank: dict[tuple[tuple[str, str], ...], int] = {}
+    for m in ms:
+        env_rank.setdefault(_env_key(m.env), len(env_rank))
     return sorted(ms, key=lambda m: (
         rank(BENCHMARKS, m.benchmark), rank(MODES, m.mode), rank(SCHEMES, m.scheme),
-        m.size, m.buffers, m.workers or 0, _env_key(m.env), rank(TRANSPORTS, m.transport)))
+        m.size, m.buffers, m.workers or 0, env_rank[_env_key(m.env)],
+        rank(TRANSPORTS, m.transport)))
 
 
 # --------------------------------------------------------------------------- tables
@@ -135,13 +141,21 @@ class Table:
     headers: list[str]
     rows: list[list[str]]
     numeric: list[bool]  # right-align these columns
+    # A row shorter than the headers ends in a cell spanning the remaining columns (a
+    # skipped transport's reason): it does not widen the columns it runs across.
 
     def text(self) -> str:
+        n = len(self.headers)
         widths = [len(h) for h in self.headers]
         for r in self.rows:
-            widths = [max(w, len(c)) for w, c in zip(widths, r)]
+            cells = r if len(r) == n else r[:-1]
+            widths = [max(w, len(c)) for w, c in zip(widths, cells)] + widths[len(cells):]
 
         def line(cells: Sequence[str]) -> str:
+            if len(cells) < n:
+                head = "  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in
+                                 zip(cells[:-1], widths, self.numeric))
+                return (head + "  " + cells[-1]).rstrip()
             return "  ".join(c.rjust(w) if num else c.ljust(w)
                              for c, w, num in zip(cells, widths, self.numeric)).rstrip()
 
@@ -154,7 +168,9 @@ class Table:
 
         head = "| " + " | ".join(esc(h) for h in self.headers) + " |"
         align = "|" + "|".join("---:" if n else ":---" for n in self.numeric) + "|"
-        body = ["| " + " | ".join(esc(c) for c in r) + " |" for r in self.rows]
+        n = len(self.headers)
+        body = ["| " + " | ".join(esc(c) for c in [*r, *[""] * (n - len(r))]) + " |"
+                for r in self.rows]
         return "\n".join([head, align, *body])
 
 
@@ -189,7 +205,6 @@ def benchmark_table(ms: Sequence[Measurement], benchmark: str) -> Table:
         if m.skipped:
             # the reason goes in the first value column; the rest stay empty
             r.append(f"skipped: {m.note}" if m.note else "skipped")
-            r.extend([""] * (len(cols) - 1))
         else:
             base = baseline_of(m, rows_ms)
             for _, attr, kind in cols:
@@ -311,9 +326,12 @@ def evaluate_targets(ms: Sequence[Measurement]) -> list[TargetResult]:
             out.append(TargetResult(t, "not measured", detail=f"run `{t.flags}`"))
             continue
         for m in cands:
-            where = f"{m.mode}, {m.scheme}, {m.buffers} buf" + \
-                ("s" if m.buffers != 1 else "") + \
-                (f", {env_label(m.env)}" if m.env else "")
+            if m.benchmark == "ps":
+                where = f"{m.mode}, {m.scheme}, {m.buffers} vars, {m.workers} workers"
+            else:
+                where = f"{m.mode}, {m.scheme}, {m.buffers} buf" + \
+                    ("s" if m.buffers != 1 else "")
+            where += f", {env_label(m.env)}" if m.env else ""
             if m.skipped:
                 out.append(TargetResult(t, "no data", where=where,
                                         detail=f"shm skipped: {m.note}"))
@@ -352,10 +370,6 @@ def terminal_report(ms: Sequence[Measurement]) -> str:
     if results:
         parts.append("== speed targets (issue 3: argrpc-shm vs plain grpcio, same run)")
         parts.extend(r.line() for r in results)
-    notes = sorted({f"{m.transport}: {m.note}" for m in ms if m.note and m.skipped})
-    if notes:
-        parts.append("")
-        parts.append("skipped: " + "; ".join(notes))
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -367,12 +381,15 @@ def markdown_report(ms: Sequence[Measurement], meta: dict[str, Any],
     is written (and in a repository browser).
     """
     lines = ["# argrpc-bench results", ""]
-    info = [("date", meta.get("date")), ("command", f"`{meta.get('command', '')}`"),
-            ("machine", f"{meta.get('cpus')} vCPU {meta.get('cpu', '')}, "
-                        f"{meta.get('kernel', '')} ({meta.get('machine', '')})"),
-            ("software", f"Python {meta.get('python')}, grpcio {meta.get('grpcio')}, "
-                         f"protobuf {meta.get('protobuf')}, numpy {meta.get('numpy')}, "
-                         f"argrpc {meta.get('argrpc')}")]
+    g = meta.get
+    info = [("date", g("date")),
+            ("command", g("command") and f"`{g('command')}`"),
+            ("machine", g("kernel") and f"{g('cpus')} vCPU {g('cpu', '')}, {g('kernel')} "
+                                        f"({g('machine', '')})"),
+            ("software", g("python") and f"Python {g('python')}, grpcio {g('grpcio')}, "
+                                         f"protobuf {g('protobuf')}, numpy {g('numpy')}, "
+                                         f"argrpc {g('argrpc')}"),
+            ("duration", g("elapsed_s") is not None and f"{g('elapsed_s')} s")]
     lines += [f"- **{k}**: {v}" for k, v in info if v]
     lines.append("")
     for b in BENCHMARKS:

@@ -90,7 +90,8 @@ def collect_meta(argv: list[str] | None = None, **extra: Any) -> dict[str, Any]:
     """Where and how the numbers were taken: enough to judge whether two files compare."""
     uname = platform.uname()
     meta: dict[str, Any] = {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),  # callers
+        # that measure first pass date=<start time> (extra wins)
         "command": " ".join(["argrpc-bench", *(argv if argv is not None else sys.argv[1:])]),
         "host": uname.node,
         "kernel": f"{uname.system} {uname.release}",
