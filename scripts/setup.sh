@@ -7,7 +7,7 @@
 #     import ./argrpc, not a copy in site-packages. An editable build puts the compiled
 #     argrpc/_core*.so and the generated argrpc/_proto/*_pb2.py into the checkout, so the
 #     code under test is exactly the code in the tree, with its own engine.
-#   * one build serves the tests, bench/compare.py and any user script on this machine;
+#   * one build serves the tests, argrpc-bench and any user script on this machine;
 #     Python edits need no reinstall, C++ edits need this script again (it rebuilds when
 #     a source is newer than the built extension).
 # A plain `pip install .` would leave the checkout without _core, and tests run from the
