@@ -284,11 +284,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    exit_on_stdin_eof()
+def emit_outcome(work: Callable[[], dict[str, Any]]) -> int:
+    """Runs a measured process's work and emits its one result line, or the failure as
+    one (the orchestrator reads exactly one line); returns the exit code."""
     try:
-        emit(run(args))
+        emit(work())
         return 0
     except TransportMismatch as exc:
         emit({"ok": False, "error": str(exc), "kind": "transport", "pid": os.getpid()})
@@ -298,6 +298,12 @@ def main(argv: list[str] | None = None) -> int:
         emit({"ok": False, "error": f"{type(exc).__name__}: {exc}", "kind": "error",
               "pid": os.getpid()})
         return EXIT_ERROR
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    exit_on_stdin_eof()
+    return emit_outcome(lambda: run(args))
 
 
 if __name__ == "__main__":

@@ -52,7 +52,6 @@ import struct
 import sys
 import threading
 import time
-import traceback
 from typing import Any
 
 import grpc
@@ -60,9 +59,8 @@ import numpy as np
 
 from argrpc.bench import messages as msg
 from argrpc.bench import schemes
-from argrpc.bench.client import (CALL_TIMEOUT_S, EXIT_ERROR, EXIT_TRANSPORT,
-                                 TransportMismatch, check_transport, emit, fetch_env,
-                                 make_channel, stats_us)
+from argrpc.bench.client import (CALL_TIMEOUT_S, EXIT_ERROR, check_transport, emit_outcome,
+                                 fetch_env, make_channel, stats_us)
 from argrpc.bench.server import (DEFAULT_THREADS, make_server, parse_raw_ack, raw_ack,
                                  raw_serializer, serve, tf_rdma_env)
 
@@ -297,17 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "serve":
         return run_ps(args)
     control = StdinControl()
-    try:
-        emit(run_worker(args, control))
-        return 0
-    except TransportMismatch as exc:
-        emit({"ok": False, "error": str(exc), "kind": "transport", "pid": os.getpid()})
-        return EXIT_TRANSPORT
-    except Exception as exc:  # noqa: BLE001 - reported to the orchestrator, then exit
-        traceback.print_exc()
-        emit({"ok": False, "error": f"{type(exc).__name__}: {exc}", "kind": "error",
-              "pid": os.getpid()})
-        return EXIT_ERROR
+    return emit_outcome(lambda: run_worker(args, control))
 
 
 if __name__ == "__main__":
