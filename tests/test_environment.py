@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-import grpc
 import pytest
 
 from tests.support.clients import UNLIMITED_SERVER_ARGS, Client
