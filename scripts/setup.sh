@@ -27,6 +27,9 @@ py_include="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"]
 need_apt=()
 command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
 command -v make >/dev/null 2>&1 || need_apt+=(make)
+# The verbs fabric is compiled against rdma-core's headers; libibverbs itself is loaded
+# at run time (dlopen), so hosts without RDMA still import argrpc.
+[ -f /usr/include/infiniband/verbs.h ] || need_apt+=(libibverbs-dev)
 if [ ! -f "$py_include/Python.h" ]; then
     # Only Debian's own python3 gets its headers from apt; others (pyenv, venvs of it)
     # ship them, so a missing Python.h there is reported below instead.
