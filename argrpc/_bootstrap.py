@@ -1,9 +1,16 @@
 """Negotiation: one bootstrap RPC on the server's gRPC port picks the transport.
 
-Client: `negotiate()` asks; every outcome that is not "shm" carries a reason the user
-can read (`channel.fallback_reason`) and never raises. Server: `FastPathListener`
-answers (a generic handler added to the real grpc server) and runs the shm handshake
-socket.
+Client: `negotiate()` asks; every outcome that is not a fast transport carries a reason
+the user can read (`channel.fallback_reason`) and never raises. Server:
+`FastPathListener` answers (a generic handler added to the real grpc server) and runs
+the shm handshake socket.
+
+The choice (issue 4, point 4): on one host (same boot, network namespace and user) shm,
+unless either end sets TF_RDMA_TRANSPORT=verbs; across hosts verbs when both ends have a
+usable RDMA device; otherwise plain gRPC with the reason. A client that offers verbs
+sends its verbs endpoint (created before the RPC: RC queue pairs need both ends' data,
+and one round trip is all the bootstrap has); when the server picks verbs it creates its
+own endpoint, attaches it to the client's and returns it, and the client attaches.
 """
 
 from __future__ import annotations
@@ -18,19 +25,21 @@ import grpc
 
 from argrpc import _proto
 from argrpc._config import Config, conn_config
-from argrpc._engine import get_engine
+from argrpc._engine import EngineUnavailable, core_module, get_engine
 from argrpc._handshake import (IO_TIMEOUT, SECRET_LEN, SECRET_TTL, HandshakeError, SecretStore,
                                ShmAcceptor, client_handshake)
 from argrpc._host import HostIdentity, local_identity, same_host_reason
 
-__all__ = ["BOOTSTRAP_METHOD", "FastPathListener", "Negotiation", "negotiate"]
+__all__ = ["BOOTSTRAP_METHOD", "FastPathListener", "Negotiation", "client_offer", "negotiate",
+           "verbs_probe"]
 
 log = logging.getLogger("argrpc")
 
 BOOTSTRAP_SERVICE = "argrpc.v1.Bootstrap"
 BOOTSTRAP_METHOD = f"/{BOOTSTRAP_SERVICE}/Negotiate"
 PROTOCOL_VERSION = 1
-FAST_TRANSPORTS = ("shm",)  # offered/accepted, preferred first; verbs comes later
+FAST_TRANSPORTS = ("shm", "verbs")  # negotiated by this build; on one host shm wins
+_MAX_VERBS_BLOB = 64 * 1024  # far above any real endpoint; bounds what a peer can make us parse
 _PLAIN_SERVER_REASON = "server is plain gRPC (no argrpc bootstrap)"
 # grpc auth_context values that mean the gRPC connection is encrypted.
 _ENCRYPTED_TYPES = {b"ssl", b"tls", b"alts"}
@@ -38,19 +47,81 @@ _ENCRYPTED_TYPES = {b"ssl", b"tls", b"alts"}
 
 @dataclasses.dataclass
 class Negotiation:
-    transport: str                # "shm" or "grpc"
-    connection: Any = None        # _core.Connection when transport == "shm"
+    transport: str                # "shm", "verbs" or "grpc"
+    connection: Any = None        # _core.Connection when transport is "shm" or "verbs"
     reason: str = ""              # why not fast ("" when fast)
     retryable: bool = False       # server unreachable: negotiate again on a later call
     forced_error: str = ""        # TF_RDMA_TRANSPORT forces an impossible transport
 
 
+# --------------------------------------------------------------------------- verbs
+
+class VerbsUnavailable(Exception):
+    """This process cannot use RDMA verbs; str(e) says why."""
+
+
+def verbs_probe(cfg: Config) -> dict[str, Any]:
+    """The device/port/GID `verbs_select` picks for `cfg`; raises VerbsUnavailable.
+
+    Cheap (no queue pair or memory registration): it only reads device attributes.
+    """
+    try:
+        core = core_module()
+    except EngineUnavailable as e:
+        raise VerbsUnavailable(str(e)) from None
+    if not hasattr(core, "verbs_select"):
+        raise VerbsUnavailable("this build of argrpc's engine (argrpc._core) has no verbs fabric")
+    status = core.verbs_status()
+    if status:
+        raise VerbsUnavailable(f"libibverbs is not loadable: {status}")
+    try:
+        return dict(core.verbs_select(cfg.dev_name, cfg.port_num, cfg.gid_index))
+    except Exception as e:  # CoreError: the reason names what was looked at
+        raise VerbsUnavailable(str(e)) from None
+
+
+def _verbs_info(sel: dict[str, Any], blob: bytes) -> Any:
+    return _proto.VerbsEndpoint(blob=blob, device=str(sel.get("device", "")),
+                                port=int(sel.get("port", 0) or 0), gid=str(sel.get("gid", "")),
+                                gid_type=str(sel.get("gid_type", "")), pid=os.getpid())
+
+
+def _describe(ep: Any) -> str:
+    """'rxe0:1 ::ffff:10.0.0.2 (RoCEv2) pid 123' for logs and peer names."""
+    where = f"{ep.device or '?'}:{ep.port}"
+    if ep.gid:
+        where += f" {ep.gid}" + (f" ({ep.gid_type})" if ep.gid_type else "")
+    return where + (f" pid {ep.pid}" if ep.pid else "")
+
+
+def client_offer(cfg: Config) -> tuple[list[str], str]:
+    """(fast transports this client would offer, why verbs is not among them or "").
+
+    Used by `argrpc doctor`; negotiate() does the same and also creates the endpoint.
+    """
+    offer = ["shm"] if cfg.transport in ("auto", "shm") else []
+    why = ""
+    if cfg.transport in ("auto", "verbs"):
+        try:
+            verbs_probe(cfg)
+            offer.append("verbs")
+        except VerbsUnavailable as e:
+            why = str(e)
+    elif cfg.transport == "shm":
+        why = "TF_RDMA_TRANSPORT=shm"
+    return offer, why
+
+
 # --------------------------------------------------------------------------- client
+
+_FORCED_WHAT = {"shm": "shared memory", "verbs": "RDMA verbs"}
+
 
 def _fallback(cfg: Config, reason: str, retryable: bool = False) -> Negotiation:
     forced = ""
-    if cfg.transport == "shm" and cfg.enabled:
-        forced = f"TF_RDMA_TRANSPORT=shm but shared memory is not possible: {reason}"
+    if cfg.transport in _FORCED_WHAT and cfg.enabled:
+        forced = (f"TF_RDMA_TRANSPORT={cfg.transport} but {_FORCED_WHAT[cfg.transport]} is not "
+                  f"possible: {reason}")
     return Negotiation(transport="grpc", reason=reason, retryable=retryable, forced_error=forced)
 
 
@@ -58,12 +129,30 @@ def negotiate(grpc_channel: grpc.Channel, cfg: Config, max_recv: int, timeout: f
               wait_for_ready: bool = False, secure: bool = False) -> Negotiation:
     """Pick the transport for a channel. Never raises: failures fall back to gRPC."""
     result = _negotiate(grpc_channel, cfg, max_recv, timeout, wait_for_ready, secure)
-    if result.transport == "shm":
-        log.debug("argrpc: channel uses shm")
+    if result.transport != "grpc":
+        log.debug("argrpc: channel uses %s", result.transport)
     else:
         log.debug("argrpc: channel uses plain gRPC: %s%s", result.reason,
                   " (will retry)" if result.retryable else "")
     return result
+
+
+@dataclasses.dataclass
+class _VerbsOffer:
+    engine: Any
+    endpoint: Any
+    select: dict[str, Any]
+
+
+def _prepare_verbs(cfg: Config, max_recv: int) -> _VerbsOffer:
+    """Create this client's verbs endpoint (QPs in INIT, MRs); raises VerbsUnavailable."""
+    sel = verbs_probe(cfg)
+    try:
+        engine = get_engine(cfg)
+        endpoint = engine.new_verbs_endpoint(conn_config(cfg, max_recv), sel, cfg.qps)
+    except Exception as e:  # EngineUnavailable or CoreError (e.g. memlock too low)
+        raise VerbsUnavailable(f"cannot create a verbs endpoint: {e}") from None
+    return _VerbsOffer(engine, endpoint, sel)
 
 
 def _negotiate(grpc_channel: grpc.Channel, cfg: Config, max_recv: int, timeout: float | None,
@@ -71,11 +160,24 @@ def _negotiate(grpc_channel: grpc.Channel, cfg: Config, max_recv: int, timeout: 
     if not cfg.enabled:
         return _fallback(cfg, "TF_RDMA_ENABLED=false")
     if secure and not cfg.over_tls:
-        return _fallback(cfg, "secure_channel: the shared-memory fast path is not encrypted; "
-                              "set TF_RDMA_OVER_TLS=true to allow it")
+        return _fallback(cfg, "secure_channel: the fast paths (shared memory, RDMA) are not "
+                              "encrypted; set TF_RDMA_OVER_TLS=true to allow them")
     if cfg.transport == "grpc":
         return _fallback(cfg, "TF_RDMA_TRANSPORT=grpc")
-    request = _proto.NegotiateRequest(version=PROTOCOL_VERSION, transports=list(FAST_TRANSPORTS))
+    request = _proto.NegotiateRequest(version=PROTOCOL_VERSION)
+    if cfg.transport in ("auto", "shm"):
+        request.transports.append("shm")
+    verbs: _VerbsOffer | None = None
+    if cfg.transport in ("auto", "verbs"):
+        try:
+            verbs = _prepare_verbs(cfg, max_recv)
+        except VerbsUnavailable as e:
+            if cfg.transport == "verbs":
+                return _fallback(cfg, f"this host: {e}")
+            request.verbs_unavailable = str(e)
+        else:
+            request.transports.append("verbs")
+            request.verbs.CopyFrom(_verbs_info(verbs.select, bytes(verbs.endpoint.blob)))
     local_identity().to_proto(request.host)
     rpc = grpc_channel.unary_unary(
         BOOTSTRAP_METHOD,
@@ -96,9 +198,15 @@ def _negotiate(grpc_channel: grpc.Channel, cfg: Config, max_recv: int, timeout: 
     except Exception as e:  # e.g. ValueError: the grpc channel was already closed
         return _fallback(cfg, f"bootstrap RPC failed: {e}")
 
+    # An endpoint the server did not pick is dropped here (its QPs never left INIT).
+    if response.transport == "verbs":
+        return _attach_verbs(cfg, verbs, response)
+    verbs = None
     if response.transport != "shm":
         reason = response.reason or f"server declined the fast path ({response.transport!r})"
         return _fallback(cfg, f"server: {reason}")
+    if "shm" not in request.transports:
+        return _fallback(cfg, "server chose shm, which this client did not offer")
     offer = response.shm
     if (len(offer.secret) != SECRET_LEN or not offer.socket_name.startswith("argrpc/")
             or len(offer.socket_name.encode()) > 100 or "\0" in offer.socket_name):
@@ -120,6 +228,20 @@ def _negotiate(grpc_channel: grpc.Channel, cfg: Config, max_recv: int, timeout: 
     return Negotiation(transport="shm", connection=conn)
 
 
+def _attach_verbs(cfg: Config, verbs: _VerbsOffer | None, response: Any) -> Negotiation:
+    if verbs is None:
+        return _fallback(cfg, "server chose verbs, which this client did not offer")
+    peer = response.verbs
+    if not response.HasField("verbs") or not peer.blob or len(peer.blob) > _MAX_VERBS_BLOB:
+        return _fallback(cfg, "server sent a malformed verbs endpoint")
+    try:
+        conn = verbs.engine.attach_verbs(verbs.endpoint, bytes(peer.blob), None,
+                                         f"verbs:{_describe(peer)}")
+    except Exception as e:  # CoreError: blob rejected, QP transition failed
+        return _fallback(cfg, f"attaching the verbs connection failed: {e}")
+    return Negotiation(transport="verbs", connection=conn)
+
+
 # --------------------------------------------------------------------------- server
 
 def _is_encrypted(context: grpc.ServicerContext) -> bool:
@@ -134,22 +256,26 @@ def _is_encrypted(context: grpc.ServicerContext) -> bool:
 class FastPathListener:
     """Server half of negotiation: answers the bootstrap RPC, owns the shm socket.
 
-    `host`, `engine_factory` and `secret_ttl` exist for tests (fake host identities,
-    an engine stand-in); production passes only the first three arguments.
+    `host`, `engine_factory`, `verbs_select` and `secret_ttl` exist for tests (fake host
+    identities, an engine stand-in, a device stand-in); production passes only the first
+    three arguments.
     """
 
     def __init__(self, core_server: Any, cfg: Config, max_recv: int, *,
                  host: HostIdentity | None = None,
                  engine_factory: Callable[[], Any] | None = None,
+                 verbs_select: Callable[[Config], dict[str, Any]] | None = None,
                  secret_ttl: float = SECRET_TTL) -> None:
         self._core_server = core_server
         self._cfg = cfg
         self._max_recv = max_recv
         self._host = host
         self._engine_factory = engine_factory or (lambda: get_engine(cfg))
+        self._verbs_select = verbs_select or verbs_probe
         self._secrets = SecretStore(ttl=secret_ttl)
         self._lock = threading.Lock()
         self._acceptor: ShmAcceptor | None = None
+        self._verbs_conns: list[Any] = []
         self._closed = False
 
     # -- public
@@ -170,6 +296,9 @@ class FastPathListener:
         client = request.host
         if response.transport == "shm":
             log.info("argrpc: offering shm to pid %d on %s", client.pid, client.hostname or "?")
+        elif response.transport == "verbs":
+            log.info("argrpc: verbs connection with %s on %s attached", _describe(request.verbs),
+                     client.hostname or "?")
         else:
             log.info("argrpc: no fast path for client pid %d on %s: %s", client.pid,
                      client.hostname or "?", response.reason)
@@ -183,13 +312,23 @@ class FastPathListener:
 
     def connections(self) -> list[Any]:
         acceptor = self._acceptor
-        return acceptor.connections() if acceptor is not None else []
+        shm = acceptor.connections() if acceptor is not None else []
+        with self._lock:
+            self._prune_verbs()
+            return shm + list(self._verbs_conns)
 
     def close_connections(self) -> None:
-        """Close every attached shm connection (their calls end UNAVAILABLE)."""
+        """Close every attached shm and verbs connection (their calls end UNAVAILABLE)."""
         acceptor = self._acceptor
         if acceptor is not None:
             acceptor.close_connections()
+        with self._lock:
+            conns, self._verbs_conns = self._verbs_conns, []
+        for conn in conns:
+            try:
+                conn.close()
+            except Exception:  # a dying connection may already be gone
+                log.debug("argrpc: closing verbs connection failed", exc_info=True)
 
     def close(self) -> None:
         """Stop the handshake socket and its thread; attached connections stay."""
@@ -215,17 +354,35 @@ class FastPathListener:
             return self._none("server has TF_RDMA_TRANSPORT=grpc")
         if encrypted and not cfg.over_tls:
             return self._none("server port uses TLS and the server does not set "
-                              "TF_RDMA_OVER_TLS=true (the fast path is not encrypted)")
+                              "TF_RDMA_OVER_TLS=true (the fast paths are not encrypted)")
         if self._core_server is None:
             return self._none("server's C++ engine (argrpc._core) is unavailable")
         offered = list(request.transports)
-        if "shm" not in offered:
-            return self._none(f"no common fast transport (client offers {offered}, "
-                              f"server supports {list(FAST_TRANSPORTS)})")
-        local = self._host or local_identity()
-        reason = same_host_reason(local, HostIdentity.from_proto(request.host))
-        if reason:
-            return self._none(reason)
+        accepted = list(FAST_TRANSPORTS) if cfg.transport == "auto" else [cfg.transport]
+        common = [t for t in accepted if t in offered]
+        client_no_verbs = request.verbs_unavailable
+        if not common:
+            why = f"; client has no verbs: {client_no_verbs}" if client_no_verbs else ""
+            forced = f" (TF_RDMA_TRANSPORT={cfg.transport})" if cfg.transport != "auto" else ""
+            return self._none(f"no common fast transport (client offers {offered}, server "
+                              f"accepts {accepted}{forced}{why})")
+        reasons = []
+        if "shm" in common:
+            local = self._host or local_identity()
+            reason = same_host_reason(local, HostIdentity.from_proto(request.host))
+            if not reason:
+                return self._offer_shm(request)
+            reasons.append(reason)
+        if "verbs" in common:
+            answer = self._accept_verbs(request)
+            if not isinstance(answer, str):
+                return answer
+            reasons.append(f"verbs: {answer}")
+        elif "verbs" in accepted and client_no_verbs:
+            reasons.append(f"verbs: the client cannot use RDMA verbs: {client_no_verbs}")
+        return self._none("; ".join(reasons))
+
+    def _offer_shm(self, request: Any) -> Any:
         try:
             acceptor = self._ensure_acceptor()
         except OSError as e:
@@ -237,6 +394,42 @@ class FastPathListener:
             version=PROTOCOL_VERSION, transport="shm",
             shm=_proto.ShmOffer(socket_name=acceptor.name, secret=secret,
                                 server_pid=os.getpid()))
+
+    def _accept_verbs(self, request: Any) -> Any:
+        """The "verbs" NegotiateResponse with the server's attached endpoint, or why not."""
+        peer = request.verbs
+        if not request.HasField("verbs") or not peer.blob:
+            return "the client offered verbs without its endpoint data"
+        if len(peer.blob) > _MAX_VERBS_BLOB:
+            return f"the client's verbs endpoint data is too large ({len(peer.blob)} bytes)"
+        try:
+            sel = self._verbs_select(self._cfg)
+        except VerbsUnavailable as e:
+            return f"the server cannot use RDMA verbs: {e}"
+        try:
+            engine = self._engine_factory()
+            endpoint = engine.new_verbs_endpoint(conn_config(self._cfg, self._max_recv), sel,
+                                                 self._cfg.qps)
+        except Exception as e:  # CoreError (e.g. memlock too low) or no engine
+            return f"the server cannot create a verbs endpoint: {e}"
+        with self._lock:
+            if self._closed:
+                return "server is shutting down"
+        try:
+            # Attached before answering, so the server's QPs are ready (RTR) when the
+            # client's first batch arrives right after it attached its own.
+            conn = engine.attach_verbs(endpoint, bytes(peer.blob), self._core_server,
+                                       f"verbs:{_describe(peer)}")
+        except Exception as e:  # CoreError: blob rejected, QP transition failed
+            return f"the server cannot connect to the client's verbs endpoint: {e}"
+        with self._lock:
+            self._prune_verbs()
+            self._verbs_conns.append(conn)
+        return _proto.NegotiateResponse(version=PROTOCOL_VERSION, transport="verbs",
+                                        verbs=_verbs_info(sel, bytes(endpoint.blob)))
+
+    def _prune_verbs(self) -> None:
+        self._verbs_conns = [c for c in self._verbs_conns if getattr(c, "alive", True)]
 
     def _ensure_acceptor(self) -> ShmAcceptor | None:
         with self._lock:

@@ -28,7 +28,7 @@ _RETRY_INTERVAL_S = 1.0
 
 # negotiation states
 _NEW = "new"          # not negotiated (or the shm connection died): negotiate on next call
-_SHM = "shm"          # _fast holds the connection
+_SHM = "shm"          # _fast holds the connection (shm or verbs: see _fast.transport)
 _GRPC = "grpc"        # settled on grpc for the channel's lifetime
 _RETRY = "retry"      # server unreachable: grpc (or forced error) until _next_try
 _FORCED = "forced"    # TF_RDMA_TRANSPORT forces an impossible transport: calls fail
@@ -80,8 +80,9 @@ class Channel(grpc.Channel):
             if fast is not None and not fast.alive:
                 self._fast = None
                 self._state = _NEW
-                _LOGGER.info("argrpc: shm connection to %s lost (%s); renegotiating",
-                             self._target, fast.error or "closed")
+                _LOGGER.info("argrpc: %s connection to %s lost (%s); renegotiating",
+                             getattr(fast, "transport", "shm"), self._target,
+                             fast.error or "closed")
                 try:
                     fast.close()
                 except Exception:  # noqa: BLE001 - already dead; nothing to release
@@ -115,7 +116,7 @@ class Channel(grpc.Channel):
         except Exception as e:  # noqa: BLE001 - negotiation must never break a call
             _LOGGER.warning("argrpc: negotiation failed unexpectedly", exc_info=True)
             transport, conn, reason, retryable, forced = "grpc", None, f"negotiation failed: {e}", False, ""
-        if transport == "shm" and conn is not None:
+        if transport in ("shm", "verbs") and conn is not None:
             if self._closed:  # close() ran while we negotiated
                 conn.close()
                 return
@@ -151,9 +152,10 @@ class Channel(grpc.Channel):
 
     @property
     def transport(self) -> str:
-        """"shm" or "grpc" (negotiates first if needed, at most 5 s)."""
+        """"shm", "verbs" or "grpc" (negotiates first if needed, at most 5 s)."""
         self._ensure_negotiated()
-        return "shm" if self._fast is not None else "grpc"
+        fast = self._fast
+        return getattr(fast, "transport", "shm") if fast is not None else "grpc"
 
     @property
     def fallback_reason(self) -> str:

@@ -51,6 +51,9 @@ class Config:
     enabled: bool = True
     transport: str = "auto"
     dev_name: str | None = None
+    port_num: int | None = None      # None: the device's first ACTIVE port
+    gid_index: int | None = None     # None: chosen automatically (see verbs_select)
+    qps: int = 4
     chunk_size: int = 4 * MiB
     acc_size: int = 8 * KiB
     buf_size: int = 1 * GiB
@@ -160,18 +163,31 @@ def _int_parser(lo: int, hi: int, accepted: str) -> Callable[[Any], int]:
     return parse
 
 
-_TRANSPORT_ACCEPTED = "one of auto, shm, grpc"
+TRANSPORTS = ("auto", "verbs", "shm", "grpc")
+_TRANSPORT_ACCEPTED = "one of " + ", ".join(TRANSPORTS)
 
 
 def _parse_transport(value: Any) -> str:
     if not isinstance(value, (str, bytes)):
         raise _bad(_TRANSPORT_ACCEPTED)
     low = (value.decode() if isinstance(value, bytes) else value).strip().lower()
-    if low == "verbs":
-        raise _bad(_TRANSPORT_ACCEPTED + " (the verbs fabric is not in this build yet)")
-    if low not in ("auto", "shm", "grpc"):
+    if low not in TRANSPORTS:
         raise _bad(_TRANSPORT_ACCEPTED)
     return low
+
+
+def _auto_or_int(lo: int, hi: int, accepted: str) -> Callable[[Any], int | None]:
+    """An integer in [lo, hi], or `auto` (None: argrpc chooses)."""
+    parse_int = _int_parser(lo, hi, accepted)
+
+    def parse(value: Any) -> int | None:
+        if isinstance(value, (str, bytes)):
+            text = value.decode() if isinstance(value, bytes) else value
+            if text.strip().lower() == "auto":
+                return None
+        return parse_int(value)
+
+    return parse
 
 
 _DEV_ACCEPTED = "a non-empty RDMA device name such as mlx5_0"
@@ -199,18 +215,35 @@ _SPIN_ACC = "an integer number of microseconds from 0 to 100000"
 _READS_ACC = "an integer from 1 to 64"
 _WINDOW_ACC = _size_accepted(64 * KiB, 1 * GiB)
 _ZC_ACC = "0 (off) or " + _size_accepted(4 * KiB, 64 * GiB)
+_PORT_ACC = "auto or a port number from 1 to 255"
+_GID_ACC = "auto or a GID table index from 0 to 65535"
+_QPS_ACC = "an integer from 1 to 16"
 
 _KNOBS: tuple[_Knob, ...] = (
     _Knob("TF_RDMA_ENABLED", "enabled", "true", _BOOL_ACCEPTED,
           "`false`: every channel and server is plain gRPC",
           _bool_parser(_BOOL_ACCEPTED)),
-    _Knob("TF_RDMA_TRANSPORT", "transport", "auto", "auto, shm, grpc",
-          "`auto`: fastest transport both ends support, else gRPC; `shm`: require shared "
-          "memory (calls fail UNAVAILABLE with the reason instead of falling back); "
-          "`grpc`: never use a fast path",
+    _Knob("TF_RDMA_TRANSPORT", "transport", "auto", "auto, verbs, shm, grpc",
+          "`auto`: shared memory on one host, RDMA verbs across hosts when both ends have "
+          "a usable device, else gRPC; `verbs`/`shm`: require that transport, also on one "
+          "host (calls fail UNAVAILABLE with the reason instead of falling back); `grpc`: "
+          "never use a fast path. `argrpc doctor --target HOST:PORT` tells which one a "
+          "channel gets and why",
           _parse_transport),
-    _Knob("TF_RDMA_DEV_NAME", "dev_name", "`mlx5_0` if present, else the first active device",
-          _DEV_ACCEPTED, "HCA used by the verbs fabric (unused by shm)", _parse_dev),
+    _Knob("TF_RDMA_DEV_NAME", "dev_name", "`mlx5_0` if present, else the first device with "
+          "an ACTIVE port", _DEV_ACCEPTED,
+          "RDMA device used by the verbs fabric; a named device that is missing or has no "
+          "ACTIVE port is an error, not a fallback", _parse_dev),
+    _Knob("TF_RDMA_PORT_NUM", "port_num", "auto: the device's first ACTIVE port", "auto, 1..255",
+          "port of the RDMA device (verbs only); a named port that is not ACTIVE is an error",
+          _auto_or_int(1, 255, _PORT_ACC)),
+    _Knob("TF_RDMA_GID_INDEX", "gid_index", "auto: RoCEv2 with an IPv4-mapped address, else "
+          "RoCEv2, else RoCEv1, else InfiniBand (LID)", "auto, 0..65535",
+          "GID table index used as the source address of the verbs queue pairs",
+          _auto_or_int(0, 65535, _GID_ACC)),
+    _Knob("TF_RDMA_QPS", "qps", "4", "1..16",
+          "RC queue pairs per verbs connection: rendezvous reads are spread over them",
+          _int_parser(1, 16, _QPS_ACC)),
     _Knob("TF_RDMA_CHUNK_SIZE", "chunk_size", "4M", "64K..1G",
           "rendezvous chunk size: large messages are pulled in chunks of this size",
           _size_parser(64 * KiB, 1 * GiB, _CHUNK_ACC)),
@@ -371,7 +404,7 @@ def engine_config(cfg: Config) -> dict[str, int]:
 
 
 def conn_config(cfg: Config, max_recv: int) -> dict[str, int]:
-    """Config dict for `Engine.new_shm_endpoint(...)` (per-connection knobs)."""
+    """Config dict for `Engine.new_shm_endpoint(...)`/`new_verbs_endpoint(...)` (per-connection knobs)."""
     return {
         "ring_size": cfg.ring_size,
         "acc_size": cfg.acc_size,

@@ -37,4 +37,13 @@ struct ConnConfig {
   size_t view_min = 1 * MiB;
 };
 
+// Verbs fabric (csrc/fabric/verbs). Device/port/GID selection is not here: it comes
+// from TF_RDMA_DEV_NAME / TF_RDMA_PORT_NUM / TF_RDMA_GID_INDEX through verbs_select().
+struct VerbsConfig {
+  int qps = 2;            // TF_RDMA_QPS: RC QPs per connection; QP 0 carries eager batches and credits, rendezvous READs go round-robin over all
+  int qp_timeout = 14;    // TF_RDMA_QP_TIMEOUT: local ACK timeout exponent, 4.096 us * 2^14 = 67 ms per try
+  int qp_retry = 6;       // TF_RDMA_QP_RETRY: transport and RNR retries before a completion error (7 means forever on rxe: peer loss never surfaces)
+  int cq_depth = 8192;    // TF_RDMA_CQ_DEPTH: CQ entries per connection; receive slots (cq_slots) + the send queues share it
+};
+
 }  // namespace argrpc

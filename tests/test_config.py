@@ -24,6 +24,8 @@ def test_defaults() -> None:
     assert cfg.enabled is True
     assert cfg.transport == "auto"
     assert cfg.dev_name is None
+    assert cfg.port_num is None and cfg.gid_index is None  # chosen from the device
+    assert cfg.qps == 4
     assert cfg.chunk_size == 4 * MiB
     assert cfg.acc_size == 8 * KiB
     assert cfg.buf_size == 1 * GiB
@@ -85,8 +87,13 @@ def test_empty_env_value_means_unset(monkeypatch: pytest.MonkeyPatch) -> None:
 BAD_VALUES = [
     ("TF_RDMA_ENABLED", "maybe", "true/false/1/0/yes/no/on/off"),
     ("TF_RDMA_ENABLED", "2", "true/false/1/0/yes/no/on/off"),
-    ("TF_RDMA_TRANSPORT", "tcp", "auto, shm, grpc"),
-    ("TF_RDMA_TRANSPORT", "verbs", "verbs fabric is not in this build yet"),
+    ("TF_RDMA_TRANSPORT", "tcp", "auto, verbs, shm, grpc"),
+    ("TF_RDMA_PORT_NUM", "0", "auto or a port number from 1 to 255"),
+    ("TF_RDMA_PORT_NUM", "first", "auto or a port number from 1 to 255"),
+    ("TF_RDMA_GID_INDEX", "-1", "auto or a GID table index from 0 to 65535"),
+    ("TF_RDMA_GID_INDEX", "65536", "auto or a GID table index from 0 to 65535"),
+    ("TF_RDMA_QPS", "0", "an integer from 1 to 16"),
+    ("TF_RDMA_QPS", "17", "an integer from 1 to 16"),
     ("TF_RDMA_DEV_NAME", "   ", "non-empty"),
     ("TF_RDMA_CHUNK_SIZE", "abc", "from 64K to 1G"),
     ("TF_RDMA_CHUNK_SIZE", "32K", "from 64K to 1G"),
@@ -188,6 +195,19 @@ def test_bad_option_types() -> None:
             load([(name, value)])
 
 
+def test_verbs_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TF_RDMA_TRANSPORT", "Verbs")
+    monkeypatch.setenv("TF_RDMA_PORT_NUM", "2")
+    monkeypatch.setenv("TF_RDMA_GID_INDEX", "3")
+    monkeypatch.setenv("TF_RDMA_QPS", "8")
+    cfg = load()
+    assert (cfg.transport, cfg.port_num, cfg.gid_index, cfg.qps) == ("verbs", 2, 3, 8)
+    # `auto` (and an option) gives the choice back to argrpc
+    cfg = load([("TF_RDMA_PORT_NUM", "auto"), ("TF_RDMA_GID_INDEX", "AUTO"), ("TF_RDMA_QPS", 1)])
+    assert (cfg.port_num, cfg.gid_index, cfg.qps) == (None, None, 1)
+    assert load([("TF_RDMA_GID_INDEX", 0)]).gid_index == 0
+
+
 def test_split_options() -> None:
     opts = [("grpc.max_receive_message_length", 100), ("TF_RDMA_CHUNK_SIZE", "8M"),
             ("grpc.primary_user_agent", "x"), ("tf_rdma_enabled", "0")]
@@ -225,6 +245,7 @@ def test_engine_and_conn_config() -> None:
 def test_knob_table() -> None:
     names = [k[0] for k in _config.KNOBS]
     assert names == ["TF_RDMA_ENABLED", "TF_RDMA_TRANSPORT", "TF_RDMA_DEV_NAME",
+                     "TF_RDMA_PORT_NUM", "TF_RDMA_GID_INDEX", "TF_RDMA_QPS",
                      "TF_RDMA_CHUNK_SIZE", "TF_RDMA_ACC_SIZE", "TF_RDMA_BUF_SIZE",
                      "TF_RDMA_RING_SIZE", "TF_RDMA_SPIN_US", "TF_RDMA_READS_IN_FLIGHT",
                      "TF_RDMA_STREAM_WINDOW", "TF_RDMA_ZERO_COPY_MIN", "TF_RDMA_OVER_TLS", "TF_RDMA_MALLOC_TUNING"]

@@ -15,6 +15,9 @@
 #include "engine/engine.h"
 #include "engine/server.h"
 #include "fabric/shm_fabric.h"
+#include "fabric/verbs/device.h"
+#include "fabric/verbs/ibv_api.h"
+#include "fabric/verbs/verbs_fabric.h"
 #include "pool/pool.h"
 #include "tunables.h"
 
@@ -183,6 +186,132 @@ struct PyEngine {
 py::tuple status_tuple(Stream& s) {
   std::lock_guard<std::mutex> g(s.mu);
   return py::make_tuple(s.code, py::str(s.details), from_metadata(s.trailing_md));
+}
+
+// ---------------------------------------------------------------- verbs
+// The verbs fabric's bindings, kept apart: loader status, device discovery and
+// selection (what `argrpc doctor` prints), endpoints and attach. libibverbs is loaded
+// at run time, so all of this imports and answers on a host without rdma-core.
+
+py::dict selection_dict(const verbs::Selection& s) {
+  py::dict d;
+  d["device"] = s.device;
+  d["port"] = s.port;
+  d["gid_index"] = s.gid_index;
+  d["gid"] = s.gid;
+  d["gid_type"] = s.gid_type;
+  d["mtu"] = s.mtu;
+  d["link_layer"] = s.link_layer;
+  d["lid"] = s.lid;
+  d["why"] = s.why;
+  return d;
+}
+
+verbs::Selection selection_arg(const py::dict& d) {
+  // Re-selected from the names so the raw GID and port facts are current.
+  const std::string dev = d.contains("device") && !d["device"].is_none() ? d["device"].cast<std::string>() : "";
+  const int port = d.contains("port") && !d["port"].is_none() ? d["port"].cast<int>() : 0;
+  const int gid = d.contains("gid_index") && !d["gid_index"].is_none() ? d["gid_index"].cast<int>() : -1;
+  return verbs::select(dev, port, gid);
+}
+
+py::list devices_list() {
+  py::list out;
+  for (auto& dev : verbs::list_devices()) {
+    py::list ports;
+    for (auto& p : dev.ports) {
+      py::list gids;
+      for (auto& g : p.gids) {
+        py::dict gd;
+        gd["index"] = g.index;
+        gd["gid"] = g.gid;
+        gd["type"] = g.type;
+        gids.append(gd);
+      }
+      py::dict pd;
+      pd["port"] = p.port;
+      pd["state"] = p.state;
+      pd["state_num"] = p.state_num;
+      pd["mtu"] = p.mtu;
+      pd["active_mtu"] = p.active_mtu;
+      pd["link_layer"] = p.link_layer;
+      pd["lid"] = p.lid;
+      pd["gids"] = gids;
+      ports.append(pd);
+    }
+    py::dict d;
+    d["name"] = dev.name;
+    d["node_guid"] = dev.node_guid;
+    d["ports"] = ports;
+    out.append(d);
+  }
+  return out;
+}
+
+struct PyVerbsEndpoint {
+  std::unique_ptr<verbs::VerbsEndpoint> ep;
+  ConnConfig cfg;
+  std::string blob;
+};
+
+void add_verbs(py::module_& m) {
+  m.def("verbs_status", [] { return verbs::status(); });
+  m.def("verbs_devices", [] { return devices_list(); });
+  m.def("verbs_select",
+        [](py::object dev, py::object port, py::object gid_index) {
+          return selection_dict(verbs::select(dev.is_none() ? "" : dev.cast<std::string>(),
+                                              port.is_none() ? 0 : port.cast<int>(),
+                                              gid_index.is_none() ? -1 : gid_index.cast<int>()));
+        },
+        py::arg("dev_name") = py::none(), py::arg("port") = py::none(), py::arg("gid_index") = py::none());
+
+  py::class_<PyVerbsEndpoint>(m, "VerbsEndpoint")
+      .def_property_readonly("blob", [](PyVerbsEndpoint& e) { return py::bytes(e.blob); })
+      .def_property_readonly("qps", [](PyVerbsEndpoint& e) {
+        if (!e.ep) throw CoreError("this endpoint was already attached");
+        return e.ep->qps();
+      })
+      .def_property_readonly("selection", [](PyVerbsEndpoint& e) {
+        if (!e.ep) throw CoreError("this endpoint was already attached");
+        return selection_dict(e.ep->selection());
+      });
+
+  auto engine = py::reinterpret_borrow<py::class_<PyEngine>>(m.attr("Engine"));
+  engine
+      .def("new_verbs_endpoint",
+           [](PyEngine& e, py::dict cfg, py::dict select, int qps) {
+             PyVerbsEndpoint ep;
+             ep.cfg = conn_config(cfg);
+             VerbsConfig v;
+             v.qps = qps;
+             v.qp_timeout = get_or<int>(cfg, "qp_timeout", v.qp_timeout);
+             v.qp_retry = get_or<int>(cfg, "qp_retry", v.qp_retry);
+             v.cq_depth = get_or<int>(cfg, "cq_depth", v.cq_depth);
+             const verbs::Selection sel = selection_arg(select);
+             {
+               NoGil nogil;  // registration can take a while
+               ep.ep = verbs::VerbsEndpoint::create(ep.cfg, v, sel, e.engine->pool());
+             }
+             ep.blob = ep.ep->blob();
+             return ep;
+           },
+           py::arg("conn_config"), py::arg("select"), py::arg("qps") = VerbsConfig().qps)
+      .def("attach_verbs",
+           [](PyEngine& e, PyVerbsEndpoint& ep, py::bytes peer_blob, py::object server,
+              std::string peer_name) {
+             std::shared_ptr<Server> srv;
+             if (!server.is_none()) srv = server.cast<PyServer&>().server;
+             if (!ep.ep) throw CoreError("this endpoint was already attached");
+             const std::string blob = peer_blob;
+             std::shared_ptr<Connection> conn;
+             {
+               NoGil nogil;
+               auto fabric = std::make_unique<verbs::VerbsFabric>(std::move(ep.ep), blob);
+               conn = e.engine->attach(std::move(fabric), ep.cfg, srv, std::move(peer_name));
+             }
+             return PyConnection{e.engine, conn};
+           },
+           py::arg("endpoint"), py::arg("peer_blob"), py::arg("server"), py::arg("peer_name"));
 }
 
 }  // namespace
@@ -445,4 +574,6 @@ PYBIND11_MODULE(_core, m) {
         std::lock_guard<std::mutex> g(c.s->mu);
         return c.s->cancelled;
       });
+
+  add_verbs(m);  // last: it extends Engine
 }

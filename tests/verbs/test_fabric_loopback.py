@@ -1,0 +1,230 @@
+"""The verbs fabric at the engine level, no facade: one engine with two connections to
+itself over the RDMA device (client endpoint + server endpoint in one process, like a
+socketpair test), attached with `attach_verbs` both ways, and a `_core.Server` whose
+threads echo. Plus device discovery and selection against the Soft-RoCE guest's known
+facts (rxe0, port 1 ACTIVE, GID 1 RoCEv2 ::ffff:127.0.0.1).
+
+Runs in the guest (`../shared/softroce/run-in-rxe-guest.sh python3 -m pytest -q
+tests/verbs`); elsewhere the `rdma` fixture skips with the reason. Everything in the
+guest is slow (TCG), so timeouts are generous."""
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import os
+import threading
+from types import SimpleNamespace
+from typing import Any, Iterator
+
+import pytest
+
+KiB, MiB = 1024, 1024 * 1024
+ACC = 8 * KiB  # the default eager limit (acc_size): 8K±1 straddles eager/rendezvous
+CHUNK = 4 * MiB  # the default rendezvous chunk: 4M±1 straddles one/two READs
+UNARY, STREAM = "/loop.Echo/Unary", "/loop.Echo/ServerStream"
+
+
+def _timeout(size: int) -> float:
+    return 120.0 + size / MiB  # rxe under TCG: tens of MB/s at best, ms outliers
+
+
+def _data(size: int, salt: int) -> bytes:
+    block = hashlib.sha256(f"{salt}".encode()).digest() * 128  # 4 KiB, differs per salt
+    return (block * (size // len(block) + 1))[:size]
+
+
+class EchoServer:
+    """accept() loop; each call gets its own thread (so concurrent calls overlap)."""
+
+    def __init__(self, core: Any, engine: Any) -> None:
+        self.server = core.Server(engine, {})
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._workers: list[threading.Thread] = []
+        self._thread = threading.Thread(target=self._loop, name="echo-accept", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            call = self.server.accept(0.5)
+            if call is None:
+                continue
+            t = threading.Thread(target=self._handle, args=(call,), daemon=True)
+            t.start()
+            self._workers.append(t)
+
+    def _handle(self, call: Any) -> None:
+        try:
+            if call.method == UNARY:
+                msg = call.recv()
+                call.finish(0, "", [("echo-len", str(len(msg)))], msg)
+            elif call.method == STREAM:
+                req = bytes(call.recv())
+                n, size = (int(x) for x in req.decode().split(","))
+                for i in range(n):
+                    if not call.send(_data(size, i)):
+                        self.errors.append(f"stream send {i} failed")
+                        return
+                call.finish(0, "", [])
+            else:
+                call.finish(12, f"unknown method {call.method}", [])
+        except Exception as e:  # noqa: BLE001 - reported by the test that checks errors
+            self.errors.append(f"{type(e).__name__}: {e}")
+
+    def close(self) -> None:
+        self._stop.set()
+        self.server.shutdown()
+        self._thread.join(5)
+        for t in self._workers:
+            t.join(5)
+
+
+@pytest.fixture(scope="module")
+def loop(rdma: SimpleNamespace) -> Iterator[SimpleNamespace]:
+    core = rdma.core
+    if not hasattr(core.Engine, "attach_verbs"):
+        pytest.skip("this build of argrpc._core has no attach_verbs")
+    # A small pool: the guest has 2 GiB and registration pins what is used.
+    eng = core.Engine({"buf_size": 256 * MiB})
+    cfg = {"max_recv": -1}
+    ep_client = eng.new_verbs_endpoint(cfg, rdma.select, 2)
+    ep_server = eng.new_verbs_endpoint(cfg, rdma.select, 2)
+    assert ep_client.qps == 2 and ep_client.blob and ep_server.blob
+    echo = EchoServer(core, eng)
+    server_conn = eng.attach_verbs(ep_server, ep_client.blob, echo.server, "loop-client")
+    client_conn = eng.attach_verbs(ep_client, ep_server.blob, None, "loop-server")
+    try:
+        yield SimpleNamespace(core=core, engine=eng, conn=client_conn, server_conn=server_conn,
+                              echo=echo)
+    finally:
+        echo.close()
+        client_conn.close()
+        eng.shutdown()
+
+
+def _unary(loop: SimpleNamespace, payload: bytes) -> bytes:
+    code, details, _initial, trailing, resp = loop.conn.unary(UNARY, [], _timeout(len(payload)),
+                                                               payload)
+    assert code == 0, (details, loop.conn.error, loop.echo.errors)
+    assert dict(trailing)["echo-len"] == str(len(payload)).encode()
+    return bytes(resp)
+
+
+def test_connections_report_verbs(loop: SimpleNamespace) -> None:
+    assert loop.conn.transport == "verbs"
+    assert loop.server_conn.transport == "verbs"
+    assert loop.conn.alive and loop.server_conn.alive
+
+
+@pytest.mark.parametrize("size", [0, 1, ACC - 1, ACC, ACC + 1, CHUNK - 1, CHUNK + 1, 64 * MiB])
+def test_unary_byte_exact(loop: SimpleNamespace, size: int) -> None:
+    payload = _data(size, size)
+    resp = _unary(loop, payload)
+    assert len(resp) == size
+    assert hashlib.sha256(resp).digest() == hashlib.sha256(payload).digest()
+
+
+def test_concurrent_calls(loop: SimpleNamespace) -> None:
+    sizes = [(i * 7919) % (3 * ACC) if i % 4 else 300 * KiB + i for i in range(32)]
+
+    def one(i: int) -> bool:
+        payload = _data(sizes[i], 1000 + i)
+        return _unary(loop, payload) == payload
+
+    with concurrent.futures.ThreadPoolExecutor(32) as ex:
+        assert all(ex.map(one, range(32)))
+    assert loop.conn.alive and not loop.echo.errors
+
+
+def test_server_stream(loop: SimpleNamespace) -> None:
+    n, size = 6, 300 * KiB  # rendezvous-sized messages, several in flight
+    call = loop.conn.start_call(STREAM, [], _timeout(n * size))
+    assert call.send(f"{n},{size}".encode())
+    assert call.half_close()
+    got = []
+    while (m := call.recv()) is not None:
+        got.append(bytes(m))
+    code, details, _trailing = call.status(_timeout(0))
+    assert code == 0, (details, loop.echo.errors)
+    assert got == [_data(size, i) for i in range(n)]
+
+
+def test_pool_blocks_come_back(loop: SimpleNamespace) -> None:
+    # Every rendezvous block was FINned: nothing of the pool stays in use after the calls.
+    import time
+    deadline = time.monotonic() + 30
+    while loop.engine.pool_stats()["in_use"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert loop.engine.pool_stats()["in_use"] == 0
+
+
+# ------------------------------------------------------------------ devices and selection
+
+def _rxe0(rdma: SimpleNamespace) -> dict[str, Any]:
+    for d in rdma.devices:
+        if d["name"] == "rxe0":
+            return d
+    pytest.skip("no rxe0 here: these facts are the Soft-RoCE guest's")
+
+
+def test_devices_match_guest_facts(rdma: SimpleNamespace) -> None:
+    dev = _rxe0(rdma)
+    port = next(p for p in dev["ports"] if p["port"] == 1)
+    assert port["state"] == "ACTIVE" and port["state_num"] == 4
+    assert port["link_layer"] == "Ethernet"
+    assert port["active_mtu"] == 4096
+    gid1 = next(g for g in port["gids"] if g["index"] == 1)
+    assert gid1 == {"index": 1, "gid": "::ffff:127.0.0.1", "type": "RoCEv2"}
+    # sysfs is what the kernel says; the types must agree with it.
+    for g in port["gids"]:
+        path = f"/sys/class/infiniband/rxe0/ports/1/gid_attrs/types/{g['index']}"
+        if os.path.exists(path):
+            kernel = open(path).read().strip()
+            assert ("v2" in kernel) == (g["type"] == "RoCEv2"), (g, kernel)
+
+
+def test_select_default_and_named(rdma: SimpleNamespace) -> None:
+    _rxe0(rdma)
+    core = rdma.core
+    sel = core.verbs_select(None, None, None)
+    assert (sel["device"], sel["port"], sel["gid_index"]) == ("rxe0", 1, 1)
+    assert sel["gid"] == "::ffff:127.0.0.1" and sel["gid_type"] == "RoCEv2"
+    assert sel["mtu"] == 4096 and sel["link_layer"] == "Ethernet"
+    assert "IPv4-mapped" in sel["why"]
+    assert core.verbs_select("rxe0", 1, 1)["gid_index"] == 1
+    with pytest.raises(core.CoreError, match="not found"):
+        core.verbs_select("mlx5_9", None, None)
+    with pytest.raises(core.CoreError, match="port 7"):
+        core.verbs_select("rxe0", 7, None)
+    with pytest.raises(core.CoreError, match="GID index 99"):
+        core.verbs_select("rxe0", 1, 99)
+
+
+def test_attach_rejects_a_bad_blob(loop: SimpleNamespace, rdma: SimpleNamespace) -> None:
+    ep = loop.engine.new_verbs_endpoint({}, rdma.select, 1)
+    with pytest.raises(loop.core.CoreError, match="blob"):
+        loop.engine.attach_verbs(ep, b"\0" * 16, None, "bad")
+
+
+def test_peer_qp_gone_fails_calls_with_unavailable(rdma: SimpleNamespace) -> None:
+    """The server side's QPs go to ERR (its connection is closed): the client's next
+    write is never acknowledged, the completion error (retry exceeded) fails the call
+    with UNAVAILABLE and ibv_wc_status_str's text, and the connection is torn down."""
+    core = rdma.core
+    eng = core.Engine({"buf_size": 64 * MiB})
+    ep_c = eng.new_verbs_endpoint({}, rdma.select, 2)
+    ep_s = eng.new_verbs_endpoint({}, rdma.select, 2)
+    echo = EchoServer(core, eng)
+    try:
+        server_conn = eng.attach_verbs(ep_s, ep_c.blob, echo.server, "peer")
+        conn = eng.attach_verbs(ep_c, ep_s.blob, None, "peer")
+        code, details, *_ = conn.unary(UNARY, [], 120, b"x" * 100)
+        assert code == 0, details
+        server_conn.close()
+        code, details, *_ = conn.unary(UNARY, [], 120, b"y" * 100)
+        assert code == 14, details  # UNAVAILABLE
+        assert "retry" in details.lower() and "RDMA" in details, details
+        assert not conn.alive
+    finally:
+        echo.close()
+        eng.shutdown()
