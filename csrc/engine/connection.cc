@@ -46,6 +46,7 @@ Connection::Connection(Engine* engine, std::unique_ptr<Fabric> fabric, const Con
       client_(server_ == nullptr) {
   batch_.reserve(cfg_.acc_size + 64);
   scratch_.reserve(cfg_.acc_size + 64);
+  last_heard_us_.store(now_us(), std::memory_order_relaxed);
 }
 
 Connection::~Connection() { fabric_->shutdown(); }
@@ -77,6 +78,7 @@ bool Connection::progress_locked() {
     const int n = fabric_->poll(comps, kMaxCompletions);
     if (n <= 0) break;
     did = true;
+    last_heard_us_.store(now_us(), std::memory_order_relaxed);
     const uint64_t before = rbatches_;
     for (int i = 0; i < n; ++i) {
       switch (comps[i].kind) {
@@ -281,6 +283,8 @@ bool Connection::handle_frame(const FrameHead& h, const uint8_t* p) {
       else end_stream(s, kCancelled, details, true, nullptr, false);
       return true;
     }
+    case kPing:
+      return true;
     case kWindow: {
       const uint64_t n = r.u64();
       if (!r.ok()) return bad("WINDOW");
@@ -742,6 +746,20 @@ bool Connection::abort_stream(const std::shared_ptr<Stream>& s, uint32_t code,
   if (!client_) queue_ctrl(kTrailers, s->id, status_body(code, why, &kNoMetadata));
   else if (s->id) queue_ctrl(kRst, s->id, status_body(rst_code, why, nullptr));
   return true;
+}
+
+void Connection::keepalive(uint64_t now) {
+  if (!alive()) return;
+  const uint64_t heard = last_heard_us_.load(std::memory_order_relaxed);
+  if (now - heard < uint64_t(cfg_.keepalive_ms) * 1000) return;
+  {
+    std::lock_guard<std::mutex> g(streams_mu_);
+    if (streams_.empty()) return;
+  }
+  // Restart the clock so a silent but live peer gets one PING per interval.
+  last_heard_us_.store(now, std::memory_order_relaxed);
+  queue_ctrl(kPing, 0, {});
+  try_flush_ctrl();
 }
 
 void Connection::sweep_deadlines() {

@@ -54,6 +54,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Non-blocking; returns whether it did any work.
   bool progress();
   void sweep_deadlines();
+  // Called periodically by the engine: PINGs a silent peer while calls are in flight.
+  void keepalive(uint64_t now_us);
   // Ends every stream with `code`/`why` and tears the connection down.
   void fail(uint32_t code, const std::string& why);
 
@@ -150,6 +152,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::mutex poll_mu_;
   std::atomic<bool> kick_{false};
   uint64_t rpos_ = 0, rbatches_ = 0;
+  std::atomic<uint64_t> last_heard_us_{0};
   std::vector<uint8_t> scratch_;
   struct Read {
     std::shared_ptr<Pull> pull;

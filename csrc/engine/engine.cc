@@ -181,7 +181,10 @@ void Engine::progress_loop() {
     if (t - last_sweep >= uint64_t(kSweepMs) * 1000) {
       last_sweep = t;
       auto all = snapshot();
-      for (auto& c : *all) c->sweep_deadlines();
+      for (auto& c : *all) {
+        c->sweep_deadlines();
+        c->keepalive(t);
+      }
     }
   }
 }

@@ -21,6 +21,7 @@ enum FrameType : uint8_t {
   kTrailers = 6,   // status, details, trailing metadata; ends the stream
   kRst = 7,        // abort the stream with a status
   kWindow = 8,     // stream flow control: the reader consumed N eager bytes
+  kPing = 9,       // keepalive: no payload, no answer; a write to a dead peer fails
 };
 
 constexpr size_t kFrameHeader = 16;
