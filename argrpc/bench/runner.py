@@ -8,9 +8,11 @@ Children run with the working directory that holds the ``argrpc`` package this p
 imported, so they measure the same code even from an uninstalled checkout.
 
 Transports run one after the other (never two stacks on the two cores at once), in the
-order given. grpc uses ``grpc.server`` / ``grpc.insecure_channel``; shm (and verbs, once
-it exists) use ``argrpc.server`` / ``argrpc.insecure_channel`` and every client checks
-that its channel really is on that transport, failing with the fallback reason otherwise.
+order given. grpc uses ``grpc.server`` / ``grpc.insecure_channel``; shm and verbs use
+``argrpc.server`` / ``argrpc.insecure_channel`` with TF_RDMA_TRANSPORT set to the measured
+transport (on one host argrpc picks shm unless verbs is forced; a spec's own
+TF_RDMA_TRANSPORT wins), and every client checks that its channel really is on that
+transport, failing with the fallback reason otherwise.
 
 Process hygiene: servers exit when their stdin closes, clients and workers exit when
 theirs does, every wait is bounded, and on any error or timeout every process this run
@@ -315,6 +317,27 @@ def child_env(spec: RunSpec) -> dict[str, str]:
     return dict(os.environ) | {k: str(v) for k, v in spec.env.items()}
 
 
+def transport_env(spec: RunSpec, transport: str) -> dict[str, str]:
+    """``child_env`` for one transport's processes. On one host argrpc picks shm unless
+    TF_RDMA_TRANSPORT=verbs, so the verbs (and shm) processes get TF_RDMA_TRANSPORT set to
+    the transport being measured, unless the spec itself gives the knob (a --sweep value
+    wins and the client's transport check reports the mismatch)."""
+    env = child_env(spec)
+    if transport in ("shm", "verbs") and "TF_RDMA_TRANSPORT" not in spec.env:
+        env["TF_RDMA_TRANSPORT"] = transport
+    return env
+
+
+def reported_env(spec: RunSpec, transport: str, env: Mapping[str, str]) -> dict[str, str]:
+    """A child's reported TF_RDMA_* without the TF_RDMA_TRANSPORT that ``transport_env``
+    added (the transport column says it already; kept, it would split --sweep tables into
+    one column per transport)."""
+    out = dict(env)
+    if "TF_RDMA_TRANSPORT" not in spec.env and out.get("TF_RDMA_TRANSPORT") == transport:
+        del out["TF_RDMA_TRANSPORT"]
+    return out
+
+
 def stack_of(transport: str) -> str:
     return "grpc" if transport == "grpc" else "argrpc"
 
@@ -376,7 +399,7 @@ def skipped(spec: RunSpec, transport: str, reason: str) -> list[Measurement]:
 
 def run_p2p(spec: RunSpec, transport: str, progress: Callable[[int, int], None]
             ) -> list[Measurement]:
-    env = child_env(spec)
+    env = transport_env(spec, transport)
     stack = stack_of(transport)
     per_call = [_SLOW_CALL_S + s / _SLOW_BYTES_PER_S for s in spec.sizes]
     with ExitStack() as procs:
@@ -396,7 +419,8 @@ def run_p2p(spec: RunSpec, transport: str, progress: Callable[[int, int], None]
         out.append(_base(spec, transport, int(r["size"]), int(r["buffers"]),
                          iterations=int(r["iterations"]), p50_us=r["p50_us"],
                          p99_us=r["p99_us"], mean_us=r["mean_us"], gbps=r["gbps"],
-                         rpcs_per_s=r["rpcs_per_s"], env=dict(doc["env"])))
+                         rpcs_per_s=r["rpcs_per_s"],
+                         env=reported_env(spec, transport, doc["env"])))
     return out
 
 
@@ -424,7 +448,7 @@ def aggregate_ps(docs: Sequence[dict[str, Any]], repeats: int) -> dict[str, floa
 
 def run_ps(spec: RunSpec, transport: str, progress: Callable[[int, int], None]
            ) -> list[Measurement]:
-    env = child_env(spec)
+    env = transport_env(spec, transport)
     stack = stack_of(transport)
     sizes = _ps_sizes(spec)
     # A step moves the model twice, in 2V RPCs, and the workers share the machine.
@@ -460,7 +484,8 @@ def run_ps(spec: RunSpec, transport: str, progress: Callable[[int, int], None]
                   p50_us=agg["p50_us"], p99_us=agg["p99_us"], mean_us=agg["mean_us"],
                   steps_per_s=agg["steps_per_s"], gbps=agg["steps_per_s"] * size / 1e9,
                   rpcs_per_s=agg["steps_per_s"] * int(docs[0]["rpcs_per_step"]),
-                  workers=spec.workers, env=dict(docs[0]["env"]))]
+                  workers=spec.workers,
+                  env=reported_env(spec, transport, docs[0]["env"]))]
 
 
 # ------------------------------------------------------------------------------ run
