@@ -405,6 +405,7 @@ class _Server(grpc.Server):
                         continue
                     if sc is not None:
                         self._serve(sc)
+                        sc = None  # not kept alive while the next accept() waits
                 else:
                     # Engine shut down (stop grace): only grpc work can still arrive.
                     with self._idle:
@@ -431,9 +432,15 @@ class _Server(grpc.Server):
                     time.sleep(0.05)  # engine shut down returns at once: don't spin
                 continue
             # A second handle on the call: `key` (not object identity) names the call.
-            state = self._calls.get(sc.key)
-            if state is not None:
-                state.run_callbacks()
+            # Looked up in a helper so that no local keeps the last call (and with it its
+            # connection) alive while this loop waits for the next one.
+            self._run_cancel_callbacks(sc.key)
+            sc = None
+
+    def _run_cancel_callbacks(self, key: Any) -> None:
+        state = self._calls.get(key)
+        if state is not None:
+            state.run_callbacks()
 
     # --- one fast-path call ----------------------------------------------------------
     def _serve(self, sc: Any) -> None:

@@ -30,12 +30,15 @@ namespace {
 // interpreter is finalizing must not retake the GIL: CPython would pthread_exit() it,
 // and that forced unwind through pybind11's noexcept frames aborts the process. Such
 // a thread (a daemon thread still in a call at exit) parks until the process ends.
+// The finalizing thread itself (a __del__ or atexit close at shutdown) is the one
+// thread that may keep running: it keeps the GIL, since no other thread can take it.
 class NoGil {
  public:
-  NoGil() : state_(PyEval_SaveThread()) {}
+  NoGil() : state_(_Py_IsFinalizing() ? nullptr : PyEval_SaveThread()) {}
   NoGil(const NoGil&) = delete;
   NoGil& operator=(const NoGil&) = delete;
   ~NoGil() {
+    if (state_ == nullptr) return;
     if (_Py_IsFinalizing())
       for (;;) ::pause();
     PyEval_RestoreThread(state_);
@@ -141,9 +144,27 @@ struct PyShmEndpoint {
   }
 };
 
+// A client's connection is owned by its channel. A server's is owned by the engine
+// only: the listener keeps a weak handle, so a connection whose peer died is freed
+// (QPs, fds, pool blocks) as soon as the engine lets go of it, not at the next attach.
 struct PyConnection {
   std::shared_ptr<Engine> engine;
-  std::shared_ptr<Connection> conn;
+  std::shared_ptr<Connection> owned;
+  std::weak_ptr<Connection> weak;
+  std::string transport;
+  std::string peer;
+
+  static PyConnection make(std::shared_ptr<Engine> e, std::shared_ptr<Connection> c, bool own) {
+    PyConnection pc{std::move(e), own ? c : nullptr, c, std::string(c->fabric().name()),
+                    c->peer_name()};
+    return pc;
+  }
+  std::shared_ptr<Connection> get() const { return owned ? owned : weak.lock(); }
+  std::shared_ptr<Connection> need() const {
+    auto c = get();
+    if (!c) throw std::runtime_error("argrpc: connection is closed");
+    return c;
+  }
 };
 
 struct PyClientCall {
@@ -309,7 +330,7 @@ void add_verbs(py::module_& m) {
                auto fabric = std::make_unique<verbs::VerbsFabric>(std::move(ep.ep), blob);
                conn = e.engine->attach(std::move(fabric), ep.cfg, srv, std::move(peer_name));
              }
-             return PyConnection{e.engine, conn};
+             return PyConnection::make(e.engine, conn, srv == nullptr);
            },
            py::arg("endpoint"), py::arg("peer_blob"), py::arg("server"), py::arg("peer_name"));
 }
@@ -377,7 +398,7 @@ PYBIND11_MODULE(_core, m) {
              auto fabric = std::make_unique<ShmFabric>(std::move(ep.ep), std::move(p), std::move(sock),
                                                        e.engine->pool(), &e.engine->copier());
              auto conn = e.engine->attach(std::move(fabric), ep.cfg, srv, std::move(peer_name));
-             return PyConnection{e.engine, conn};
+             return PyConnection::make(e.engine, conn, srv == nullptr);
            },
            py::arg("endpoint"), py::arg("peer"), py::arg("sock_fd"), py::arg("server"),
            py::arg("peer_name"))
@@ -387,17 +408,38 @@ PYBIND11_MODULE(_core, m) {
       });
 
   py::class_<PyConnection>(m, "Connection")
-      .def_property_readonly("transport", [](PyConnection& c) { return std::string(c.conn->fabric().name()); })
-      .def_property_readonly("alive", [](PyConnection& c) { return c.conn->alive(); })
-      .def_property_readonly("error", [](PyConnection& c) { return c.conn->error(); })
-      .def_property_readonly("peer", [](PyConnection& c) { return c.conn->peer_name(); })
-      .def("close", [](PyConnection& c) {
-        NoGil nogil;
-        c.conn->fail(kCancelled, "Channel closed!");
+      .def_property_readonly("transport", [](PyConnection& c) { return c.transport; })
+      .def_property_readonly("alive", [](PyConnection& c) {
+        auto conn = c.get();
+        return conn && conn->alive();
       })
+      .def_property_readonly("error", [](PyConnection& c) {
+        auto conn = c.get();
+        return conn ? conn->error() : std::string("argrpc: connection is closed");
+      })
+      .def_property_readonly("peer", [](PyConnection& c) { return c.peer; })
+      .def("close", [](PyConnection& c) {
+        auto conn = c.get();
+        if (!conn) return;
+        NoGil nogil;
+        conn->fail(kCancelled, "Channel closed!");
+      })
+      // Remote-access probes for tests/verbs; not part of the facade.
+      .def("_probe_last_rts", [](PyConnection& c) {
+        uint64_t len = 0;
+        const RemoteRef r = c.need()->probe_last_rts(&len);
+        return py::make_tuple(r.addr, r.key, len);
+      })
+      .def("_probe_read", [](PyConnection& c, uint64_t addr, uint32_t key, size_t len,
+                             double timeout) {
+        auto conn = c.need();
+        NoGil nogil;
+        return conn->probe_read(RemoteRef{addr, key}, len, timeout);
+      }, py::arg("addr"), py::arg("key"), py::arg("length"), py::arg("timeout"))
       .def("unary",
            [](PyConnection& c, const std::string& method, py::object md, py::object timeout,
               py::object request) {
+             auto conn = c.need();
              Metadata meta = to_metadata(md);
              const double t = timeout_arg(timeout);
              BufferView req(request);
@@ -406,9 +448,9 @@ PYBIND11_MODULE(_core, m) {
              bool got = false;
              {
                NoGil nogil;
-               s = c.conn->start_call(method, meta, t, false);
-               if (c.conn->send(s, req.data(), req.size(), true)) got = c.conn->recv(s, &resp);
-               c.conn->wait_end(s, Deadline::never());
+               s = conn->start_call(method, meta, t, false);
+               if (conn->send(s, req.data(), req.size(), true)) got = conn->recv(s, &resp);
+               conn->wait_end(s, Deadline::never());
              }
              py::object response = got ? to_python(std::move(resp)) : py::none();
              Metadata initial, trailing;
@@ -427,12 +469,13 @@ PYBIND11_MODULE(_core, m) {
            py::arg("method"), py::arg("metadata"), py::arg("timeout"), py::arg("request"))
       .def("start_call",
            [](PyConnection& c, const std::string& method, py::object md, py::object timeout) {
+             auto conn = c.need();
              Metadata meta = to_metadata(md);
              const double t = timeout_arg(timeout);
              std::shared_ptr<Stream> s;
              {
                NoGil nogil;
-               s = c.conn->start_call(method, meta, t, true);
+               s = conn->start_call(method, meta, t, true);
              }
              return std::make_unique<PyClientCall>(c.engine, s);
            },

@@ -3,8 +3,10 @@
 #include <sched.h>
 #include <unistd.h>
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <limits>
+#include <thread>
 
 #include "common/spin.h"
 #include "common/status.h"
@@ -49,7 +51,11 @@ Connection::Connection(Engine* engine, std::unique_ptr<Fabric> fabric, const Con
   last_heard_us_.store(now_us(), std::memory_order_relaxed);
 }
 
-Connection::~Connection() { fabric_->shutdown(); }
+Connection::~Connection() {
+  fabric_->shutdown();
+  // The QPs go before the blocks they may still be reading into return to the pool.
+  fabric_.reset();
+}
 
 std::string Connection::error() const {
   std::lock_guard<std::mutex> g(err_mu_);
@@ -223,6 +229,11 @@ bool Connection::handle_frame(const FrameHead& h, const uint8_t* p) {
       pull->len = b.length;
       pull->src = RemoteRef{b.addr, b.key};
       pull->stream = s;
+      {
+        std::lock_guard<std::mutex> g(probe_mu_);
+        last_rts_ = pull->src;
+        last_rts_len_ = b.length;
+      }
       bool start = false, refuse = false;
       {
         std::lock_guard<std::mutex> g(s->mu);
@@ -250,6 +261,7 @@ bool Connection::handle_frame(const FrameHead& h, const uint8_t* p) {
         protocol_error("FIN for a rendezvous that was never announced");
         return false;
       }
+      fabric_->unexpose(it->second);
       exposed_.erase(it);
       return true;
     }
@@ -400,7 +412,11 @@ void Connection::post_reads(const std::shared_ptr<Pull>& p) {
 
 void Connection::on_read_done(uint64_t wr_id) {
   auto it = reads_.find(wr_id);
-  if (it == reads_.end()) return;
+  if (it == reads_.end()) {
+    std::lock_guard<std::mutex> g(probe_mu_);
+    if (probe_reads_.erase(wr_id)) probe_done_.insert(wr_id);
+    return;
+  }
   Read rd = std::move(it->second);
   reads_.erase(it);
   auto& p = rd.pull;
@@ -419,6 +435,40 @@ void Connection::on_read_done(uint64_t wr_id) {
       s->notify_locked();
     }
   }
+}
+
+RemoteRef Connection::probe_last_rts(uint64_t* len) {
+  std::lock_guard<std::mutex> g(probe_mu_);
+  *len = last_rts_len_;
+  return last_rts_;
+}
+
+std::string Connection::probe_read(const RemoteRef& src, size_t len, double timeout) {
+  uint64_t wr;
+  {
+    std::lock_guard<std::mutex> g(poll_mu_);
+    if (!alive()) return error();
+    uint8_t* dst;
+    {
+      std::lock_guard<std::mutex> p(probe_mu_);
+      probe_bufs_.emplace_back(new uint8_t[len ? len : 1]);
+      dst = probe_bufs_.back().get();
+      wr = next_wr_++;
+      probe_reads_.insert(wr);
+    }
+    if (!fabric_->read(dst, src, len, wr)) return "refused locally: outside the peer's pool";
+  }
+  const Deadline dl = Deadline::after_seconds(timeout);
+  while (!dl.expired()) {
+    progress();
+    {
+      std::lock_guard<std::mutex> g(probe_mu_);
+      if (probe_done_.erase(wr)) return "";
+    }
+    if (!alive()) return error();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return "timed out";
 }
 
 void Connection::start_queued_pulls() {
@@ -546,6 +596,7 @@ bool Connection::submit(const std::shared_ptr<Stream>& sp, const Outgoing& o) {
   if (!alive()) return false;
   const bool eager = o.has_msg && o.msg_len + kFrameHeader <= cfg_.acc_size;
   uint64_t rdv = 0;
+  bool rts_queued = false;
   RemoteRef ref;
   bool client_headers = false, server_headers = false;
   {
@@ -632,6 +683,7 @@ bool Connection::submit(const std::shared_ptr<Stream>& sp, const Outgoing& o) {
   }
   if (ok && o.has_msg && !eager) {
     ok = frame_begin_locked(kRts, s.id, 32);
+    rts_queued = ok;
     if (ok) {
       Writer w(&batch_);
       w.u64(rdv);
@@ -658,8 +710,20 @@ bool Connection::submit(const std::shared_ptr<Stream>& sp, const Outgoing& o) {
   // Coalescing across threads: if another sender is queued on the lock, leave the
   // batch to it; the last one in line always flushes.
   if (ok && appenders_.load(std::memory_order_seq_cst) == 0) ok = flush_locked();
-  else if (!ok) batch_.clear();
+  // An oversized metadata frame was refused before it was appended: what is in the
+  // batch are whole frames, other senders' among them, and they still go out.
+  else if (!ok && alive()) flush_locked();
   lk.unlock();
+  if (!eager && rdv != 0 && (!rts_queued || !alive())) {
+    // The RTS never went out, or fail() swept exposed_ before this block was added:
+    // nobody will FIN it.
+    std::lock_guard<std::mutex> g(exposed_mu_);
+    auto it = exposed_.find(rdv);
+    if (it != exposed_.end()) {
+      fabric_->unexpose(it->second);
+      exposed_.erase(it);
+    }
+  }
   if (ctrl_pending_.load(std::memory_order_seq_cst)) try_flush_ctrl();
   if (!ok && alive()) {
     // Only an oversized header/trailer frame gets here with the connection alive.
@@ -784,6 +848,7 @@ void Connection::protocol_error(const std::string& what) {
 
 void Connection::fail(uint32_t code, const std::string& why) {
   if (dead_.exchange(true)) return;
+  const auto self = shared_from_this();  // detach() below may drop the engine's reference
   {
     std::lock_guard<std::mutex> g(err_mu_);
     error_ = why;
@@ -802,6 +867,10 @@ void Connection::fail(uint32_t code, const std::string& why) {
   {
     std::lock_guard<std::mutex> g(exposed_mu_);
     exposed_.clear();
+  }
+  {
+    std::lock_guard<std::mutex> g(pullq_mu_);
+    pullq_.clear();
   }
   engine_->detach(this);
 }

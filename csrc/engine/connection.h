@@ -5,6 +5,7 @@
 #pragma once
 #include <atomic>
 #include <memory>
+#include <set>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -82,6 +83,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool wait_initial_metadata(const std::shared_ptr<Stream>& s);
   // Waits for the end of the call or `limit`; true if ended.
   bool wait_end(const std::shared_ptr<Stream>& s, const Deadline& limit);
+
+  // Probes for the remote-access tests (tests/verbs): what the last RTS received
+  // announced, and a READ of arbitrary peer memory as a hostile peer would issue it.
+  // "" when the read completed, else why it did not (the connection's error once the
+  // fabric failed it).
+  RemoteRef probe_last_rts(uint64_t* len);
+  std::string probe_read(const RemoteRef& src, size_t len, double timeout);
 
  private:
   template <class Pred>
@@ -163,6 +171,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<uint64_t> leased_bytes_{0};  // peer memory held through views
   std::mutex pullq_mu_;
   std::vector<std::shared_ptr<Pull>> pullq_;
+
+  std::mutex probe_mu_;
+  RemoteRef last_rts_;
+  uint64_t last_rts_len_ = 0;
+  std::set<uint64_t> probe_reads_, probe_done_;
+  std::vector<std::unique_ptr<uint8_t[]>> probe_bufs_;  // outlive the fabric's reads
 };
 
 }  // namespace argrpc

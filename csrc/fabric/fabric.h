@@ -42,8 +42,10 @@ class Fabric {
   // serialises calls.
   virtual bool write_imm(const void* src, uint32_t len, size_t remote_off) = 0;
 
-  // Makes a local pool block readable by the peer until the peer's FIN.
+  // Makes a local pool block readable by the peer until the peer's FIN; unexpose()
+  // (at the FIN, or when the RTS never went out) ends that access.
   virtual RemoteRef expose(const Block& b) = 0;
+  virtual void unexpose(const Block& b) {}
   // Reads len bytes of announced peer memory into dst; a kReadDone completion with
   // wr_id follows. False if the reference is outside what the peer may announce.
   virtual bool read(void* dst, const RemoteRef& src, size_t len, uint64_t wr_id) = 0;

@@ -7,6 +7,8 @@
 Prints "PORT <n>" once serving. Reads commands on stdin, one per line:
     stop <grace|none>   server.stop(grace) and wait; prints "STOPPED"
     resources           prints "RESOURCES <json>"
+    pool                prints "POOL <json>": the argrpc engine's pool_stats() plus
+                        "connections" (engine.connection_count), or {} with no engine
 End of stdin stops the server (grace 1 s), shuts the executor down and prints
 "REPORT <json>" with resource snapshots taken before the server existed, after start and
 after shutdown, plus every handler observation (see servicer.Observations), then exits. A setup failure prints "ERROR <type>: <message>" and exits 2.
@@ -116,6 +118,19 @@ def _shutdown_executor(executor: futures.ThreadPoolExecutor, timeout: float = 20
     return not t.is_alive()
 
 
+def _pool_report(stack: str) -> dict[str, Any]:
+    """The argrpc engine's pool stats and connection count ({} for grpc or no engine)."""
+    if stack != "argrpc":
+        return {}
+    from argrpc import _engine
+    engine = _engine.peek_engine()
+    if engine is None:
+        return {}
+    report = dict(engine.pool_stats())
+    report["connections"] = engine.connection_count
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     stub_dir = args.stubs or stubs.generate(tempfile.mkdtemp(prefix="echo-stubs-"))
@@ -159,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
             _emit(f"STOPPED {json.dumps(stop_ok)}")
         elif words[0] == "resources":
             _emit("RESOURCES " + json.dumps(resources.snapshot()))
+        elif words[0] == "pool":
+            _emit("POOL " + json.dumps(_pool_report(args.stack)))
         else:
             _emit(f"UNKNOWN {words[0]}")
 

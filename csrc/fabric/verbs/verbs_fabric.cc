@@ -6,6 +6,8 @@
 #include <sys/resource.h>
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
@@ -30,7 +32,7 @@ constexpr int kCreditInflight = 4;
 constexpr size_t kFirstPoolPrefix = 16 * MiB;
 
 // wr_id = tag << 56 | value (the engine's read id for kTagRead).
-enum Tag : uint64_t { kTagRecv = 1, kTagEager = 2, kTagCredit = 3, kTagRead = 4 };
+enum Tag : uint64_t { kTagRecv = 1, kTagEager = 2, kTagCredit = 3, kTagRead = 4, kTagBind = 5 };
 constexpr uint64_t tag_id(Tag t, uint64_t v = 0) { return (uint64_t(t) << 56) | v; }
 constexpr Tag tag_of(uint64_t id) { return static_cast<Tag>(id >> 56); }
 constexpr uint64_t value_of(uint64_t id) { return id & ((uint64_t(1) << 56) - 1); }
@@ -73,6 +75,7 @@ const char* tag_name(Tag t) {
     case kTagEager: return "RDMA WRITE_WITH_IMM (eager batch)";
     case kTagCredit: return "RDMA WRITE (ring credits)";
     case kTagRead: return "RDMA READ (rendezvous)";
+    case kTagBind: return "memory window bind";
   }
   return "unknown work request";
 }
@@ -126,6 +129,11 @@ VerbsDomain::VerbsDomain(const Selection& sel, std::shared_ptr<Pool> pool) : poo
   if (a.query_device(ctx_.get(), &attr_) != 0) throw CoreError(errno_text("ibv_query_device"));
   pd_.reset(a.alloc_pd(ctx_.get()));
   if (!pd_) throw CoreError(errno_text("ibv_alloc_pd(" + sel.device + ")"));
+  const char* no_windows = std::getenv("ARGRPC_VERBS_NO_WINDOWS");
+  windows_ = (attr_.device_cap_flags & IBV_DEVICE_MEM_WINDOW) && !(no_windows && *no_windows);
+  if (!windows_)
+    std::fprintf(stderr, "argrpc: %s has no memory windows: its whole registered pool is "
+                         "remotely readable by connected peers\n", sel.device.c_str());
   // Register the first prefix now so a too-low memlock limit is a set-up error with
   // the reason, not a failure in the middle of a call.
   std::string why;
@@ -136,7 +144,8 @@ VerbsDomain::VerbsDomain(const Selection& sel, std::shared_ptr<Pool> pool) : poo
 uint64_t VerbsDomain::pool_addr() const { return reinterpret_cast<uintptr_t>(pool_->base()); }
 size_t VerbsDomain::pool_size() const { return pool_->capacity(); }
 
-bool VerbsDomain::pool_keys(const void* p, size_t len, uint32_t* lkey, uint32_t* rkey, std::string* why) {
+bool VerbsDomain::pool_keys(const void* p, size_t len, uint32_t* lkey, uint32_t* rkey, std::string* why,
+                            ibv_mr** mr_out) {
   const uintptr_t base = reinterpret_cast<uintptr_t>(pool_->base());
   const size_t cap = pool_->capacity();
   const uintptr_t at = reinterpret_cast<uintptr_t>(p);
@@ -151,8 +160,10 @@ bool VerbsDomain::pool_keys(const void* p, size_t len, uint32_t* lkey, uint32_t*
     size_t want = pool_mrs_.empty() ? std::min(kFirstPoolPrefix, cap) : pool_mrs_.back()->length;
     while (want < end) want *= 2;
     want = std::min(want, cap);
-    // LOCAL_WRITE: the pool is also where rendezvous READs land.
-    Mr mr(api()->reg_mr(pd_.get(), pool_->base(), want, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ));
+    // LOCAL_WRITE: the pool is also where rendezvous READs land. Remote rights come
+    // from the windows bound over it, one per announced block.
+    const int remote = windows_ ? IBV_ACCESS_MW_BIND : IBV_ACCESS_REMOTE_READ;
+    Mr mr(api()->reg_mr(pd_.get(), pool_->base(), want, IBV_ACCESS_LOCAL_WRITE | remote));
     if (!mr) {
       if (why) *why = reg_mr_error("pool", want);
       return false;
@@ -161,7 +172,8 @@ bool VerbsDomain::pool_keys(const void* p, size_t len, uint32_t* lkey, uint32_t*
   }
   // The newest prefix is the largest and covers everything.
   if (lkey) *lkey = pool_mrs_.back()->lkey;
-  if (rkey) *rkey = pool_mrs_.back()->rkey;
+  if (rkey) *rkey = windows_ ? 0 : pool_mrs_.back()->rkey;
+  if (mr_out) *mr_out = pool_mrs_.back().get();
   return true;
 }
 
@@ -416,7 +428,7 @@ bool VerbsFabric::submit_locked(int qp, ibv_send_wr& wr, ibv_sge& sge) {
 }
 
 void VerbsFabric::drain_locked() {
-  if (queued_.empty()) return;
+  if (queued_.empty() || shut_.load()) return;
   std::deque<Queued> rest;
   std::vector<bool> blocked(static_cast<size_t>(nqp_), false);
   for (auto& q : queued_) {
@@ -425,15 +437,27 @@ void VerbsFabric::drain_locked() {
       rest.push_back(q);
       continue;
     }
-    q.wr.sg_list = q.wr.num_sge ? &q.sge : nullptr;
-    q.wr.next = nullptr;
-    ibv_send_wr* bad = nullptr;
-    if (int rc = ibv_post_send(ep_->qps_[q.qp].get(), &q.wr, &bad)) {
-      set_error(std::string("ibv_post_send(") + tag_name(tag_of(q.wr.wr_id)) + ") failed: " + std::strerror(rc));
-      fail_pending_.store(true);
-      blocked[q.qp] = true;
-      rest.push_back(q);
-      continue;
+    if (q.mw) {
+      const int rc = ibv_bind_mw(ep_->qps_[q.qp].get(), q.mw, &q.bind);
+      if (rc || q.mw->rkey != q.rkey) {
+        set_error(rc ? std::string("ibv_bind_mw failed: ") + std::strerror(rc)
+                     : std::string("ibv_bind_mw gave an rkey other than the one announced"));
+        fail_pending_.store(true);
+        blocked[q.qp] = true;
+        rest.push_back(q);
+        continue;
+      }
+    } else {
+      q.wr.sg_list = q.wr.num_sge ? &q.sge : nullptr;
+      q.wr.next = nullptr;
+      ibv_send_wr* bad = nullptr;
+      if (int rc = ibv_post_send(ep_->qps_[q.qp].get(), &q.wr, &bad)) {
+        set_error(std::string("ibv_post_send(") + tag_name(tag_of(q.wr.wr_id)) + ") failed: " + std::strerror(rc));
+        fail_pending_.store(true);
+        blocked[q.qp] = true;
+        rest.push_back(q);
+        continue;
+      }
     }
     --sq_free_[q.qp];
     --queued_on_[q.qp];
@@ -469,14 +493,87 @@ bool VerbsFabric::write_imm(const void* src, uint32_t len, size_t remote_off) {
 
 RemoteRef VerbsFabric::expose(const Block& b) {
   uint32_t rkey = 0;
+  ibv_mr* mr = nullptr;
   std::string why;
-  if (!ep_->dom_->pool_keys(b.data(), b.size(), nullptr, &rkey, &why)) {
-    // The interface cannot fail here: the next poll() fails the connection with why.
+  // The interface cannot fail here: on error the next poll() fails the connection.
+  if (!ep_->dom_->pool_keys(b.data(), b.size(), nullptr, &rkey, &why, &mr)) {
     set_error(why);
     fail_pending_.store(true);
     return RemoteRef{0, 0};
   }
-  return RemoteRef{reinterpret_cast<uintptr_t>(b.data()), rkey};
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(b.data());
+  if (!ep_->dom_->windows()) return RemoteRef{addr, rkey};
+  std::lock_guard<std::mutex> g(sq_mu_);
+  if (shut_.load()) return RemoteRef{0, 0};
+  size_t idx;
+  if (!free_windows_.empty()) {
+    idx = free_windows_.back();
+    free_windows_.pop_back();
+  } else {
+    Mw mw(ibv_alloc_mw(ep_->dom_->pd(), IBV_MW_TYPE_1));
+    if (!mw) {
+      set_error(errno_text("ibv_alloc_mw(type 1) for an announced block"));
+      fail_pending_.store(true);
+      return RemoteRef{0, 0};
+    }
+    const uint32_t k = mw->rkey;
+    windows_.push_back(Window{std::move(mw), k});
+    idx = windows_.size() - 1;
+  }
+  if (!bind_locked(windows_[idx], mr, b.data(), b.size())) {
+    free_windows_.push_back(idx);
+    return RemoteRef{0, 0};
+  }
+  bound_[addr] = idx;
+  return RemoteRef{addr, windows_[idx].rkey};
+}
+
+void VerbsFabric::unexpose(const Block& b) {
+  if (!ep_->dom_->windows()) return;
+  std::lock_guard<std::mutex> g(sq_mu_);
+  auto it = bound_.find(reinterpret_cast<uintptr_t>(b.data()));
+  if (it == bound_.end() || shut_.load()) return;
+  const size_t idx = it->second;
+  bound_.erase(it);
+  // A zero-length bind invalidates the window (and its rkey); a later bind of the
+  // same window comes after it on QP 0's send queue.
+  ibv_mr* mr = nullptr;
+  if (ep_->dom_->pool_keys(b.data(), b.size(), nullptr, nullptr, nullptr, &mr) &&
+      bind_locked(windows_[idx], mr, b.data(), 0))
+    free_windows_.push_back(idx);
+}
+
+// Binds on QP 0, the queue that also carries the RTS: the send queue runs in order, so
+// the window is in place before the peer can learn its rkey.
+bool VerbsFabric::bind_locked(Window& w, ibv_mr* mr, const void* addr, size_t len) {
+  ibv_mw_bind mb{};
+  mb.wr_id = tag_id(kTagBind);
+  mb.send_flags = IBV_SEND_SIGNALED;
+  mb.bind_info.mr = mr;
+  mb.bind_info.addr = reinterpret_cast<uintptr_t>(addr);
+  mb.bind_info.length = len;
+  mb.bind_info.mw_access_flags = len ? IBV_ACCESS_REMOTE_READ : 0;
+  // Providers give each bind ibv_inc_rkey of the window's current rkey.
+  const uint32_t next = ibv_inc_rkey(w.rkey);
+  if (sq_free_[0] > 0 && queued_on_[0] == 0) {
+    if (int rc = ibv_bind_mw(ep_->qps_[0].get(), w.mw.get(), &mb)) {
+      set_error(std::string("ibv_bind_mw failed: ") + std::strerror(rc));
+      fail_pending_.store(true);
+      return false;
+    }
+    --sq_free_[0];
+    w.rkey = w.mw->rkey;
+    return true;
+  }
+  Queued q{};
+  q.qp = 0;
+  q.mw = w.mw.get();
+  q.bind = mb;
+  q.rkey = next;
+  queued_.push_back(q);
+  ++queued_on_[0];
+  w.rkey = next;
+  return true;
 }
 
 bool VerbsFabric::read(void* dst, const RemoteRef& src, size_t len, uint64_t wr_id) {
@@ -688,6 +785,13 @@ void VerbsFabric::shutdown() {
     at.qp_state = IBV_QPS_ERR;
     api()->modify_qp(qp.get(), &at, IBV_QP_STATE);
   }
+  // Windows are per PD, not per QP: deallocating them is what ends remote access to
+  // blocks the engine is about to return to the pool.
+  std::lock_guard<std::mutex> g(sq_mu_);
+  queued_.clear();
+  bound_.clear();
+  free_windows_.clear();
+  windows_.clear();
 }
 
 }  // namespace verbs

@@ -8,8 +8,12 @@
 // One CQ and one completion channel per connection: wait_fd() is the channel's fd,
 // arm() is ibv_req_notify_cq + a re-poll. Per engine and device (VerbsDomain): the
 // device context, the PD and the pool's registrations, shared by every connection.
-// Remote access: the ring and mailbox are remote-writable (QP 0 only), the pool is
-// remote-readable; nothing else is registered for remote access.
+// Remote access: the ring and mailbox are remote-writable (QP 0 only). The pool has no
+// remote rights of its own: each block announced in an RTS gets a type 1 memory window
+// (remote read of exactly that block, a fresh rkey per bind), bound on QP 0 before the
+// RTS is written on QP 0 and unbound at the FIN; a failed connection deallocates its
+// windows. A device without memory windows falls back to a remote-readable pool, which
+// the set-up log and `argrpc doctor` say.
 #pragma once
 #include <atomic>
 #include <deque>
@@ -39,12 +43,15 @@ struct MrDel { void operator()(ibv_mr* p) const { api()->dereg_mr(p); } };
 struct CqDel { void operator()(ibv_cq* p) const { api()->destroy_cq(p); } };
 struct ChanDel { void operator()(ibv_comp_channel* p) const { api()->destroy_comp_channel(p); } };
 struct QpDel { void operator()(ibv_qp* p) const { api()->destroy_qp(p); } };
+// ibv_dealloc_mw is an inline dispatch through the context's ops: no symbol needed.
+struct MwDel { void operator()(ibv_mw* p) const { ibv_dealloc_mw(p); } };
 using Ctx = std::unique_ptr<ibv_context, CtxDel>;
 using Pd = std::unique_ptr<ibv_pd, PdDel>;
 using Mr = std::unique_ptr<ibv_mr, MrDel>;
 using Cq = std::unique_ptr<ibv_cq, CqDel>;
 using Chan = std::unique_ptr<ibv_comp_channel, ChanDel>;
 using Qp = std::unique_ptr<ibv_qp, QpDel>;
+using Mw = std::unique_ptr<ibv_mw, MwDel>;
 
 // "ibv_reg_mr(what, n bytes): <errno>; the locked-memory limit (ulimit -l) is ..."
 std::string reg_mr_error(const std::string& what, size_t len);
@@ -64,13 +71,18 @@ class VerbsDomain {
   // sparse 1 GiB pool does not pin 1 GiB up front; older prefixes stay registered
   // because their rkeys may be announced. False (why set) if [p, p+len) is not pool
   // memory or registration failed.
-  bool pool_keys(const void* p, size_t len, uint32_t* lkey, uint32_t* rkey, std::string* why);
+  bool pool_keys(const void* p, size_t len, uint32_t* lkey, uint32_t* rkey, std::string* why,
+                 ibv_mr** mr = nullptr);
+  // Blocks are exposed through memory windows (the device has type 1 windows and
+  // ARGRPC_VERBS_NO_WINDOWS is unset), so the pool registration has no remote rights.
+  bool windows() const { return windows_; }
 
  private:
   std::shared_ptr<Pool> pool_;  // outlives the registrations of its memory
   Ctx ctx_;
   Pd pd_;
   ibv_device_attr attr_{};
+  bool windows_ = false;
   std::mutex mu_;
   std::vector<Mr> pool_mrs_;
 };
@@ -116,6 +128,7 @@ class VerbsFabric final : public Fabric {
   size_t peer_stream_window() const override { return peer_window_; }
   bool write_imm(const void* src, uint32_t len, size_t remote_off) override;
   RemoteRef expose(const Block& b) override;
+  void unexpose(const Block& b) override;
   bool read(void* dst, const RemoteRef& src, size_t len, uint64_t wr_id) override;
   void publish_consumed(uint64_t bytes, uint64_t batches) override;
   void peer_consumed(uint64_t* bytes, uint64_t* batches) const override;
@@ -130,12 +143,20 @@ class VerbsFabric final : public Fabric {
   std::string error() const override;
 
  private:
-  struct Queued {  // a send WR waiting for send-queue room
+  struct Queued {  // a send WR (or a window bind, if mw) waiting for send-queue room
     int qp;
     ibv_send_wr wr;
     ibv_sge sge;
+    ibv_mw* mw = nullptr;
+    ibv_mw_bind bind{};
+    uint32_t rkey = 0;  // the rkey that bind is expected to give
+  };
+  struct Window {
+    Mw mw;
+    uint32_t rkey;  // after the last bind posted or queued
   };
   bool submit_locked(int qp, ibv_send_wr& wr, ibv_sge& sge);
+  bool bind_locked(Window& w, ibv_mr* mr, const void* addr, size_t len);
   void drain_locked();
   void post_credit_locked();
   bool translate(const ibv_wc& wc, Completion* out);
@@ -162,6 +183,9 @@ class VerbsFabric final : public Fabric {
   uint32_t rr_ = 0;
   std::unordered_map<uint64_t, uint32_t> read_parts_;  // engine wr_id -> WRs outstanding
   std::unordered_map<uint64_t, Mr> tmp_mrs_;           // reads into non-pool memory
+  std::vector<Window> windows_;                        // allocated on first need, reused
+  std::vector<size_t> free_windows_;
+  std::unordered_map<uintptr_t, size_t> bound_;        // exposed block address -> window
 
   std::mutex cq_mu_;
   std::vector<ibv_wc> early_;  // completions arm() polled; poll() hands them out first

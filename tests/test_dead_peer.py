@@ -1,0 +1,210 @@
+"""kill -9 of a peer over shm, with real processes.
+
+Server side: a client process dies while the server has a large message exposed to it,
+mid-stream, inside a bidi call, mid-request or idle. The server keeps serving another
+client byte-exact, and its pool, connection count and fds return to the baseline.
+
+Client side: the server process dies while calls are in flight (a large held request, a
+bidi stream, a streamed response) or while the channel is idle. Every in-flight call
+ends UNAVAILABLE within DEAD_PEER_BOUND_S with a readable detail, the client's engine
+lets go of the connection and its blocks, and the same channel works again once a
+server is back on the port.
+
+The same scenarios over verbs are in tests/verbs/test_faults_verbs.py.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import grpc
+import pytest
+
+from tests.support import payload
+from tests.support.clients import UNLIMITED, UNLIMITED_SERVER_ARGS, make_channel
+from tests.support.faults import Baseline, ClientProc
+from tests.support.payload import MiB
+from tests.support.procs import ServerProcess
+from tests.support.servicer import HOLD_METHOD
+
+DEAD_PEER_BOUND_S = 2.0   # issue 5: in-flight calls end within this of the peer's death
+SETTLE_S = 10.0           # the server's resources are back within this
+ENV = {"TF_RDMA_BUF_SIZE": "512M"}
+
+# mode -> (size, count, pause, line that shows the client is where it should be killed)
+CLIENT_STATES = {
+    "hold": (64 * MiB, 1, False, "GOT"),          # zero-copy view of the server's block
+    "response": (32 * MiB, 8, True, "GOT"),       # streamed, the client stopped reading
+    "bidi": (0, 1, False, "GOT"),
+    "request": (256 * MiB, 1, False, "SENDING"),  # somewhere in a 256 MiB request
+    "idle": (0, 1, False, "DONE"),
+}
+
+
+@pytest.fixture
+def server(spawn: Callable[..., ServerProcess]) -> ServerProcess:
+    return spawn("argrpc", UNLIMITED_SERVER_ARGS, ENV)
+
+
+class Other:
+    """The client that must keep working: a channel in this process."""
+
+    def __init__(self, target: str, pb: SimpleNamespace) -> None:
+        self.pb2 = pb.pb2
+        self.channel = make_channel("argrpc", target, UNLIMITED)
+        self.stub = pb.pb2_grpc.EchoStub(self.channel)
+
+    def check(self, size: int, seed: int) -> None:
+        body = payload.make(seed, size)
+        resp = self.stub.Unary(self.pb2.EchoRequest(payload=body), timeout=60,
+                               wait_for_ready=True)
+        assert payload.sha256(resp.payload) == payload.sha256(body)
+        resp = self.stub.Unary(self.pb2.EchoRequest(response_size=size, response_seed=seed),
+                               timeout=60)
+        assert resp.payload == payload.make(seed, size)
+        assert self.channel.transport == "shm", self.channel.fallback_reason
+
+
+@pytest.mark.parametrize("mode", list(CLIENT_STATES))
+def test_client_killed_server_serves_and_frees(mode: str, server: ServerProcess,
+                                               stubs_dir: str, pb: SimpleNamespace) -> None:
+    other = Other(server.target, pb)
+    victim = None
+    try:
+        other.check(payload.CHUNK_SIZE + 1, 1)  # the server's pool exists before the baseline
+        base = Baseline(server)
+        size, count, pause, marker = CLIENT_STATES[mode]
+        victim = ClientProc(server.target, stubs_dir, mode, size, ENV, count, pause)
+        assert victim.ready_transport(60) == "shm", victim.stderr_tail()
+        assert victim.wait_line(marker, 120), f"{victim.lines} {victim.stderr_tail()}"
+        assert victim.proc.poll() is None, victim.lines
+        victim.kill()
+
+        other.check(2 * payload.CHUNK_SIZE + 5, 2)
+        problems, took = base.problems(SETTLE_S)
+        assert not problems, f"after kill -9 of a client ({mode}), within {took:.1f}s: {problems}"
+        other.check(3, 3)
+        assert server.alive()
+    finally:
+        if victim is not None:
+            victim.kill()
+        other.channel.close()
+
+
+def _client_engine() -> Any:
+    from argrpc import _engine
+    return _engine.peek_engine()
+
+
+def _in_flight(stub: Any, pb2: Any, kind: str, channel: Any) -> Callable[[], Any]:
+    """Starts a call of `kind`; returns a function that waits for its end and gives
+    (code, details)."""
+    if kind == "held_request":
+        fut = channel.unary_unary(HOLD_METHOD, request_serializer=None,
+                                  response_deserializer=None).future(
+            payload.make(4, 64 * MiB), timeout=120, metadata=(("x-hold-ms", "60000"),))
+    elif kind == "bidi":
+        gate = threading.Event()
+
+        def requests() -> Any:
+            yield pb2.EchoRequest(payload=b"x" * 100)
+            gate.wait(120)
+
+        fut = stub.Bidi(requests(), timeout=120)
+        next(fut)
+    else:  # streamed responses, 32 MiB each, the first one received
+        fut = stub.ServerStream(pb2.EchoRequest(response_count=100, response_size=32 * MiB,
+                                                response_seed=5, sleep_ms=200), timeout=120)
+        next(fut)
+
+    def outcome() -> tuple[Any, str]:
+        try:
+            if kind == "held_request":
+                fut.result(timeout=60)
+            else:
+                for _ in fut:
+                    pass
+            return grpc.StatusCode.OK, ""
+        except grpc.RpcError as e:
+            return e.code(), e.details() or ""
+    return outcome
+
+
+def _warm_channel(server: ServerProcess, pb: SimpleNamespace) -> tuple[Any, Any]:
+    """An argrpc channel to `server` that has made one call over shm, and its stub."""
+    channel = make_channel("argrpc", server.target, UNLIMITED)
+    stub = pb.pb2_grpc.EchoStub(channel)
+    assert stub.Unary(pb.pb2.EchoRequest(payload=b"w"), timeout=30,
+                      wait_for_ready=True).payload == b"w"
+    assert channel.transport == "shm", channel.fallback_reason
+    return channel, stub
+
+
+def test_server_killed_calls_end_and_channel_recovers(spawn: Callable[..., ServerProcess],
+                                                      pb: SimpleNamespace) -> None:
+    server = spawn("argrpc", UNLIMITED_SERVER_ARGS, ENV)
+    channel, stub = _warm_channel(server, pb)
+    try:
+        kinds = ["held_request", "bidi", "stream"]
+        waits = [_in_flight(stub, pb.pb2, k, channel) for k in kinds]
+        time.sleep(0.5)  # the held request is with the server's handler by now
+        results: dict[str, Any] = {}
+        threads = [threading.Thread(target=lambda k=k, w=w: results.__setitem__(
+            k, (*w(), time.monotonic())), daemon=True) for k, w in zip(kinds, waits)]
+        for t in threads:
+            t.start()
+        port = server.port
+        server.proc.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        server.proc.wait(timeout=30)
+        for t in threads:
+            t.join(DEAD_PEER_BOUND_S + 30)
+        for kind in kinds:
+            assert kind in results, f"{kind}: the call did not end after kill -9 of the server"
+            code, details, end = results[kind]
+            assert code == grpc.StatusCode.UNAVAILABLE, (kind, code, details)
+            assert len(details) >= 8, (kind, details)
+            assert end - killed <= DEAD_PEER_BOUND_S, f"{kind}: {end - killed:.2f}s ({details})"
+
+        engine = _client_engine()
+        deadline = time.monotonic() + SETTLE_S
+        while (engine.connection_count or engine.pool_stats()["in_use"]) and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.connection_count == 0
+        assert engine.pool_stats()["in_use"] == 0, engine.pool_stats()
+
+        again = spawn("argrpc", (*UNLIMITED_SERVER_ARGS, "--port", str(port)), ENV)
+        body = payload.make(6, 3 * payload.CHUNK_SIZE + 7)
+        resp = stub.Unary(pb.pb2.EchoRequest(payload=body), timeout=60, wait_for_ready=True)
+        assert payload.sha256(resp.payload) == payload.sha256(body)
+        assert channel.transport == "shm", channel.fallback_reason
+        again.kill()
+    finally:
+        channel.close()
+        server.kill()
+
+
+def test_server_killed_while_idle_next_call_recovers(spawn: Callable[..., ServerProcess],
+                                                     pb: SimpleNamespace) -> None:
+    server = spawn("argrpc", UNLIMITED_SERVER_ARGS, ENV)
+    channel, stub = _warm_channel(server, pb)
+    try:
+        port = server.port
+        server.kill()
+        engine = _client_engine()
+        deadline = time.monotonic() + DEAD_PEER_BOUND_S
+        while engine.connection_count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert engine.connection_count == 0, "the idle connection outlived its dead peer"
+        again = spawn("argrpc", (*UNLIMITED_SERVER_ARGS, "--port", str(port)), ENV)
+        resp = stub.Unary(pb.pb2.EchoRequest(payload=b"back"), timeout=60, wait_for_ready=True)
+        assert resp.payload == b"back"
+        assert channel.transport == "shm", channel.fallback_reason
+        again.kill()
+    finally:
+        channel.close()
+        server.kill()
