@@ -28,7 +28,7 @@ from argrpc._config import Config, conn_config
 from argrpc._engine import EngineUnavailable, core_module, get_engine
 from argrpc._handshake import (IO_TIMEOUT, SECRET_LEN, SECRET_TTL, HandshakeError, SecretStore,
                                ShmAcceptor, client_handshake)
-from argrpc._host import HostIdentity, local_identity, same_host_reason
+from argrpc._host import HostIdentity, local_identity, same_host_reason, target_is_local
 
 __all__ = ["BOOTSTRAP_METHOD", "FastPathListener", "Negotiation", "client_offer", "negotiate",
            "verbs_probe"]
@@ -126,9 +126,14 @@ def _fallback(cfg: Config, reason: str, retryable: bool = False) -> Negotiation:
 
 
 def negotiate(grpc_channel: grpc.Channel, cfg: Config, max_recv: int, timeout: float | None,
-              wait_for_ready: bool = False, secure: bool = False) -> Negotiation:
-    """Pick the transport for a channel. Never raises: failures fall back to gRPC."""
-    result = _negotiate(grpc_channel, cfg, max_recv, timeout, wait_for_ready, secure)
+              wait_for_ready: bool = False, secure: bool = False, target: str = ""
+              ) -> Negotiation:
+    """Pick the transport for a channel. Never raises: failures fall back to gRPC.
+
+    `target` (the channel's) lets auto mode skip creating a verbs endpoint (QPs, a
+    completion channel) for a server on this host, where shared memory wins: verbs is
+    offered only if that server then declines shm (another network namespace)."""
+    result = _negotiate(grpc_channel, cfg, max_recv, timeout, wait_for_ready, secure, target)
     if result.transport != "grpc":
         log.debug("argrpc: channel uses %s", result.transport)
     else:
@@ -156,7 +161,7 @@ def _prepare_verbs(cfg: Config, max_recv: int) -> _VerbsOffer:
 
 
 def _negotiate(grpc_channel: grpc.Channel, cfg: Config, max_recv: int, timeout: float | None,
-               wait_for_ready: bool, secure: bool) -> Negotiation:
+               wait_for_ready: bool, secure: bool, target: str) -> Negotiation:
     if not cfg.enabled:
         return _fallback(cfg, "TF_RDMA_ENABLED=false")
     if secure and not cfg.over_tls:
@@ -164,16 +169,36 @@ def _negotiate(grpc_channel: grpc.Channel, cfg: Config, max_recv: int, timeout: 
                               "encrypted; set TF_RDMA_OVER_TLS=true to allow them")
     if cfg.transport == "grpc":
         return _fallback(cfg, "TF_RDMA_TRANSPORT=grpc")
+    if cfg.transport == "auto" and target and target_is_local(target):
+        # Shared memory first, without a verbs endpoint; verbs only if this host has a
+        # device and the server declines shm (it runs in another network namespace).
+        try:
+            verbs_probe(cfg)
+        except VerbsUnavailable as e:
+            return _ask(grpc_channel, cfg, max_recv, timeout, wait_for_ready, str(e))[0]
+        first, declined = _ask(grpc_channel, cfg, max_recv, timeout, wait_for_ready,
+                               "not offered first: the target is on this host")
+        if not declined:
+            return first
+    return _ask(grpc_channel, cfg, max_recv, timeout, wait_for_ready)[0]
+
+
+def _ask(grpc_channel: grpc.Channel, cfg: Config, max_recv: int, timeout: float | None,
+         wait_for_ready: bool, no_verbs: str = "") -> tuple[Negotiation, bool]:
+    """One bootstrap RPC, offering verbs unless no_verbs says why not; also whether the
+    server answered and declined."""
     request = _proto.NegotiateRequest(version=PROTOCOL_VERSION)
     if cfg.transport in ("auto", "shm"):
         request.transports.append("shm")
     verbs: _VerbsOffer | None = None
-    if cfg.transport in ("auto", "verbs"):
+    if no_verbs:
+        request.verbs_unavailable = no_verbs
+    elif cfg.transport in ("auto", "verbs"):
         try:
             verbs = _prepare_verbs(cfg, max_recv)
         except VerbsUnavailable as e:
             if cfg.transport == "verbs":
-                return _fallback(cfg, f"this host: {e}")
+                return _fallback(cfg, f"this host: {e}"), False
             request.verbs_unavailable = str(e)
         else:
             request.transports.append("verbs")
@@ -190,42 +215,43 @@ def _negotiate(grpc_channel: grpc.Channel, cfg: Config, max_recv: int, timeout: 
         code = e.code() if isinstance(e, grpc.Call) else None
         details = e.details() if isinstance(e, grpc.Call) else str(e)
         if code == grpc.StatusCode.UNIMPLEMENTED:
-            return _fallback(cfg, _PLAIN_SERVER_REASON)
+            return _fallback(cfg, _PLAIN_SERVER_REASON), False
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            return _fallback(cfg, f"bootstrap RPC failed: {code.name}: {details}", retryable=True)
+            return _fallback(cfg, f"bootstrap RPC failed: {code.name}: {details}",
+                             retryable=True), False
         name = code.name if code is not None else "error"
-        return _fallback(cfg, f"bootstrap RPC failed: {name}: {details}")
+        return _fallback(cfg, f"bootstrap RPC failed: {name}: {details}"), False
     except Exception as e:  # e.g. ValueError: the grpc channel was already closed
-        return _fallback(cfg, f"bootstrap RPC failed: {e}")
+        return _fallback(cfg, f"bootstrap RPC failed: {e}"), False
 
     # An endpoint the server did not pick is dropped here (its QPs never left INIT).
     if response.transport == "verbs":
-        return _attach_verbs(cfg, verbs, response)
+        return _attach_verbs(cfg, verbs, response), False
     verbs = None
     if response.transport != "shm":
         reason = response.reason or f"server declined the fast path ({response.transport!r})"
-        return _fallback(cfg, f"server: {reason}")
+        return _fallback(cfg, f"server: {reason}"), True
     if "shm" not in request.transports:
-        return _fallback(cfg, "server chose shm, which this client did not offer")
+        return _fallback(cfg, "server chose shm, which this client did not offer"), False
     offer = response.shm
     if (len(offer.secret) != SECRET_LEN or not offer.socket_name.startswith("argrpc/")
             or len(offer.socket_name.encode()) > 100 or "\0" in offer.socket_name):
-        return _fallback(cfg, "server sent a malformed shm offer")
+        return _fallback(cfg, "server sent a malformed shm offer"), False
     try:
         # After the RPC on purpose: "server is plain gRPC" is the more useful reason when
         # both apply. An unused secret just expires on the server.
         engine = get_engine(cfg)
     except Exception as e:  # EngineUnavailable or CoreError
-        return _fallback(cfg, str(e))
+        return _fallback(cfg, str(e)), False
     try:
         conn = client_handshake(offer.socket_name, offer.server_pid, offer.secret, engine,
                                 conn_config(cfg, max_recv), timeout=IO_TIMEOUT)
     except HandshakeError as e:
-        return _fallback(cfg, f"shm handshake failed: {e}")
+        return _fallback(cfg, f"shm handshake failed: {e}"), False
     except Exception as e:  # CoreError from new_shm_endpoint: still a fallback, not a crash
         log.warning("argrpc: shm handshake failed unexpectedly", exc_info=True)
-        return _fallback(cfg, f"shm handshake failed: {e}")
-    return Negotiation(transport="shm", connection=conn)
+        return _fallback(cfg, f"shm handshake failed: {e}"), False
+    return Negotiation(transport="shm", connection=conn), False
 
 
 def _attach_verbs(cfg: Config, verbs: _VerbsOffer | None, response: Any) -> Negotiation:

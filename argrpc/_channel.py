@@ -110,7 +110,7 @@ class Channel(grpc.Channel):
 
             neg = _bootstrap.negotiate(self._grpc, self._cfg, self._max_recv,
                                        timeout=neg_timeout, wait_for_ready=bool(wait_for_ready),
-                                       secure=self._secure)
+                                       secure=self._secure, target=self._target)
             transport, conn = neg.transport, neg.connection
             reason, retryable, forced = neg.reason, neg.retryable, neg.forced_error
         except Exception as e:  # noqa: BLE001 - negotiation must never break a call

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import ipaddress
 import os
 import socket
 
-__all__ = ["HostIdentity", "local_identity", "same_host_reason"]
+__all__ = ["HostIdentity", "local_identity", "same_host_reason", "target_is_local"]
 
 _BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 _NETNS_PATH = "/proc/self/ns/net"
@@ -69,3 +70,46 @@ def same_host_reason(local: HostIdentity, peer: HostIdentity) -> str:
     if local.uid != peer.uid:
         return f"different user (uid {peer.uid} vs {local.uid})"
     return ""
+
+
+def _target_host(target: str) -> str:
+    """The host part of a gRPC target ("" if there is none)."""
+    t = target.strip()
+    if t.startswith("unix:") or t.startswith("unix-abstract:"):
+        return "localhost"
+    if t.startswith("dns://"):
+        t = t[len("dns://"):].split("/", 1)[-1]  # drop the (optional) DNS authority
+    for prefix in ("dns:", "ipv4:", "ipv6:"):
+        if t.startswith(prefix):
+            t = t[len(prefix):]
+            break
+    t = t.split(",", 1)[0]  # ipv4:a:p,b:p lists: the first address is enough
+    if t.startswith("["):
+        return t[1:t.index("]")] if "]" in t else ""
+    if t.count(":") == 1:
+        return t.rsplit(":", 1)[0]
+    return t  # a bare name, or a bare IPv6 address
+
+
+def target_is_local(target: str) -> bool:
+    """Whether a gRPC target names this host: "localhost", this host's name, or an
+    address bound here. No DNS lookup is made for other names (they count as remote)."""
+    host = _target_host(target)
+    if not host:
+        return False
+    if host.lower() in ("localhost", "localhost.localdomain") or host == socket.gethostname():
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if ip.is_loopback or ip.is_unspecified:
+        return True
+    # Only an address of one of this host's interfaces can be bound.
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.bind((host, 0))
+        return True
+    except OSError:
+        return False

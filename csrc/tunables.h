@@ -35,6 +35,9 @@ struct ConnConfig {
   // sends a PING: on a fabric without a liveness fd (verbs) the write to a dead peer
   // fails, and so do the calls, instead of waiting for their deadlines.
   uint32_t keepalive_ms = 1000;
+  // The same for an idle connection on a fabric without a liveness fd (verbs), so a
+  // peer that died between calls is found before the next call needs it (0: never).
+  uint32_t idle_keepalive_ms = 2000;
   // TF_RDMA_ZERO_COPY_MIN: on fabrics that can map the sender's pool (shm), messages at
   // least this big are handed to the reader as a view of the sender's block instead of
   // being copied (0: never).

@@ -16,7 +16,7 @@ import pytest
 from argrpc import _bootstrap, _proto
 from argrpc._bootstrap import FastPathListener, VerbsUnavailable, negotiate
 from argrpc._config import Config
-from argrpc._host import HostIdentity, local_identity
+from argrpc._host import HostIdentity, local_identity, target_is_local
 
 MiB = 1 << 20
 SEL = {"device": "rxe0", "port": 1, "gid_index": 1, "gid": "::ffff:127.0.0.1",
@@ -230,3 +230,65 @@ def test_negotiate_client_attach_failure_falls_back(make_listener: Any, served: 
         n = negotiate(ch, Config(), 4 * MiB, 5.0)
     assert n.transport == "grpc" and n.reason == (
         "attaching the verbs connection failed: QP to RTR failed: Invalid argument")
+
+
+# ------------------------------------------------------------------ local targets: shm first
+
+@pytest.mark.parametrize("target,local", [
+    ("127.0.0.1:50051", True), ("localhost:1", True), ("[::1]:1", True),
+    ("dns:///localhost:1", True), ("ipv4:127.0.0.1:1", True), ("unix:/tmp/x.sock", True),
+    ("0.0.0.0:1", True), ("192.0.2.1:1", False), ("[2001:db8::1]:1", False),
+    ("example.invalid:443", False), ("", False),
+])
+def test_target_is_local(target: str, local: bool) -> None:
+    assert target_is_local(target) is local
+
+
+def test_local_target_same_host_creates_no_verbs_endpoint(make_listener: Any, served: Any,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto mode, a server on this host: shm wins, and no verbs endpoint (QPs) was made
+    for an offer that could not win."""
+    client = _client_verbs(monkeypatch)
+    lst, server = make_listener()  # the real local host identity: shm is possible
+    monkeypatch.setattr(lst, "decide", _spy(lst.decide, seen := []))
+    target = served(lst)
+    with grpc.insecure_channel(target) as ch:
+        n = negotiate(ch, Config(), 4 * MiB, 5.0, target=target)
+    assert [tuple(r.transports) for r in seen] == [("shm",)]
+    assert not client.endpoints
+    if n.connection is not None:
+        n.connection.close()
+
+
+def test_local_target_in_other_namespace_then_offers_verbs(make_listener: Any, served: Any,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto mode, a local address but a server that declines shm (another network
+    namespace or container): the second offer carries verbs, which wins."""
+    client = _client_verbs(monkeypatch)
+    lst, server = make_listener(host=OTHER_HOST)
+    monkeypatch.setattr(lst, "decide", _spy(lst.decide, seen := []))
+    target = served(lst)
+    with grpc.insecure_channel(target) as ch:
+        n = negotiate(ch, Config(qps=2), 4 * MiB, 5.0, target=target)
+    assert [tuple(r.transports) for r in seen] == [("shm",), ("shm", "verbs")]
+    assert seen[0].verbs_unavailable.startswith("not offered first")
+    assert n.transport == "verbs" and len(client.endpoints) == 1
+
+
+def test_local_target_without_device_asks_once(make_listener: Any, served: Any,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    _client_verbs(monkeypatch, usable=False)
+    lst, _ = make_listener(host=OTHER_HOST)
+    monkeypatch.setattr(lst, "decide", _spy(lst.decide, seen := []))
+    target = served(lst)
+    with grpc.insecure_channel(target) as ch:
+        n = negotiate(ch, Config(), 4 * MiB, 5.0, target=target)
+    assert len(seen) == 1 and n.transport == "grpc"
+    assert "no RDMA device (test)" in n.reason
+
+
+def _spy(fn: Any, seen: list[Any]) -> Any:
+    def wrapped(request: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(request)
+        return fn(request, *args, **kwargs)
+    return wrapped

@@ -816,10 +816,15 @@ void Connection::keepalive(uint64_t now) {
   if (!alive()) return;
   const uint64_t heard = last_heard_us_.load(std::memory_order_relaxed);
   if (now - heard < uint64_t(cfg_.keepalive_ms) * 1000) return;
+  bool idle;
   {
     std::lock_guard<std::mutex> g(streams_mu_);
-    if (streams_.empty()) return;
+    idle = streams_.empty();
   }
+  // An idle shm peer's death shows on its socket; an idle verbs peer's only on a write.
+  if (idle && (fabric_->liveness_fd() >= 0 || cfg_.idle_keepalive_ms == 0 ||
+               now - heard < uint64_t(cfg_.idle_keepalive_ms) * 1000))
+    return;
   // Restart the clock so a silent but live peer gets one PING per interval.
   last_heard_us_.store(now, std::memory_order_relaxed);
   queue_ctrl(kPing, 0, {});

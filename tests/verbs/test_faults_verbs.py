@@ -203,6 +203,39 @@ def test_same_channel_renegotiates_after_server_restart(verbs_env: None, stubs_d
             again.kill()
 
 
+IDLE_BOUND_S = 30.0  # idle keepalive (2 s) + the QP's retries, with TCG to spare
+
+
+def test_idle_connection_notices_dead_server(verbs_env: None, stubs_dir: str,
+                                             pb: SimpleNamespace) -> None:
+    """An idle verbs connection has no socket to hang up: the idle keepalive's write to
+    the dead peer fails, so the connection is gone before the next call needs it, and
+    that call, once a server is back, succeeds at once over verbs."""
+    from argrpc import _engine
+
+    server = _server(stubs_dir)
+    chan, again = None, None
+    try:
+        chan = _Chan(server.target, pb)
+        engine = _engine.peek_engine()
+        before = engine.connection_count
+        port = server.port
+        server.kill()
+        t0 = time.monotonic()
+        while engine.connection_count >= before and time.monotonic() - t0 < IDLE_BOUND_S:
+            time.sleep(0.1)
+        _log(f"idle connection to a killed server dropped after {time.monotonic() - t0:.2f}s")
+        assert engine.connection_count < before, "the idle connection outlived its dead peer"
+        again = _server(stubs_dir, port=port)
+        chan.echo_ok(payload.make(6, payload.CHUNK_SIZE + 9))
+    finally:
+        if chan is not None:
+            chan.close()
+        server.kill()
+        if again is not None:
+            again.kill()
+
+
 # -- 3: client processes killed --------------------------------------------------------
 @pytest.mark.parametrize("direction", ["request", "response"])
 def test_client_kill_server_keeps_serving_and_frees(verbs_env: None, stubs_dir: str,
