@@ -53,7 +53,7 @@ class Config:
     dev_name: str | None = None
     port_num: int | None = None      # None: the device's first ACTIVE port
     gid_index: int | None = None     # None: chosen automatically (see verbs_select)
-    qps: int = 4
+    qps: int = 2
     chunk_size: int = 4 * MiB
     acc_size: int = 8 * KiB
     buf_size: int = 1 * GiB
@@ -241,8 +241,10 @@ _KNOBS: tuple[_Knob, ...] = (
           "RoCEv2, else RoCEv1, else InfiniBand (LID)", "auto, 0..65535",
           "GID table index used as the source address of the verbs queue pairs",
           _auto_or_int(0, 65535, _GID_ACC)),
-    _Knob("TF_RDMA_QPS", "qps", "4", "1..16",
-          "RC queue pairs per verbs connection: rendezvous reads are spread over them",
+    _Knob("TF_RDMA_QPS", "qps", "2", "1..16",
+          "RC queue pairs per verbs connection: rendezvous reads are spread over them "
+          "(1, 2 and 4 measured equal on Soft-RoCE: docs/benchmarks.md; 2 keeps the "
+          "spreading in use at half the queue pairs of 4)",
           _int_parser(1, 16, _QPS_ACC)),
     _Knob("TF_RDMA_CHUNK_SIZE", "chunk_size", "4M", "64K..1G",
           "rendezvous chunk size: large messages are pulled in chunks of this size",

@@ -25,7 +25,7 @@ def test_defaults() -> None:
     assert cfg.transport == "auto"
     assert cfg.dev_name is None
     assert cfg.port_num is None and cfg.gid_index is None  # chosen from the device
-    assert cfg.qps == 4
+    assert cfg.qps == 2
     assert cfg.chunk_size == 4 * MiB
     assert cfg.acc_size == 8 * KiB
     assert cfg.buf_size == 1 * GiB
