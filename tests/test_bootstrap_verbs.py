@@ -113,7 +113,7 @@ def test_forced_verbs_on_one_host(make_listener: Any, server_cfg: Config,
     lst, eng = make_listener(server_cfg)
     resp = lst.decide(verbs_request(transports))
     assert resp.transport == "verbs", resp.reason
-    assert resp.verbs.blob == b"blob-server-4" and resp.verbs.device == "rxe0"
+    assert resp.verbs.blob == f"blob-server-{Config().qps}".encode() and resp.verbs.device == "rxe0"
     assert resp.verbs.gid == "::ffff:127.0.0.1" and resp.verbs.gid_type == "RoCEv2"
     (conn,) = eng.attached
     assert conn.peer_blob == b"client-blob" and conn.server == "core-server"
@@ -193,7 +193,7 @@ def test_negotiate_verbs_end_to_end(make_listener: Any, served: Any,
         n = negotiate(ch, Config(qps=2), 4 * MiB, 5.0)
     assert n.transport == "verbs" and n.reason == "" and n.connection is client.attached[0]
     conn = client.attached[0]
-    assert conn.peer_blob == b"blob-server-4" and conn.ep.blob == b"blob-client-2"
+    assert conn.peer_blob == f"blob-server-{Config().qps}".encode() and conn.ep.blob == b"blob-client-2"
     assert conn.server is None and conn.peer_name.startswith("verbs:rxe0:1")
     assert server.attached[0].peer_blob == b"blob-client-2"
 
