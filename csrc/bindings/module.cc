@@ -436,6 +436,12 @@ PYBIND11_MODULE(_core, m) {
         NoGil nogil;
         return conn->probe_read(RemoteRef{addr, key}, len, timeout);
       }, py::arg("addr"), py::arg("key"), py::arg("length"), py::arg("timeout"))
+      .def("_probe_raw_batch", [](PyConnection& c, py::bytes data) {
+        auto conn = c.need();
+        std::string b = data;
+        NoGil nogil;
+        return conn->probe_raw_batch(reinterpret_cast<const uint8_t*>(b.data()), b.size());
+      }, py::arg("data"))
       .def("unary",
            [](PyConnection& c, const std::string& method, py::object md, py::object timeout,
               py::object request) {

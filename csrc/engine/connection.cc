@@ -200,10 +200,22 @@ bool Connection::handle_frame(const FrameHead& h, const uint8_t* p) {
       Incoming in;
       in.eager.inline_bytes.assign(reinterpret_cast<const char*>(p), h.len);
       in.eager.len = h.len;
-      std::lock_guard<std::mutex> g(s->mu);
-      if (s->ended) return true;
-      s->inbox.push_back(std::move(in));
-      s->notify_locked();
+      bool overrun;
+      {
+        std::lock_guard<std::mutex> g(s->mu);
+        if (s->ended) return true;
+        // The window is the receiver's memory bound: a peer that ignores it is hostile.
+        overrun = s->recv_held + h.len > cfg_.stream_window;
+        if (!overrun) {
+          s->recv_held += h.len;
+          s->inbox.push_back(std::move(in));
+          s->notify_locked();
+        }
+      }
+      if (overrun) {
+        protocol_error("peer overran the flow-control window of stream " + std::to_string(h.stream));
+        return false;
+      }
       return true;
     }
     case kRts: {
@@ -255,15 +267,18 @@ bool Connection::handle_frame(const FrameHead& h, const uint8_t* p) {
     case kFin: {
       const uint64_t rdv = r.u64();
       if (!r.ok()) return bad("FIN");
-      std::lock_guard<std::mutex> g(exposed_mu_);
-      auto it = exposed_.find(rdv);
-      if (it == exposed_.end()) {
-        protocol_error("FIN for a rendezvous that was never announced");
-        return false;
+      {
+        std::lock_guard<std::mutex> g(exposed_mu_);
+        auto it = exposed_.find(rdv);
+        if (it != exposed_.end()) {
+          fabric_->unexpose(it->second);
+          exposed_.erase(it);
+          return true;
+        }
       }
-      fabric_->unexpose(it->second);
-      exposed_.erase(it);
-      return true;
+      // Not under exposed_mu_: fail() takes it to release every exposed block.
+      protocol_error("FIN for a rendezvous that was never announced");
+      return false;
     }
     case kHalfClose: {
       auto s = find(h.stream);
@@ -435,6 +450,14 @@ void Connection::on_read_done(uint64_t wr_id) {
       s->notify_locked();
     }
   }
+}
+
+bool Connection::probe_raw_batch(const uint8_t* p, size_t len) {
+  std::lock_guard<std::mutex> lk(send_mu_);
+  if (!alive() || len == 0 || len > fabric_->peer_ring_size() / 2) return false;
+  if (!flush_locked()) return false;  // what honest senders queued goes first
+  batch_.assign(p, p + len);
+  return flush_locked();
 }
 
 RemoteRef Connection::probe_last_rts(uint64_t* len) {
@@ -991,6 +1014,7 @@ bool Connection::recv(const std::shared_ptr<Stream>& sp, Payload* out) {
       if (!s.ended && s.recv_unacked >= cfg_.stream_window / 4) {
         ack = s.recv_unacked;
         s.recv_unacked = 0;
+        s.recv_held -= std::min(s.recv_held, ack);
       }
     }
   }

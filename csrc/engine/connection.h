@@ -84,11 +84,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Waits for the end of the call or `limit`; true if ended.
   bool wait_end(const std::shared_ptr<Stream>& s, const Deadline& limit);
 
-  // Probes for the remote-access tests (tests/verbs): what the last RTS received
-  // announced, and a READ of arbitrary peer memory as a hostile peer would issue it.
+  // Probes for the hostile-peer tests: what the last RTS received announced, a READ of
+  // arbitrary peer memory, a raw batch, each as a hostile peer would issue it.
   // "" when the read completed, else why it did not (the connection's error once the
   // fabric failed it).
   RemoteRef probe_last_rts(uint64_t* len);
+  // Writes `p` as one batch, unframed, as a hostile peer could (tests/test_hostile_peer.py).
+  bool probe_raw_batch(const uint8_t* p, size_t len);
   std::string probe_read(const RemoteRef& src, size_t len, double timeout);
 
  private:

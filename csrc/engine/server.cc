@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "common/spin.h"
+#include "common/status.h"
 #include "engine/connection.h"
 #include "engine/engine.h"
 #include "engine/stream.h"
@@ -85,6 +86,7 @@ std::shared_ptr<Stream> Server::next_cancelled(const Deadline& dl) {
 void Server::report_cancelled(const std::shared_ptr<Stream>& s) {
   {
     std::lock_guard<std::mutex> g(mu_);
+    if (shutdown_) return;
     cancelled_.push_back(s);
   }
   cancelled_cv_.notify_one();
@@ -101,12 +103,19 @@ int Server::active() {
 }
 
 void Server::shutdown() {
+  std::deque<std::shared_ptr<Stream>> pending, cancelled;
   {
     std::lock_guard<std::mutex> g(mu_);
     shutdown_ = true;
+    // Nobody takes these any more, and each holds its connection, which holds this
+    // server: dropping them here is what lets both go.
+    pending.swap(pending_);
+    cancelled.swap(cancelled_);
+    pending_count_.store(0);
   }
   cv_.notify_all();
   cancelled_cv_.notify_all();
+  for (auto& st : pending) st->conn->cancel(st, kUnavailable, "server is shutting down");
 }
 
 bool Server::is_shutdown() {

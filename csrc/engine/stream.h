@@ -87,6 +87,7 @@ class Stream {
   Metadata trailing_md;
   int64_t send_window = 0;
   uint64_t recv_unacked = 0;
+  uint64_t recv_held = 0;  // eager bytes received and not yet returned by a WINDOW frame
   bool headers_sent = false;   // server: initial metadata went out
   bool trailers_sent = false;
 

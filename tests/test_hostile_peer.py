@@ -1,0 +1,125 @@
+"""A hostile peer: it negotiates correctly (real bootstrap RPC, real shm handshake), then
+writes malformed or oversized frames into the server's receive ring with the real
+fabric, bypassing the engine's framing (`Connection._probe_raw_batch`).
+
+For each kind of bad input the server must close that connection with a log line that
+says what was wrong, keep running, keep serving another client byte-exact, and end up
+with its connection count and pool back where they were.
+"""
+from __future__ import annotations
+
+import struct
+import time
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import pytest
+
+from tests.support import payload
+from tests.support.clients import UNLIMITED, UNLIMITED_SERVER_ARGS, make_channel
+from tests.support.faults import Baseline
+from tests.support.frames import FIN, HEADERS, MESSAGE, PING, RTS, frame, headers, rts
+from tests.support.procs import ServerProcess
+
+SETTLE_S = 10.0
+# A client stream id above any the warm-up calls used (ids must grow and be odd).
+S = 1001
+# name -> (batch, what the server's log line must say)
+CASES: dict[str, tuple[bytes, str]] = {
+    "length_not_multiple_of_8": (b"\0" * 13, "batch length 13 is invalid"),
+    "truncated_header": (b"\0" * 8, "truncated frame header"),
+    "frame_past_batch": (frame(PING, 0, b"", length=4096), "runs past its batch"),
+    "unknown_type": (frame(200, S), "unknown frame type 200"),
+    "even_stream_id": (headers(2), "reused or not a client id"),
+    "stream_id_reused": (headers(S) + headers(S), "reused or not a client id"),
+    "metadata_count_huge": (
+        frame(HEADERS, S, struct.pack("<q", -1) + struct.pack("<I", 4) + b"/a/b"
+              + struct.pack("<I", 0xFFFFFFFF)), "malformed HEADERS frame"),
+    "string_length_past_end": (
+        frame(HEADERS, S, struct.pack("<q", -1) + struct.pack("<I", 1 << 30)),
+        "malformed HEADERS frame"),
+    "rts_outside_pool": (
+        headers(S) + rts(S, 1, 1 << 20, 0xDEAD0000, 7),
+        "outside the peer's pool"),
+    "rts_truncated": (headers(S) + frame(RTS, S, b"\1" * 12), "malformed RTS frame"),
+    "fin_never_announced": (frame(FIN, 0, struct.pack("<Q", 12345)),
+                            "FIN for a rendezvous that was never announced"),
+}
+
+
+def window_overrun(pb2: Any) -> list[bytes]:
+    """A unary call whose handler reads its one request and sleeps, then more eager
+    messages on it than the receiver's window (1 MiB) allows, over three batches."""
+    first = pb2.EchoRequest(sleep_ms=20000).SerializeToString()
+    flood = b"".join(frame(MESSAGE, S, b"x" * 8000) for _ in range(60))
+    return [headers(S) + frame(MESSAGE, S, first), flood, flood, flood]
+
+
+@pytest.fixture
+def server(spawn: Callable[..., ServerProcess]) -> ServerProcess:
+    return spawn("argrpc", UNLIMITED_SERVER_ARGS)
+
+
+class Client:
+    def __init__(self, target: str, pb: SimpleNamespace) -> None:
+        self.pb2 = pb.pb2
+        self.channel = make_channel("argrpc", target, UNLIMITED)
+        self.stub = pb.pb2_grpc.EchoStub(self.channel)
+
+    def echo(self, size: int, seed: int) -> None:
+        body = payload.make(seed, size)
+        resp = self.stub.Unary(self.pb2.EchoRequest(payload=body), timeout=60,
+                               wait_for_ready=True)
+        assert payload.sha256(resp.payload) == payload.sha256(body)
+        assert self.channel.transport == "shm", self.channel.fallback_reason
+
+    def connection(self) -> Any:
+        conn = self.channel._fast  # the negotiated engine connection: the raw peer's handle
+        assert conn is not None and conn.alive
+        return conn
+
+
+def _log_has(server: ServerProcess, text: str, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if text in server.log_tail(200):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("case", [*CASES, "window_overrun"])
+def test_malformed_batch_closes_only_that_connection(case: str, server: ServerProcess,
+                                                     pb: SimpleNamespace) -> None:
+    if case == "window_overrun":
+        batches, reason = window_overrun(pb.pb2), "overran the flow-control window"
+    else:
+        batches, reason = [CASES[case][0]], CASES[case][1]
+    other, hostile = Client(server.target, pb), Client(server.target, pb)
+    try:
+        other.echo(payload.CHUNK_SIZE + 1, 1)
+        hostile.echo(10, 2)
+        base = Baseline(server)
+        assert base.pool["connections"] == 2, base.pool
+        conn = hostile.connection()
+        for batch in batches:
+            if not conn._probe_raw_batch(batch):
+                break  # the server already closed it
+        assert _log_has(server, reason, SETTLE_S), (
+            f"no log line with {reason!r}\n{server.log_tail()}")
+        # The server drops the connection and tells us: our side dies too.
+        end = time.monotonic() + SETTLE_S
+        while conn.alive and time.monotonic() < end:
+            time.sleep(0.02)
+        assert not conn.alive, "the hostile connection was not closed"
+        assert server.alive()
+        other.echo(2 * payload.CHUNK_SIZE + 3, 3)  # rendezvous both ways, byte-exact
+        other.echo(100, 4)
+        base.pool["connections"] = 1  # the hostile one is gone; nothing else may be
+        problems, took = base.problems(SETTLE_S)
+        assert not problems, f"{case}: after {took:.1f}s: {problems}"
+        # The hostile client's channel renegotiates: a fresh connection works.
+        hostile.echo(1000, 5)
+    finally:
+        other.channel.close()
+        hostile.channel.close()
