@@ -25,7 +25,7 @@ import pytest
 
 from tests.support import payload
 from tests.support.clients import UNLIMITED, UNLIMITED_SERVER_ARGS, make_channel
-from tests.support.faults import Baseline, ClientProc
+from tests.support.faults import Baseline, ClientProc, ShmClient
 from tests.support.payload import MiB
 from tests.support.procs import ServerProcess
 from tests.support.servicer import HOLD_METHOD
@@ -49,32 +49,13 @@ def server(spawn: Callable[..., ServerProcess]) -> ServerProcess:
     return spawn("argrpc", UNLIMITED_SERVER_ARGS, ENV)
 
 
-class Other:
-    """The client that must keep working: a channel in this process."""
-
-    def __init__(self, target: str, pb: SimpleNamespace) -> None:
-        self.pb2 = pb.pb2
-        self.channel = make_channel("argrpc", target, UNLIMITED)
-        self.stub = pb.pb2_grpc.EchoStub(self.channel)
-
-    def check(self, size: int, seed: int) -> None:
-        body = payload.make(seed, size)
-        resp = self.stub.Unary(self.pb2.EchoRequest(payload=body), timeout=60,
-                               wait_for_ready=True)
-        assert payload.sha256(resp.payload) == payload.sha256(body)
-        resp = self.stub.Unary(self.pb2.EchoRequest(response_size=size, response_seed=seed),
-                               timeout=60)
-        assert resp.payload == payload.make(seed, size)
-        assert self.channel.transport == "shm", self.channel.fallback_reason
-
-
 @pytest.mark.parametrize("mode", list(CLIENT_STATES))
 def test_client_killed_server_serves_and_frees(mode: str, server: ServerProcess,
                                                stubs_dir: str, pb: SimpleNamespace) -> None:
-    other = Other(server.target, pb)
+    other = ShmClient(server.target, pb)
     victim = None
     try:
-        other.check(payload.CHUNK_SIZE + 1, 1)  # the server's pool exists before the baseline
+        other.echo(payload.CHUNK_SIZE + 1, 1, both_ways=True)  # the server's pool exists before the baseline
         base = Baseline(server)
         size, count, pause, marker = CLIENT_STATES[mode]
         victim = ClientProc(server.target, stubs_dir, mode, size, ENV, count, pause)
@@ -83,10 +64,10 @@ def test_client_killed_server_serves_and_frees(mode: str, server: ServerProcess,
         assert victim.proc.poll() is None, victim.lines
         victim.kill()
 
-        other.check(2 * payload.CHUNK_SIZE + 5, 2)
+        other.echo(2 * payload.CHUNK_SIZE + 5, 2, both_ways=True)
         problems, took = base.problems(SETTLE_S)
         assert not problems, f"after kill -9 of a client ({mode}), within {took:.1f}s: {problems}"
-        other.check(3, 3)
+        other.echo(3, 3, both_ways=True)
         assert server.alive()
     finally:
         if victim is not None:

@@ -16,8 +16,8 @@ from typing import Any, Callable
 import pytest
 
 from tests.support import payload
-from tests.support.clients import UNLIMITED, UNLIMITED_SERVER_ARGS, make_channel
-from tests.support.faults import Baseline
+from tests.support.clients import UNLIMITED_SERVER_ARGS
+from tests.support.faults import Baseline, ShmClient
 from tests.support.frames import FIN, HEADERS, MESSAGE, PING, RTS, frame, headers, rts
 from tests.support.procs import ServerProcess
 
@@ -60,25 +60,6 @@ def server(spawn: Callable[..., ServerProcess]) -> ServerProcess:
     return spawn("argrpc", UNLIMITED_SERVER_ARGS)
 
 
-class Client:
-    def __init__(self, target: str, pb: SimpleNamespace) -> None:
-        self.pb2 = pb.pb2
-        self.channel = make_channel("argrpc", target, UNLIMITED)
-        self.stub = pb.pb2_grpc.EchoStub(self.channel)
-
-    def echo(self, size: int, seed: int) -> None:
-        body = payload.make(seed, size)
-        resp = self.stub.Unary(self.pb2.EchoRequest(payload=body), timeout=60,
-                               wait_for_ready=True)
-        assert payload.sha256(resp.payload) == payload.sha256(body)
-        assert self.channel.transport == "shm", self.channel.fallback_reason
-
-    def connection(self) -> Any:
-        conn = self.channel._fast  # the negotiated engine connection: the raw peer's handle
-        assert conn is not None and conn.alive
-        return conn
-
-
 def _log_has(server: ServerProcess, text: str, timeout: float) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -95,7 +76,7 @@ def test_malformed_batch_closes_only_that_connection(case: str, server: ServerPr
         batches, reason = window_overrun(pb.pb2), "overran the flow-control window"
     else:
         batches, reason = [CASES[case][0]], CASES[case][1]
-    other, hostile = Client(server.target, pb), Client(server.target, pb)
+    other, hostile = ShmClient(server.target, pb), ShmClient(server.target, pb)
     try:
         other.echo(payload.CHUNK_SIZE + 1, 1)
         hostile.echo(10, 2)

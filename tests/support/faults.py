@@ -17,6 +17,8 @@ import time
 from collections import Counter
 from typing import Any, Callable
 
+from tests.support import payload
+from tests.support.clients import UNLIMITED, make_channel
 from tests.support.procs import REPO_ROOT, ServerProcess, child_env
 
 # A client process. F_MODE:
@@ -189,3 +191,31 @@ class Baseline:
             if not problems or took > timeout:
                 return problems, took
             time.sleep(0.2)
+
+
+class ShmClient:
+    """An argrpc channel in this process that must keep working while another peer
+    misbehaves or dies: every check is byte-exact and on the shm fast path."""
+
+    def __init__(self, target: str, pb: Any) -> None:
+        self.pb2 = pb.pb2
+        self.channel = make_channel("argrpc", target, UNLIMITED)
+        self.stub = pb.pb2_grpc.EchoStub(self.channel)
+
+    def echo(self, size: int, seed: int, both_ways: bool = False) -> None:
+        """Echoes `size` bytes; with both_ways also has the server send `size` bytes."""
+        body = payload.make(seed, size)
+        resp = self.stub.Unary(self.pb2.EchoRequest(payload=body), timeout=60,
+                               wait_for_ready=True)
+        assert payload.sha256(resp.payload) == payload.sha256(body)
+        if both_ways:
+            resp = self.stub.Unary(self.pb2.EchoRequest(response_size=size,
+                                                        response_seed=seed), timeout=60)
+            assert resp.payload == payload.make(seed, size)
+        assert self.channel.transport == "shm", self.channel.fallback_reason
+
+    def connection(self) -> Any:
+        """The negotiated engine connection (what a raw peer writes through)."""
+        conn = self.channel._fast
+        assert conn is not None and conn.alive
+        return conn
