@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/fork.h"
 #include "common/status.h"
 #include "engine/connection.h"
 #include "engine/engine.h"
@@ -52,6 +53,13 @@ class NoGil {
 // block goes back to the pool when the last view of it is gone.
 struct RecvBuffer {
   Payload payload;
+  const uint64_t born = fork_generation();
+  RecvBuffer() = default;
+  RecvBuffer(RecvBuffer&&) = default;
+  ~RecvBuffer() {
+    // A view of the parent's: releasing it would FIN through the parent's ring.
+    if (born != fork_generation()) keep_forever(std::move(payload));
+  }
 };
 
 // Holds a Py_buffer for the duration of a send so no bytes copy is made of the object.
@@ -148,6 +156,7 @@ struct PyShmEndpoint {
 // only: the listener keeps a weak handle, so a connection whose peer died is freed
 // (QPs, fds, pool blocks) as soon as the engine lets go of it, not at the next attach.
 struct PyConnection {
+  PyConnection() = default;
   std::shared_ptr<Engine> engine;
   std::shared_ptr<Connection> owned;
   std::weak_ptr<Connection> weak;
@@ -155,11 +164,29 @@ struct PyConnection {
   std::string peer;
 
   static PyConnection make(std::shared_ptr<Engine> e, std::shared_ptr<Connection> c, bool own) {
-    PyConnection pc{std::move(e), own ? c : nullptr, c, std::string(c->fabric().name()),
-                    c->peer_name()};
+    PyConnection pc;
+    pc.engine = std::move(e);
+    pc.owned = own ? c : nullptr;
+    pc.weak = c;
+    pc.transport = c->fabric().name();
+    pc.peer = c->peer_name();
     return pc;
   }
-  std::shared_ptr<Connection> get() const { return owned ? owned : weak.lock(); }
+  const uint64_t born = fork_generation();
+  PyConnection(const PyConnection&) = default;
+  PyConnection(PyConnection&&) = default;
+  ~PyConnection() {
+    // The parent's connection: destroying it here would shut the parent's socket down.
+    if (born != fork_generation()) {
+      keep_forever(std::move(owned));
+      keep_forever(std::move(engine));
+    }
+  }
+  // Null once closed, and in a forked child (which then negotiates its own).
+  std::shared_ptr<Connection> get() const {
+    if (born != fork_generation()) return nullptr;
+    return owned ? owned : weak.lock();
+  }
   std::shared_ptr<Connection> need() const {
     auto c = get();
     if (!c) throw std::runtime_error("argrpc: connection is closed");
@@ -167,14 +194,23 @@ struct PyConnection {
   }
 };
 
+constexpr const char* kInheritedCall =
+    "argrpc: this call belongs to the parent process (inherited through fork())";
+
 struct PyClientCall {
   PyClientCall(std::shared_ptr<Engine> e, std::shared_ptr<Stream> st)
       : engine(std::move(e)), s(std::move(st)) {}
   PyClientCall(const PyClientCall&) = delete;
   std::shared_ptr<Engine> engine;
   std::shared_ptr<Stream> s;
+  const uint64_t born = fork_generation();
+  bool inherited() const { return born != fork_generation(); }
   ~PyClientCall() {
     if (!s) return;
+    if (born != fork_generation()) {
+      keep_forever(std::move(s));
+      return;
+    }
     NoGil nogil;
     s->conn->abandon(s);
   }
@@ -192,9 +228,14 @@ struct PyServerCall {
   std::shared_ptr<Engine> engine;
   std::shared_ptr<Stream> s;
   bool owns;  // the accept() handle; next_cancelled() gives a non-owning one
+  const uint64_t born = fork_generation();
   ~PyServerCall() {
-    if (!owns) return;
     if (!s) return;
+    if (born != fork_generation()) {
+      keep_forever(std::move(s));
+      return;
+    }
+    if (!owns) return;
     NoGil nogil;
     s->conn->abandon(s);
   }
@@ -202,6 +243,14 @@ struct PyServerCall {
 
 struct PyEngine {
   std::shared_ptr<Engine> engine;
+  const uint64_t born = fork_generation();
+  PyEngine(std::shared_ptr<Engine> e) : engine(std::move(e)) {}
+  PyEngine(const PyEngine&) = default;
+  PyEngine(PyEngine&&) = default;
+  // The parent's progress thread does not exist here: the destructor would wait for it.
+  ~PyEngine() {
+    if (born != fork_generation()) keep_forever(std::move(engine));
+  }
 };
 
 py::tuple status_tuple(Stream& s) {
@@ -361,7 +410,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("ring_size", [](PyShmEndpoint& e) { return e.get().ring_size(); });
 
   py::class_<PyEngine>(m, "Engine")
-      .def(py::init([](py::dict cfg) { return PyEngine{std::make_shared<Engine>(engine_config(cfg))}; }),
+      .def(py::init([](py::dict cfg) { return PyEngine(std::make_shared<Engine>(engine_config(cfg))); }),
            py::arg("config"))
       .def_property_readonly("pool_fd", [](PyEngine& e) { return e.engine->pool()->fd(); })
       .def_property_readonly("pool_size", [](PyEngine& e) { return e.engine->pool()->capacity(); })
@@ -414,6 +463,9 @@ PYBIND11_MODULE(_core, m) {
         return conn && conn->alive();
       })
       .def_property_readonly("error", [](PyConnection& c) {
+        if (c.born != fork_generation())
+          return std::string("argrpc: the connection belongs to the parent process (inherited "
+                             "through fork()); this process negotiates its own");
         auto conn = c.get();
         return conn ? conn->error() : std::string("argrpc: connection is closed");
       })
@@ -487,17 +539,23 @@ PYBIND11_MODULE(_core, m) {
            },
            py::arg("method"), py::arg("metadata"), py::arg("timeout"));
 
+  // A call object the child inherited through fork() is the parent's: every method
+  // answers as for a call that ended UNAVAILABLE, without touching it (its locks may be
+  // held by a thread that does not exist here).
   py::class_<PyClientCall>(m, "ClientCall")
       .def("send", [](PyClientCall& c, py::object msg) {
+        if (c.inherited()) return false;
         BufferView b(msg);
         NoGil nogil;
         return c.s->conn->send(c.s, b.data(), b.size(), false);
       })
       .def("half_close", [](PyClientCall& c) {
+        if (c.inherited()) return false;
         NoGil nogil;
         return c.s->conn->half_close(c.s);
       })
       .def("recv", [](PyClientCall& c) -> py::object {
+        if (c.inherited()) return py::none();
         Payload p;
         bool got;
         {
@@ -507,6 +565,7 @@ PYBIND11_MODULE(_core, m) {
         return got ? to_python(std::move(p)) : py::none();
       })
       .def("initial_metadata", [](PyClientCall& c) -> py::object {
+        if (c.inherited()) return py::none();
         bool have;
         {
           NoGil nogil;
@@ -517,6 +576,7 @@ PYBIND11_MODULE(_core, m) {
         return from_metadata(c.s->initial_md);
       })
       .def("status", [](PyClientCall& c, py::object timeout) -> py::object {
+        if (c.inherited()) return py::make_tuple(uint32_t(kUnavailable), py::str(kInheritedCall), py::list());
         bool ended;
         const Deadline dl = deadline_arg(timeout);
         {
@@ -527,10 +587,12 @@ PYBIND11_MODULE(_core, m) {
         return status_tuple(*c.s);
       }, py::arg("timeout") = py::none())
       .def("done", [](PyClientCall& c) {
+        if (c.inherited()) return true;
         std::lock_guard<std::mutex> g(c.s->mu);
         return c.s->ended;
       })
       .def("cancel", [](PyClientCall& c, uint32_t code, std::string details) {
+        if (c.inherited()) return false;
         NoGil nogil;
         return c.s->conn->cancel(c.s, code, details);
       }, py::arg("code") = uint32_t(kCancelled), py::arg("details") = "Cancelled");

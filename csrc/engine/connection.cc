@@ -65,6 +65,7 @@ std::string Connection::error() const {
 // ---------------------------------------------------------------- progress
 
 bool Connection::progress() {
+  if (inherited()) return false;  // the parent's ring: only the parent reads it
   bool did = false;
   for (;;) {
     if (!poll_mu_.try_lock()) return did;
@@ -875,6 +876,7 @@ void Connection::protocol_error(const std::string& what) {
 }
 
 void Connection::fail(uint32_t code, const std::string& why) {
+  if (inherited()) return;  // the parent's: its fabric must not be touched from here
   if (dead_.exchange(true)) return;
   const auto self = shared_from_this();  // detach() below may drop the engine's reference
   {

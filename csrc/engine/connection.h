@@ -5,12 +5,13 @@
 #pragma once
 #include <atomic>
 #include <memory>
-#include <set>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "common/fork.h"
 #include "engine/frame.h"
 #include "engine/stream.h"
 #include "fabric/fabric.h"
@@ -48,7 +49,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   Fabric& fabric() { return *fabric_; }
   const std::string& peer_name() const { return peer_name_; }
-  bool alive() const { return !dead_.load(std::memory_order_acquire); }
+  // False after the peer or this side ended it, and in a forked child (the connection
+  // is the parent's).
+  bool alive() const {
+    return !dead_.load(std::memory_order_acquire) && born_ == fork_generation();
+  }
+  bool inherited() const { return born_ != fork_generation(); }
   std::string error() const;
   uint64_t serial = 0;  // the engine's id for it
 
@@ -135,6 +141,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const std::string peer_name_;
   const bool client_;
   std::atomic<bool> dead_{false};
+  const uint64_t born_ = fork_generation();
   mutable std::mutex err_mu_;
   std::string error_;
 

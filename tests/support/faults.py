@@ -198,6 +198,7 @@ class ShmClient:
     misbehaves or dies: every check is byte-exact and on the shm fast path."""
 
     def __init__(self, target: str, pb: Any) -> None:
+        self.pb = pb
         self.pb2 = pb.pb2
         self.channel = make_channel("argrpc", target, UNLIMITED)
         self.stub = pb.pb2_grpc.EchoStub(self.channel)
