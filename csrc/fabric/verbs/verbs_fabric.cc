@@ -57,10 +57,17 @@ struct Credits {  // the mailbox, written by the peer
   uint64_t consumed_bytes, consumed_batches;
 };
 
+// Registered private memory must not be copy-on-write shared with a forked child: the
+// first write by the parent would move its page away from under the HCA, which keeps
+// DMA-ing into the old one (the classic RDMA fork bug). The child never uses these (its
+// copies of connections are the parent's: common/fork.h), so it does not get them at all.
+// The pool needs nothing: it is a MAP_SHARED memfd, never copied on write.
 Mapping map_anon(size_t n, const char* what) {
   void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (p == MAP_FAILED) throw CoreError(errno_text(std::string("mmap(") + what + ")"));
-  return Mapping(p, n);
+  Mapping m(p, n);
+  if (::madvise(p, n, MADV_DONTFORK) != 0) throw CoreError(errno_text(std::string("madvise(") + what + ", MADV_DONTFORK)"));
+  return m;
 }
 
 Mr reg(ibv_pd* pd, void* p, size_t n, int access, const char* what) {
