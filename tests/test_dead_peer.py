@@ -86,7 +86,7 @@ def _in_flight(stub: Any, pb2: Any, kind: str, channel: Any) -> Callable[[], Any
     if kind == "held_request":
         fut = channel.unary_unary(HOLD_METHOD, request_serializer=None,
                                   response_deserializer=None).future(
-            payload.make(4, 64 * MiB), timeout=120, metadata=(("x-hold-ms", "60000"),))
+            payload.make(4, 256 * MiB), timeout=120, metadata=(("x-hold-ms", "60000"),))
     elif kind == "bidi":
         gate = threading.Event()
 
