@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import grpc
@@ -99,3 +100,22 @@ def test_server_max_send_option(pair: tuple[str, str], servers: Any,
     _too_large(lambda: list(client.stub.ServerStream(
         client.req(response_count=2, response_size=4096), timeout=30)))
     assert client.stub.Unary(client.req(response_size=100), timeout=20).payload == payload.make(0, 100)
+
+
+def test_eager_size_above_the_peers_window(spawn: Any, pb: SimpleNamespace) -> None:
+    """The peers' knobs may differ: a client whose TF_RDMA_ACC_SIZE allows a 100 KB eager
+    message, against a server whose TF_RDMA_STREAM_WINDOW is 64K, sends it by rendezvous
+    instead of waiting forever for window the server can never grant."""
+    import argrpc
+
+    server = spawn("argrpc", ("--max-recv", "-1", "--max-send", "-1"),
+                   {"TF_RDMA_STREAM_WINDOW": "64K"})
+    with argrpc.insecure_channel(server.target, options=[
+            ("TF_RDMA_ACC_SIZE", "256K"), ("grpc.max_receive_message_length", -1),
+            ("grpc.max_send_message_length", -1)]) as channel:
+        stub = pb.pb2_grpc.EchoStub(channel)
+        body = b"w" * 100_000
+        resp = stub.Unary(pb.pb2.EchoRequest(payload=body), timeout=20, wait_for_ready=True)
+        assert resp.payload == body and channel.transport == "shm"
+        summary = stub.ClientStream(iter([pb.pb2.EchoRequest(payload=body)] * 3), timeout=20)
+        assert summary.size == 3 * len(body)

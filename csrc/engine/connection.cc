@@ -618,7 +618,10 @@ bool Connection::reserve_window(const std::shared_ptr<Stream>& sp, size_t n) {
 bool Connection::submit(const std::shared_ptr<Stream>& sp, const Outgoing& o) {
   Stream& s = *sp;
   if (!alive()) return false;
-  const bool eager = o.has_msg && o.msg_len + kFrameHeader <= cfg_.acc_size;
+  // Eager only if the peer's stream window can ever hold it (the peers' knobs may
+  // differ); otherwise reserve_window() would wait forever.
+  const bool eager = o.has_msg && o.msg_len + kFrameHeader <= cfg_.acc_size &&
+                     o.msg_len <= fabric_->peer_stream_window();
   uint64_t rdv = 0;
   bool rts_queued = false;
   RemoteRef ref;
