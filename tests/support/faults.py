@@ -164,7 +164,8 @@ def wait_pool(server: ServerProcess, pred: Callable[[dict[str, Any]], bool],
 
 
 class Baseline:
-    """A server's pool, connection count and fds at one moment, to come back to."""
+    """A server's pool, connection count, fds, threads and /dev/shm entries at one
+    moment, to come back to."""
 
     def __init__(self, server: ServerProcess, timeout: float = 60.0) -> None:
         self.server = server
@@ -183,6 +184,11 @@ class Baseline:
             if now.get("connections") != self.pool.get("connections"):
                 problems.append(f"connections {now.get('connections')} "
                                 f"(baseline {self.pool.get('connections')})")
+            if res["os_threads"] > self.res["os_threads"]:
+                problems.append(f"threads {self.res['os_threads']} -> {res['os_threads']} "
+                                f"(Python: {sorted(set(res['thread_names']) - set(self.res['thread_names']))})")
+            if res["dev_shm"] != self.res["dev_shm"]:
+                problems.append(f"/dev/shm changed: {res['dev_shm']}")
             if res["fds"] > self.res["fds"]:
                 new = sorted((Counter(res["fd_targets"]) -
                               Counter(self.res["fd_targets"])).elements())
