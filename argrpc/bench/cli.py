@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import datetime as _dt
 import itertools
+import json
 import os
 import sys
 import time
@@ -136,7 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
                "  argrpc-bench latency --sizes 64,1K,64K --mode serialized\n"
                "  argrpc-bench bandwidth --scheme skew --buffers 16 --sizes 16M,64M\n"
                "  argrpc-bench ps --workers 2 --duration 5\n"
-               "  argrpc-bench bandwidth --sizes 4M --sweep TF_RDMA_ACC_SIZE=4K,8K,16K",
+               "  argrpc-bench bandwidth --sizes 4M --sweep TF_RDMA_ACC_SIZE=4K,8K,16K\n"
+               "  argrpc-bench soak --duration 600   (long mixed workload with checksums;\n"
+               "                                      see argrpc-bench soak --help)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("benchmark", nargs="?", default="all", choices=[*BENCHMARKS, "all"],
                    help="latency: ping-pong echo; bandwidth: one-way large messages; "
@@ -197,6 +200,86 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error(f"--sweep: {e}")
 
 
+# --------------------------------------------------------------------------- soak
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+    return parse
+
+
+def build_soak_parser() -> argparse.ArgumentParser:
+    from argrpc.bench import soak
+
+    p = argparse.ArgumentParser(
+        prog="argrpc-bench soak",
+        description="Soak (issue 5): one argrpc echo server process and CALLERS threads of\n"
+                    "this process on one shared-memory channel; every arity, sizes 0 B..64 "
+                    "MiB,\ncancels, deadlines and handler errors mixed in, every payload "
+                    "checked by\nsha256. Progress and the start/end resource lines go to "
+                    "stderr, the summary\nto stdout. Exit status 0: no unprovoked error, "
+                    "fds, pool use and live heap\nflat, private RSS within the tolerance; "
+                    f"{soak.EXIT_FAILED}: not so; {soak.EXIT_SETUP}: could not start;\n"
+                    f"{soak.EXIT_TRANSPORT}: the channel was not on shm (nothing reported).",
+        epilog="examples:\n"
+               "  argrpc-bench soak                       # 10 minutes, 16 callers\n"
+               "  argrpc-bench soak --duration 30 --json bench-results/soak.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--duration", type=_positive(float), default=600.0,
+                   help="seconds of soak after the warm-up (default 600)")
+    p.add_argument("--callers", type=_positive(int), default=16,
+                   help="concurrent caller threads on the one channel (default 16)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the payload corpus and of every caller's plan (default 0)")
+    p.add_argument("--warmup", type=_positive(float), default=5.0,
+                   help="minimum warm-up seconds before the start snapshot (default 5; "
+                        "the warm-up also lasts until every caller has sent every size "
+                        "class over every arity)")
+    p.add_argument("--rss-tolerance", type=_positive(float), default=soak.RSS_TOLERANCE_MIB,
+                   metavar="MIB",
+                   help="allowed growth of each process's private RSS beyond glibc's "
+                        "kept free heap between the start and end snapshots (default "
+                        f"{soak.RSS_TOLERANCE_MIB:g})")
+    p.add_argument("--heap-tolerance", type=_positive(float), default=soak.HEAP_TOLERANCE_MIB,
+                   metavar="MIB",
+                   help="allowed growth of each process's live heap (glibc bytes in use) "
+                        f"between the snapshots (default {soak.HEAP_TOLERANCE_MIB:g})")
+    p.add_argument("--json", default=None, help="also write the full result as JSON here")
+    return p
+
+
+def soak_main(argv: Sequence[str]) -> int:
+    from argrpc.bench import soak
+    from argrpc.bench.runner import BenchError
+
+    a = build_soak_parser().parse_args(list(argv))
+    cfg = soak.SoakConfig(duration=a.duration, callers=a.callers, seed=a.seed,
+                          warmup=a.warmup, rss_tolerance_mib=a.rss_tolerance,
+                          heap_tolerance_mib=a.heap_tolerance)
+    try:
+        doc = soak.run(cfg)
+    except soak.TransportRefused as e:
+        print(f"soak refused: the channel is not on shm: {e}", file=sys.stderr)
+        return soak.EXIT_TRANSPORT
+    except BenchError as e:
+        print(f"soak could not start: {e}", file=sys.stderr)
+        return soak.EXIT_SETUP
+    doc["argv"] = ["soak", *argv]
+    sys.stdout.write(soak.report(doc))
+    if a.json:
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"written: {a.json}")
+    return 0 if doc["ok"] else soak.EXIT_FAILED
+
+
 # --------------------------------------------------------------------------- planning
 
 def plan(a: argparse.Namespace) -> list["RunSpec"]:
@@ -238,6 +321,8 @@ def _title(spec: "RunSpec") -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["soak"]:  # its own options: a subcommand, not a benchmark to plan
+        return soak_main(argv[1:])
     parser = build_parser()
     a = parser.parse_args(argv)
     _check_args(parser, a)

@@ -618,6 +618,12 @@ bool Connection::reserve_window(const std::shared_ptr<Stream>& sp, size_t n) {
 bool Connection::submit(const std::shared_ptr<Stream>& sp, const Outgoing& o) {
   Stream& s = *sp;
   if (!alive()) return false;
+  // A handler that noticed the deadline (is_active() is false once it passes) may answer
+  // before the sweep has ended the call: the answer must not reach the client as OK.
+  if (!client_ && s.deadline.expired()) {
+    expire(sp);
+    return false;
+  }
   // Eager only if the peer's stream window can ever hold it (the peers' knobs may
   // differ); otherwise reserve_window() would wait forever.
   const bool eager = o.has_msg && o.msg_len + kFrameHeader <= cfg_.acc_size &&
