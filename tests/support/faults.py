@@ -137,6 +137,13 @@ class ClientProc:
         line = self.wait_line("READY", timeout)
         return json.loads(line.split(" ", 1)[1])[0] if line else ""
 
+    def exit_code(self, timeout: float) -> int | None:
+        """Waits for the process to end on its own; its exit status, or None if it did not."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
     def stderr_tail(self) -> str:
         self._err.seek(0)
         return "--- client stderr (tail) ---\n" + "\n".join(self._err.read().splitlines()[-30:])

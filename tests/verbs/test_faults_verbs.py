@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -256,9 +255,9 @@ def test_client_kill_server_keeps_serving_and_frees(verbs_env: None, stubs_dir: 
         # server has the next ones exposed when it dies.
         victim = ClientProc(server.target, stubs_dir, direction, size, VERBS_ENV, count,
                             pause=direction == "response")
-        ready = victim.wait_line("READY", START_TIMEOUT)
-        assert ready, f"client did not start: {victim.lines} {victim.stderr_tail()}"
-        assert json.loads(ready.split(" ", 1)[1])[0] == "verbs", ready
+        transport = victim.ready_transport(START_TIMEOUT)
+        assert transport == "verbs", (
+            f"client not ready on verbs ({transport!r}): {victim.lines} {victim.stderr_tail()}")
         started = victim.wait_line("SENDING" if direction == "request" else "GOT", 240)
         assert started, f"client did not start its call: {victim.lines} {victim.stderr_tail()}"
         during = wait_pool(server, lambda s: s.get("in_use", 0) > 0, timeout=120,
@@ -298,8 +297,7 @@ def test_256mib_unary_echo_byte_exact(rdma: SimpleNamespace, stubs_dir: str) -> 
     client = None
     try:
         client = ClientProc(server.target, stubs_dir, "invert", size, BIG_ENV)
-        ready = client.wait_line("READY", START_TIMEOUT)
-        assert ready and json.loads(ready.split(" ", 1)[1])[0] == "verbs", (
+        assert client.ready_transport(START_TIMEOUT) == "verbs", (
             f"{client.lines} {client.stderr_tail()}")
         line = client.wait_line("RESULT", 1200)
         assert line, f"no result: {client.lines} {client.stderr_tail()}"
@@ -309,10 +307,7 @@ def test_256mib_unary_echo_byte_exact(rdma: SimpleNamespace, stubs_dir: str) -> 
         assert result["exact"] and result["sent_intact"], result
         assert client.wait_line("DONE", 120), f"{client.lines} {client.stderr_tail()}"
         t0 = time.monotonic()
-        try:
-            rc = client.proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            rc = None
+        rc = client.exit_code(120)
         _log(f"256 MiB echo: client exit {rc} {time.monotonic() - t0:.2f}s after DONE")
         assert rc == 0, f"client did not exit cleanly after its last call (rc={rc}) " + \
             client.stderr_tail()
@@ -329,15 +324,11 @@ def test_client_process_exits_without_channel_close(rdma: SimpleNamespace,
     client = None
     try:
         client = ClientProc(server.target, stubs_dir, "idle", 0, VERBS_ENV)
-        ready = client.wait_line("READY", START_TIMEOUT)
-        assert ready and json.loads(ready.split(" ", 1)[1])[0] == "verbs", (
+        assert client.ready_transport(START_TIMEOUT) == "verbs", (
             f"{client.lines} {client.stderr_tail()}")
         assert client.wait_line("DONE", 120), f"{client.lines} {client.stderr_tail()}"
         t0 = time.monotonic()
-        try:
-            rc = client.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            rc = None
+        rc = client.exit_code(60)
         _log(f"unclosed channel: client exit {rc} {time.monotonic() - t0:.2f}s after DONE")
         assert rc is not None, "client did not exit within 60 s of its last line"
         assert rc == 0, f"client exit status {rc}: {client.stderr_tail()}"
