@@ -1,0 +1,1 @@
+"""Runnable examples of argrpc on real workloads (run from the repository root)."""
