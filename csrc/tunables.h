@@ -38,6 +38,10 @@ struct ConnConfig {
   // The same for an idle connection on a fabric without a liveness fd (verbs), so a
   // peer that died between calls is found before the next call needs it (0: never).
   uint32_t idle_keepalive_ms = 2000;
+  // A PING unanswered for this long fails the connection and its calls (UNAVAILABLE):
+  // the peer died where the fabric cannot tell, or it hangs (a stopped process's NIC
+  // still acknowledges writes).
+  uint32_t keepalive_timeout_ms = 10000;
   // TF_RDMA_ZERO_COPY_MIN: on fabrics that can map the sender's pool (shm), messages at
   // least this big are handed to the reader as a view of the sender's block instead of
   // being copied (0: never).

@@ -189,3 +189,47 @@ def test_server_killed_while_idle_next_call_recovers(spawn: Callable[..., Server
     finally:
         channel.close()
         server.kill()
+
+
+KEEPALIVE_TIMEOUT_S = 10.0  # ConnConfig::keepalive_timeout_ms (csrc/tunables.h)
+
+
+def test_hung_server_fails_calls_after_the_keepalive_timeout(
+        spawn: Callable[..., ServerProcess], pb: SimpleNamespace) -> None:
+    """A stopped server's socket stays open, so only an unanswered PING can tell: the call
+    ends UNAVAILABLE naming the keepalive, long before its own deadline."""
+    server = spawn("argrpc", UNLIMITED_SERVER_ARGS, ENV)
+    channel, stub = _warm_channel(server, pb)
+    try:
+        future = stub.Unary.future(pb.pb2.EchoRequest(payload=b"x", sleep_ms=1000), timeout=120)
+        time.sleep(0.3)  # with the handler
+        server.proc.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        with pytest.raises(grpc.RpcError) as info:
+            future.result(timeout=60)
+        took = time.monotonic() - stopped
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value
+        assert "did not answer a keepalive" in info.value.details(), info.value.details()
+        assert KEEPALIVE_TIMEOUT_S <= took <= KEEPALIVE_TIMEOUT_S + 5, took
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+        channel.close()
+        server.kill()
+
+
+def test_slow_handler_outlives_the_keepalive_timeout(spawn: Callable[..., ServerProcess],
+                                                     pb: SimpleNamespace) -> None:
+    """A live peer answers every PING from its engine thread, however long the handler
+    takes: a call longer than the keepalive timeout is not mistaken for a dead peer."""
+    server = spawn("argrpc", UNLIMITED_SERVER_ARGS, ENV)
+    channel, stub = _warm_channel(server, pb)
+    try:
+        sleep_s = KEEPALIVE_TIMEOUT_S + 3
+        resp = stub.Unary(pb.pb2.EchoRequest(payload=b"slow", sleep_ms=int(sleep_s * 1000)),
+                          timeout=sleep_s + 30)
+        assert resp.payload == b"slow"
+        assert channel.transport == "shm", channel.fallback_reason
+        assert _client_engine().connection_count == 1
+    finally:
+        channel.close()
+        server.kill()

@@ -49,6 +49,7 @@ Connection::Connection(Engine* engine, std::unique_ptr<Fabric> fabric, const Con
   batch_.reserve(cfg_.acc_size + 64);
   scratch_.reserve(cfg_.acc_size + 64);
   last_heard_us_.store(now_us(), std::memory_order_relaxed);
+  last_recv_us_.store(now_us(), std::memory_order_relaxed);
 }
 
 Connection::~Connection() {
@@ -90,6 +91,7 @@ bool Connection::progress_locked() {
     for (int i = 0; i < n; ++i) {
       switch (comps[i].kind) {
         case Completion::kRecv:
+          last_recv_us_.store(now_us(), std::memory_order_relaxed);
           if (!handle_batch(comps[i].len)) return true;
           break;
         case Completion::kReadDone:
@@ -312,6 +314,7 @@ bool Connection::handle_frame(const FrameHead& h, const uint8_t* p) {
       return true;
     }
     case kPing:
+      if (!(h.flags & kPingAck)) queue_ctrl(kPing, 0, {}, kPingAck);  // flushed after the batch
       return true;
     case kWindow: {
       const uint64_t n = r.u64();
@@ -513,9 +516,10 @@ void Connection::queue_fin(uint64_t rdv_id) {
 
 // ---------------------------------------------------------------- sending
 
-void Connection::queue_ctrl(uint8_t type, uint64_t stream, const std::vector<uint8_t>& body) {
+void Connection::queue_ctrl(uint8_t type, uint64_t stream, const std::vector<uint8_t>& body,
+                            uint8_t flags) {
   std::vector<uint8_t> f;
-  FrameHead h{type, 0, 0, static_cast<uint32_t>(body.size()), stream};
+  FrameHead h{type, flags, 0, static_cast<uint32_t>(body.size()), stream};
   Writer w(&f);
   w.raw(&h, kFrameHeader);
   w.raw(body.data(), body.size());
@@ -847,6 +851,16 @@ bool Connection::abort_stream(const std::shared_ptr<Stream>& s, uint32_t code,
 
 void Connection::keepalive(uint64_t now) {
   if (!alive()) return;
+  if (ping_sent_us_) {
+    if (last_recv_us_.load(std::memory_order_relaxed) >= ping_sent_us_) {
+      ping_sent_us_ = 0;  // answered (any batch will do)
+    } else if (now - ping_sent_us_ >= uint64_t(cfg_.keepalive_timeout_ms) * 1000) {
+      fail(kUnavailable, "argrpc: peer " + peer_name_ + " did not answer a keepalive for " +
+                             std::to_string(cfg_.keepalive_timeout_ms / 1000) +
+                             " s (it died or hangs)");
+      return;
+    }
+  }
   const uint64_t heard = last_heard_us_.load(std::memory_order_relaxed);
   if (now - heard < uint64_t(cfg_.keepalive_ms) * 1000) return;
   bool idle;
@@ -860,6 +874,7 @@ void Connection::keepalive(uint64_t now) {
     return;
   // Restart the clock so a silent but live peer gets one PING per interval.
   last_heard_us_.store(now, std::memory_order_relaxed);
+  if (!ping_sent_us_) ping_sent_us_ = now;
   queue_ctrl(kPing, 0, {});
   try_flush_ctrl();
 }

@@ -114,7 +114,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool flush_locked();
   bool frame_begin_locked(uint8_t type, uint64_t stream, size_t len);
   void frame_end_locked();
-  void queue_ctrl(uint8_t type, uint64_t stream, const std::vector<uint8_t>& body);
+  void queue_ctrl(uint8_t type, uint64_t stream, const std::vector<uint8_t>& body,
+                  uint8_t flags = 0);
   void flush_ctrl_locked();
   void try_flush_ctrl();
   bool progress_locked();
@@ -169,7 +170,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::mutex poll_mu_;
   std::atomic<bool> kick_{false};
   uint64_t rpos_ = 0, rbatches_ = 0;
-  std::atomic<uint64_t> last_heard_us_{0};
+  std::atomic<uint64_t> last_heard_us_{0};  // any completion, ours included
+  std::atomic<uint64_t> last_recv_us_{0};   // the last batch from the peer
+  uint64_t ping_sent_us_ = 0;  // the oldest unanswered PING (0: none); progress thread only
   std::vector<uint8_t> scratch_;
   struct Read {
     std::shared_ptr<Pull> pull;

@@ -21,8 +21,12 @@ enum FrameType : uint8_t {
   kTrailers = 6,   // status, details, trailing metadata; ends the stream
   kRst = 7,        // abort the stream with a status
   kWindow = 8,     // stream flow control: the reader consumed N eager bytes
-  kPing = 9,       // keepalive: no payload, no answer; a write to a dead peer fails
+  kPing = 9,       // keepalive: no payload; answered by a PING flagged kPingAck
 };
+
+// PING flags. An answer is needed because a write to a dead peer does not always fail
+// (Soft-RoCE sometimes never exhausts its retries) and a hung peer's NIC still ACKs.
+constexpr uint8_t kPingAck = 1;
 
 constexpr size_t kFrameHeader = 16;
 constexpr size_t kMaxMetadataEntries = 4096;
