@@ -310,3 +310,13 @@ def test_sync_gradient_matches_a_numerical_derivative() -> None:
 def test_launcher_refuses_the_flags_it_sets_itself() -> None:
     r = _launch("--task_index=1", timeout=60)
     assert r.returncode == 2 and "--task_index=1: the launcher sets the cluster" in r.stderr
+
+
+def test_fingerprint_differences_name_the_fields() -> None:
+    spec = cluster.ClusterSpec(ps=["a:1"], worker=["b:2"])
+    mine = cluster.fingerprint(spec, "argrpc", {"mode": "sync"})
+    assert cluster.differences(mine, mine) == []
+    theirs = cluster.fingerprint(spec, "grpc", {"mode": "async"})
+    assert cluster.differences(mine, theirs) == ["mode: 'async' vs 'sync'",
+                                                 "server_protocol: 'grpc' vs 'argrpc'"]
+    assert "not what this trainer sends" in cluster.differences(mine, "{garbage")[0]

@@ -126,7 +126,13 @@ def fingerprint(spec: ClusterSpec, protocol: str, settings: Mapping[str, Any]) -
 
 def differences(mine: str, theirs: str) -> list[str]:
     """Human-readable field differences between two fingerprints (theirs vs mine)."""
-    a, b = json.loads(mine), json.loads(theirs)
+    a = json.loads(mine)
+    try:
+        b = json.loads(theirs)
+    except json.JSONDecodeError:
+        b = None
+    if not isinstance(b, dict):
+        return [f"fingerprint: {theirs[:80]!r} is not what this trainer sends"]
     return [f"{k}: {b.get(k)!r} vs {a.get(k)!r}" for k in sorted(set(a) | set(b))
             if a.get(k) != b.get(k)]
 

@@ -37,7 +37,6 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
         self._cond = threading.Condition()
         self._version = 0
         self._pending: dict[int, dict[int, dict[str, np.ndarray]]] = {}  # step -> worker -> grads
-        self._registered: set[int] = set()
         self._done: set[int] = set()
         self.error = ""            # set once: the cluster cannot finish
         self.finished = threading.Event()
@@ -48,7 +47,8 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
     def _touch(self) -> None:
         self.last_contact = time.monotonic()
 
-    def _fail(self, message: str) -> None:
+    def fail(self, message: str) -> None:
+        """The cluster cannot finish: wake every waiting pull with the reason, then stop."""
         with self._cond:
             if not self.error:
                 self.error = message
@@ -68,10 +68,9 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
                        f"different cluster or settings ({request.task} vs {self._task.name}): "
                        + "; ".join(diff))
             self._log(message)
-            self._fail(message)
+            self.fail(message)
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, message)
         with self._cond:
-            self._registered.add(int(request.task.rsplit(".", 1)[-1]))
             return pb.RegisterReply(task=self._task.name, variables=self._names,
                                     version=self._version)
 
@@ -177,7 +176,7 @@ def run(spec: cluster.ClusterSpec, task: cluster.Task, protocol: str, settings: 
         while not servicer.finished.wait(1.0):
             idle = time.monotonic() - servicer.last_contact
             if idle > idle_timeout:
-                servicer._fail(f"no worker has contacted {task.name} for {idle:.0f} s "
+                servicer.fail(f"no worker has contacted {task.name} for {idle:.0f} s "
                                f"(--idle_timeout={idle_timeout:g})")
         # Let the last replies (Done, or the refusal) reach their callers.
         server.stop(grace=2.0).wait()
