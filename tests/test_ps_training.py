@@ -132,6 +132,43 @@ def test_tf_config_cluster_and_two_ps(tmp_path: Path) -> None:
     assert int(_checkpoint(tmp_path)["global_step"]) == 40
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_second_run_resumes_from_the_newest_checkpoint(mode: str, tmp_path: Path) -> None:
+    """Stopped at step 20 and started again for 40 steps, a cluster goes on from step 20;
+    in sync mode it ends exactly where one uninterrupted 40-step run ends."""
+    common = ["--ps=2", "--workers=2", "--protocol=argrpc", f"--mode={mode}",
+              "--hidden=64", "--checkpoint_every=20"]
+    first = _launch(*common, "--train_steps=20", f"--output_dir={tmp_path / 'a'}")
+    assert first.returncode == 0, first.stdout[-3000:]
+    second = _launch(*common, "--train_steps=40", f"--output_dir={tmp_path / 'a'}")
+    assert second.returncode == 0, second.stdout[-3000:]
+    done = 20 if mode == "sync" else 40  # async: every push is a global step
+    for ps in ("ps.0", "ps.1"):
+        assert re.search(rf"{ps}: restored \d variables from .*ckpt-{done}\.npz "
+                         rf"\(global step {done}\)", second.stdout), second.stdout[-3000:]
+    assert "resuming at global step" in second.stdout
+    resumed = _checkpoint(tmp_path / "a")
+    assert int(resumed["global_step"]) == 2 * done
+    if mode == "sync":
+        straight = _launch(*common, "--train_steps=40", f"--output_dir={tmp_path / 'b'}")
+        assert straight.returncode == 0, straight.stdout[-3000:]
+        for name, value in _checkpoint(tmp_path / "b").items():
+            assert np.array_equal(value, resumed[name]), name
+
+
+def test_a_checkpoint_of_another_model_is_refused(tmp_path: Path) -> None:
+    r = _launch("--ps=1", "--workers=1", "--hidden=64", "--train_steps=5",
+                f"--output_dir={tmp_path}")
+    assert r.returncode == 0, r.stdout[-3000:]
+    r = _launch("--ps=1", "--workers=1", "--hidden=32", "--train_steps=5",
+                f"--output_dir={tmp_path}", timeout=120)
+    assert r.returncode == 1
+    assert re.search(r"ps\.0: cannot restore: .*ckpt-5\.npz: dense0/bias is "
+                     r"float32\[64\], the model needs float32\[32\]", r.stdout), \
+        r.stdout[-3000:]
+    assert "FAILED: ps.0 exited with status 2" in r.stdout
+
+
 # --------------------------------------------------------------------------- failures
 def _trainer(job: str, index: int, protocol: str, ps: str, workers: str,
              *extra: str) -> subprocess.Popen[str]:

@@ -195,15 +195,19 @@ def test_every_task_gets_the_same_flags(job):
     assert tf_container(job, "PS")["args"] == tf_container(job, "Worker")["args"]
 
 
-def test_chief_output_dir_is_on_a_volume(job):
-    pod = job["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]
-    output_dir = trainer.build_parser().parse_args(tf_container(job, "Worker")["args"]).output_dir
+@pytest.mark.parametrize("rtype", ["PS", "Worker"])
+def test_output_dir_is_on_a_volume(job, rtype):
+    # The chief writes checkpoints there; on a rerun every task restores from it.
+    pod = job["spec"]["tfReplicaSpecs"][rtype]["template"]["spec"]
+    output_dir = trainer.build_parser().parse_args(tf_container(job, rtype)["args"]).output_dir
     mounts = {m["mountPath"].rstrip("/"): m["name"]
-              for m in tf_container(job, "Worker").get("volumeMounts", [])}
+              for m in tf_container(job, rtype).get("volumeMounts", [])}
     mount = next((n for p, n in mounts.items()
                   if output_dir == p or output_dir.startswith(p + "/")), None)
     assert mount is not None, f"--output_dir={output_dir} is not under any volumeMount {mounts}"
-    assert mount in {v["name"] for v in pod.get("volumes", [])}
+    claims = {v["name"]: v.get("persistentVolumeClaim", {}).get("claimName")
+              for v in pod.get("volumes", [])}
+    assert claims.get(mount) == "argrpc-ps-training-checkpoints", claims
 
 
 def test_tf_config_resolves_for_every_replica(job):

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO, Optional, Sequence
+from typing import IO, Iterable, Optional, Sequence
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _PR_SET_PDEATHSIG = 1
@@ -195,6 +195,11 @@ class Cluster:
         return outcome
 
 
+def _mean(values: Iterable[Optional[float]]) -> Optional[float]:
+    known = [v for v in values if v is not None]  # None: a resumed worker had no step left
+    return statistics.fmean(known) if known else None
+
+
 def summarize(outcome: Outcome) -> dict:
     """Cluster-level numbers from the workers' RESULT lines."""
     workers = [r for name, r in sorted(outcome.results.items()) if name.startswith("worker.")]
@@ -210,8 +215,8 @@ def summarize(outcome: Outcome) -> dict:
         "step_ms_p50": statistics.median(r["step_ms_p50"] for r in workers),
         "pull_ms_p50": statistics.median(r["pull_ms_p50"] for r in workers),
         "push_ms_p50": statistics.median(r["push_ms_p50"] for r in workers),
-        "first_loss": statistics.fmean(r["first_loss"] for r in workers),
-        "last_loss": statistics.fmean(r["last_loss"] for r in workers),
+        "first_loss": _mean(r["first_loss"] for r in workers),
+        "last_loss": _mean(r["last_loss"] for r in workers),
         "test_accuracy": chief.get("test_accuracy"),
         "global_step": chief.get("global_step"),
         "checkpoint": chief.get("checkpoint"),
@@ -236,8 +241,8 @@ def table(summaries: Sequence[dict]) -> str:
         cells = []
         for s in summaries:
             if key is None:
-                cells.append(f"{s.get('first_loss', 0):.3f} -> {s.get('last_loss', 0):.3f}"
-                             if "first_loss" in s else "-")
+                cells.append(f"{s['first_loss']:.3f} -> {s['last_loss']:.3f}"
+                             if s.get("first_loss") is not None else "-")
             else:
                 v = s.get(key)
                 cells.append(fmt.format(v) if v is not None else "-")

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import grpc
 import numpy as np
 
-from . import cluster, model
+from . import checkpoint, cluster, model
 from .rpc import from_tensor, pb, pb_grpc, to_tensors
 
 _POLL_S = 0.2  # how often a waiting pull re-checks that its caller is still there
@@ -29,13 +29,14 @@ _POLL_S = 0.2  # how often a waiting pull re-checks that its caller is still the
 class ParameterServer(pb_grpc.ParameterServerServicer):
     def __init__(self, task: cluster.Task, workers: int, names: list[str],
                  values: dict[str, np.ndarray], mode: str, learning_rate: float,
-                 fingerprint: str, log: Callable[[str], None]) -> None:
+                 fingerprint: str, log: Callable[[str], None], version: int = 0) -> None:
         self._task, self._workers, self._names = task, workers, names
         self._vars = values
         self._mode, self._lr = mode, np.float32(learning_rate)
         self._fingerprint, self._log = fingerprint, log
         self._cond = threading.Condition()
-        self._version = 0
+        self._version = version
+        self._restored = version
         self._pending: dict[int, dict[int, dict[str, np.ndarray]]] = {}  # step -> worker -> grads
         self._done: set[int] = set()
         self.error = ""            # set once: the cluster cannot finish
@@ -72,7 +73,7 @@ class ParameterServer(pb_grpc.ParameterServerServicer):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, message)
         with self._cond:
             return pb.RegisterReply(task=self._task.name, variables=self._names,
-                                    version=self._version)
+                                    version=self._version, restored_step=self._restored)
 
     def Pull(self, request, context):
         self._touch()
@@ -152,13 +153,23 @@ def _index(task_name: str) -> int:
 
 
 def run(spec: cluster.ClusterSpec, task: cluster.Task, protocol: str, settings: dict,
-        fingerprint: str, idle_timeout: float, log: Callable[[str], None]) -> int:
+        fingerprint: str, idle_timeout: float, output_dir: Optional[str],
+        log: Callable[[str], None]) -> int:
     net = model.MLP(settings["features"], tuple(settings["hidden"]))
     placement = model.place(net.shapes(), len(spec.ps))
     names = sorted(n for n, p in placement.items() if p == task.index)
-    values = {n: net.initial_value(n, settings["seed"]) for n in names}
+    try:
+        path = checkpoint.latest(output_dir)
+        if path is None:
+            values, version = {n: net.initial_value(n, settings["seed"]) for n in names}, 0
+        else:
+            values, version = checkpoint.load(path, {n: net.shapes()[n] for n in names})
+            log(f"restored {len(names)} variables from {path} (global step {version})")
+    except checkpoint.CheckpointError as e:
+        log(f"cannot restore: {e}")
+        return 2
     servicer = ParameterServer(task, len(spec.worker), names, values, settings["mode"],
-                               settings["learning_rate"], fingerprint, log)
+                               settings["learning_rate"], fingerprint, log, version)
     server = cluster.server(protocol, threads=4 * len(spec.worker) + 4,
                             options=_message_options())
     pb_grpc.add_ParameterServerServicer_to_server(servicer, server)

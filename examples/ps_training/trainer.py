@@ -43,8 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--hidden", default="512,512",
                    help="hidden layer widths (512,512: 1.2 MB of variables)")
     t.add_argument("--seed", type=int, default=0)
-    o = p.add_argument_group("worker")
-    o.add_argument("--output_dir", help="the chief writes ckpt-<step>.npz here")
+    o = p.add_argument_group("checkpoints and timing")
+    o.add_argument("--output_dir",
+                   help="the chief writes ckpt-<step>.npz here; every task started with a "
+                        "directory that holds one resumes from the newest")
     o.add_argument("--checkpoint_every", type=int, default=100, help="steps (100; 0: final only)")
     o.add_argument("--log_every", type=int, default=50, help="steps between loss lines (50)")
     o.add_argument("--startup_timeout", type=float, default=120.0,
@@ -91,7 +93,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if task.job == "ps":
         from . import ps
         return ps.run(spec, task, args.server_protocol, settings, fingerprint,
-                      args.idle_timeout, log)
+                      args.idle_timeout, args.output_dir, log)
     from . import worker
     try:
         return worker.run(spec, task, args.server_protocol, settings, fingerprint, args, log)

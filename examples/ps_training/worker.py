@@ -8,7 +8,6 @@ and the test accuracy.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 from typing import Any, Callable
@@ -16,7 +15,7 @@ from typing import Any, Callable
 import grpc
 import numpy as np
 
-from . import cluster, model
+from . import checkpoint, cluster, model
 from .ps import _message_options
 from .rpc import from_tensor, pb, pb_grpc, to_tensors
 
@@ -38,6 +37,7 @@ class _PS:
         self.channel = cluster.channel(protocol, address, _message_options())
         self.stub = pb_grpc.ParameterServerStub(self.channel)
         self.names: list[str] = []
+        self.restored = 0  # the global step of the checkpoint this PS started from
 
     def transport(self) -> str:
         return getattr(self.channel, "transport", "grpc")
@@ -80,7 +80,8 @@ def run(spec: cluster.ClusterSpec, task: cluster.Task, protocol: str, settings: 
 
 
 def _connect(task: cluster.Task, pss: list[_PS], fingerprint: str, timeout: float,
-             log: Callable[[str], None]) -> None:
+             log: Callable[[str], None]) -> int:
+    """Register with every PS; returns the global step they start from (all must agree)."""
     deadline = time.monotonic() + timeout
     for ps in pss:
         try:
@@ -94,17 +95,23 @@ def _connect(task: cluster.Task, pss: list[_PS], fingerprint: str, timeout: floa
         except grpc.RpcError as e:
             raise _rpc_error(ps, "registration", e) from None
         ps.names = list(reply.variables)
+        ps.restored = reply.restored_step
+    versions = {ps.name: ps.restored for ps in pss}
+    if len(set(versions.values())) > 1:
+        raise WorkerError(f"the PS tasks start from different global steps {versions}: they "
+                          "restored different checkpoints", 3)
     for ps in pss:
         transport = ps.transport()
         reason = getattr(ps.channel, "fallback_reason", "")
         log(f"connected to {ps.name} at {ps.address}: transport {transport}"
             + (f" ({reason})" if reason else ""))
+    return pss[0].restored
 
 
 def _train(task: cluster.Task, workers: int, pss: list[_PS], data: model.Dataset,
            net: model.MLP, placement: dict[str, int], protocol: str, settings: dict,
            fingerprint: str, args: Any, log: Callable[[str], None]) -> int:
-    _connect(task, pss, fingerprint, args.startup_timeout, log)
+    restored = _connect(task, pss, fingerprint, args.startup_timeout, log)
     expected = sorted(placement)
     held = sorted(n for ps in pss for n in ps.names)
     if held != expected:
@@ -112,16 +119,21 @@ def _train(task: cluster.Task, workers: int, pss: list[_PS], data: model.Dataset
 
     steps, batch, mode = settings["train_steps"], settings["batch_size"], settings["mode"]
     sync = mode == "sync"
+    # A restored cluster goes on from its global step: in async mode every push is one,
+    # so each worker has done its share of them.
+    first = restored if sync else restored // workers
+    if restored:
+        log(f"resuming at global step {restored}: steps {first}..{steps} of this worker")
     step_s: list[float] = []
     pull_s: list[float] = []
     push_s: list[float] = []
     losses: list[float] = []
     window = max(1, min(args.log_every, steps // 4 or 1))
-    warmup = min(5, steps // 10)
+    warmup = first + min(5, (steps - first) // 10)
     t_timed = time.perf_counter()
     params: dict[str, np.ndarray] = {}
     version = 0
-    for step in range(steps):
+    for step in range(first, steps):
         if step == warmup:
             t_timed = time.perf_counter()
         t0 = time.perf_counter()
@@ -161,8 +173,9 @@ def _train(task: cluster.Task, workers: int, pss: list[_PS], data: model.Dataset
         "step_ms_mean": 1e3 * statistics.fmean(step_s) if step_s else 0.0,
         "pull_ms_p50": 1e3 * statistics.median(pull_s) if pull_s else 0.0,
         "push_ms_p50": 1e3 * statistics.median(push_s) if push_s else 0.0,
-        "first_loss": statistics.fmean(losses[:window]),
-        "last_loss": statistics.fmean(losses[-window:]),
+        "first_step": first,
+        "first_loss": statistics.fmean(losses[:window]) if losses else None,
+        "last_loss": statistics.fmean(losses[-window:]) if losses else None,
     }
     if task.is_chief:
         result.update(_finish_chief(task, workers, pss, data, net, steps if sync else 0,
@@ -195,15 +208,6 @@ def _finish_chief(task: cluster.Task, workers: int, pss: list[_PS], data: model.
 
 def _checkpoint(directory: str, params: dict[str, np.ndarray], step: int,
                 log: Callable[[str], None]) -> str:
-    """ckpt-<step>.npz plus a `checkpoint` file naming the newest (TF's convention)."""
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"ckpt-{step}.npz")
-    tmp = path + ".tmp.npz"
-    np.savez(tmp, global_step=np.int64(step), **params)
-    os.replace(tmp, path)  # a reader never sees half a checkpoint
-    state = os.path.join(directory, "checkpoint")
-    with open(state + ".tmp", "w", encoding="utf-8") as f:
-        f.write(f"latest: {os.path.basename(path)}\n")
-    os.replace(state + ".tmp", state)
+    path = checkpoint.save(directory, params, step)
     log(f"checkpoint {path}")
     return path
