@@ -114,9 +114,10 @@ HANG_GRACE_S = 30.0
 WAIT_LIMIT_S = 60.0  # how long a server handler waits for the provoked cancel/deadline
 
 # Allowed growth between the start and end snapshots, per process (module docstring).
-# Measured on 2 vCPUs (30 s runs and one 600 s run of 141k calls): live heap -0.4..+0.9
-# MiB in 30 s, +3.5 MiB in 600 s in the server (native, ~25 B per call, not Python
-# objects: a suspected small engine leak, not yet located); private RSS net of glibc's kept free heap -19..+9 MiB, while raw private
+# Measured on 2 vCPUs (30 s runs and two 600 s runs of 141k and 106k calls): live heap
+# -0.4..+0.9 MiB in 30 s, +3.5 MiB in 600 s in the server both times (native, 25-35 B
+# per call, not Python objects: a suspected small engine leak, not yet located; per call
+# kind in one process, only bidi calls (~7 B) and new connections (70-230 B) grew); private RSS net of glibc's kept free heap -19..+9 MiB, while raw private
 # RSS rose by up to 405 MiB. 8 MiB passes that creep for 10 minutes but not a per-call
 # leak of 100 B or more (14 MiB at 141k calls); 32 MiB is twice the net-RSS noise.
 HEAP_TOLERANCE_MIB = 8.0
