@@ -86,12 +86,13 @@ bool Connection::progress_locked() {
     const int n = fabric_->poll(comps, kMaxCompletions);
     if (n <= 0) break;
     did = true;
-    last_heard_us_.store(now_us(), std::memory_order_relaxed);
+    const uint64_t heard = now_us();
+    last_heard_us_.store(heard, std::memory_order_relaxed);
     const uint64_t before = rbatches_;
     for (int i = 0; i < n; ++i) {
       switch (comps[i].kind) {
         case Completion::kRecv:
-          last_recv_us_.store(now_us(), std::memory_order_relaxed);
+          last_recv_us_.store(heard, std::memory_order_relaxed);
           if (!handle_batch(comps[i].len)) return true;
           break;
         case Completion::kReadDone:

@@ -137,16 +137,21 @@ def differences(mine: str, theirs: str) -> list[str]:
             if a.get(k) != b.get(k)]
 
 
-def channel(protocol: str, target: str, options: list[tuple[str, Any]]) -> grpc.Channel:
+# A wide layer's variable is several MB; grpc's 4 MB receive default would refuse it.
+_MESSAGE_OPTIONS = [("grpc.max_receive_message_length", 256 << 20),
+                    ("grpc.max_send_message_length", 256 << 20)]
+
+
+def channel(protocol: str, target: str) -> grpc.Channel:
     if protocol == "argrpc":
         import argrpc
-        return argrpc.insecure_channel(target, options=options)
-    return grpc.insecure_channel(target, options=options)
+        return argrpc.insecure_channel(target, options=_MESSAGE_OPTIONS)
+    return grpc.insecure_channel(target, options=_MESSAGE_OPTIONS)
 
 
-def server(protocol: str, threads: int, options: list[tuple[str, Any]]) -> grpc.Server:
+def server(protocol: str, threads: int) -> grpc.Server:
     pool = futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ps")
     if protocol == "argrpc":
         import argrpc
-        return argrpc.server(pool, options=options)
-    return grpc.server(pool, options=options)
+        return argrpc.server(pool, options=_MESSAGE_OPTIONS)
+    return grpc.server(pool, options=_MESSAGE_OPTIONS)

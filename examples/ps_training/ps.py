@@ -170,8 +170,7 @@ def run(spec: cluster.ClusterSpec, task: cluster.Task, protocol: str, settings: 
         return 2
     servicer = ParameterServer(task, len(spec.worker), names, values, settings["mode"],
                                settings["learning_rate"], fingerprint, log, version)
-    server = cluster.server(protocol, threads=4 * len(spec.worker) + 4,
-                            options=_message_options())
+    server = cluster.server(protocol, threads=4 * len(spec.worker) + 4)
     pb_grpc.add_ParameterServerServicer_to_server(servicer, server)
     port = spec.address("ps", task.index).rpartition(":")[2]
     bound = _bind(server, port)
@@ -209,9 +208,3 @@ def _bind(server: grpc.Server, port: str) -> int:
         if bound:
             return bound
     return 0
-
-
-def _message_options() -> list[tuple[str, int]]:
-    # A wide layer's variable is several MB; grpc's 4 MB receive default would refuse it.
-    return [("grpc.max_receive_message_length", 256 << 20),
-            ("grpc.max_send_message_length", 256 << 20)]

@@ -16,7 +16,6 @@ import grpc
 import numpy as np
 
 from . import checkpoint, cluster, model
-from .ps import _message_options
 from .rpc import from_tensor, pb, pb_grpc, to_tensors
 
 
@@ -34,7 +33,7 @@ class _PS:
     def __init__(self, index: int, address: str, protocol: str) -> None:
         self.name = f"ps.{index}"
         self.address = address
-        self.channel = cluster.channel(protocol, address, _message_options())
+        self.channel = cluster.channel(protocol, address)
         self.stub = pb_grpc.ParameterServerStub(self.channel)
         self.names: list[str] = []
         self.restored = 0  # the global step of the checkpoint this PS started from
@@ -62,6 +61,14 @@ def _all(pss: list[_PS], what: str, call: Callable[[_PS], Any]) -> list[Any]:
                 other.cancel()
             raise _rpc_error(ps, what, e) from None
     return results
+
+
+def _pull(pss: list[_PS], what: str, request: "pb.PullRequest",
+          timeout: float) -> tuple[dict[str, np.ndarray], int]:
+    """Every PS's shard, merged, and the oldest version among them."""
+    replies = _all(pss, what, lambda ps: ps.stub.Pull.future(request, timeout=timeout))
+    params = {t.name: from_tensor(t) for r in replies for t in r.tensors}
+    return params, min(r.version for r in replies)
 
 
 def run(spec: cluster.ClusterSpec, task: cluster.Task, protocol: str, settings: dict,
@@ -131,18 +138,13 @@ def _train(task: cluster.Task, workers: int, pss: list[_PS], data: model.Dataset
     window = max(1, min(args.log_every, steps // 4 or 1))
     warmup = first + min(5, (steps - first) // 10)
     t_timed = time.perf_counter()
-    params: dict[str, np.ndarray] = {}
-    version = 0
     for step in range(first, steps):
         if step == warmup:
             t_timed = time.perf_counter()
         t0 = time.perf_counter()
-        replies = _all(pss, f"pull of step {step}", lambda ps: ps.stub.Pull.future(
-            pb.PullRequest(task=task.name, min_version=step if sync else 0),
-            timeout=args.step_timeout))
+        params, version = _pull(pss, f"pull of step {step}", pb.PullRequest(
+            task=task.name, min_version=step if sync else 0), args.step_timeout)
         t1 = time.perf_counter()
-        params = {t.name: from_tensor(t) for r in replies for t in r.tensors}
-        version = min(r.version for r in replies)
         x, y = model.minibatch(data, task.index, workers, step, batch, settings["seed"])
         loss, grads = net.loss_and_grads(params, x, y)
         t2 = time.perf_counter()
@@ -190,11 +192,9 @@ def _finish_chief(task: cluster.Task, workers: int, pss: list[_PS], data: model.
                   net: model.MLP, min_version: int, args: Any,
                   log: Callable[[str], None]) -> dict[str, Any]:
     """The final variables (every worker's updates in), evaluated and checkpointed."""
-    replies = _all(pss, "final pull", lambda ps: ps.stub.Pull.future(
-        pb.PullRequest(task=task.name, min_version=min_version,
-                       wait_workers_done=workers - 1), timeout=args.step_timeout * 10))
-    params = {t.name: from_tensor(t) for r in replies for t in r.tensors}
-    version = min(r.version for r in replies)
+    params, version = _pull(pss, "final pull", pb.PullRequest(
+        task=task.name, min_version=min_version, wait_workers_done=workers - 1),
+        args.step_timeout * 10)
     accuracy = net.accuracy(params, data.x_test, data.y_test)
     train_loss, _ = net.loss_and_grads(params, data.x_train, data.y_train)
     out: dict[str, Any] = {"test_accuracy": accuracy, "final_train_loss": train_loss,
