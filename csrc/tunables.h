@@ -31,8 +31,8 @@ struct ConnConfig {
   int64_t max_recv = 4 * MiB;        // grpc.max_receive_message_length (-1: unlimited)
   uint32_t cq_slots = 1024;          // batches in flight before the receiver consumes
   int pull_ahead = 2;                // large messages pulled ahead of the reader per stream
-  // A connection with calls in flight that heard nothing from its peer for this long
-  // sends a PING: on a fabric without a liveness fd (verbs) the write to a dead peer
+  // A connection with calls in flight (or pool blocks the peer may still read) that
+  // heard nothing from its peer for this long sends a PING: on a fabric without a liveness fd (verbs) the write to a dead peer
   // fails, and so do the calls, instead of waiting for their deadlines.
   uint32_t keepalive_ms = 1000;
   // The same for an idle connection on a fabric without a liveness fd (verbs), so a

@@ -107,6 +107,7 @@ if [ "$#" -eq 0 ]; then
         tests/test_channel_api.py tests/test_buffers.py tests/test_limits.py \
         tests/test_interceptors.py tests/test_same_host.py tests/test_environment.py \
         tests/test_tls.py tests/test_fork.py tests/test_hostile_peer.py \
+        tests/test_fail_points.py \
         -k "not client_grpc-server_grpc"
 fi
 rc=0  # pipefail: pytest's own status survives the tee

@@ -139,7 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
                "  argrpc-bench ps --workers 2 --duration 5\n"
                "  argrpc-bench bandwidth --sizes 4M --sweep TF_RDMA_ACC_SIZE=4K,8K,16K\n"
                "  argrpc-bench soak --duration 600   (long mixed workload with checksums;\n"
-               "                                      see argrpc-bench soak --help)",
+               "                                      see argrpc-bench soak --help)\n"
+               "  argrpc-bench chaos --trials 40     (peers killed at random moments;\n"
+               "                                      see argrpc-bench chaos --help)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("benchmark", nargs="?", default="all", choices=[*BENCHMARKS, "all"],
                    help="latency: ping-pong echo; bandwidth: one-way large messages; "
@@ -280,6 +282,84 @@ def soak_main(argv: Sequence[str]) -> int:
     return 0 if doc["ok"] else soak.EXIT_FAILED
 
 
+# -------------------------------------------------------------------------- chaos
+
+def _choices(allowed: Sequence[str]) -> Any:
+    def parse(text: str) -> tuple[str, ...]:
+        items = tuple(x.strip() for x in text.split(",") if x.strip())
+        bad = [x for x in items if x not in allowed]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(
+                f"{','.join(bad) or 'nothing'}: choose from {','.join(allowed)}")
+        return items
+    return parse
+
+
+def build_chaos_parser() -> argparse.ArgumentParser:
+    from argrpc.bench import chaos
+
+    p = argparse.ArgumentParser(
+        prog="argrpc-bench chaos",
+        description="A peer process killed (or stopped, or hanging up its socket) at a "
+                    "random moment of a\nloop of calls, trial after trial: every call on "
+                    "the survivor must end UNAVAILABLE\nwithin the bound and its fds, "
+                    "threads, pool blocks and connections come back;\na killed client "
+                    "must not disturb the server's other client. Progress to stderr,\nthe "
+                    "table to stdout; exit status 0 when every trial passed.",
+        epilog="examples:\n"
+               "  argrpc-bench chaos --trials 500 --load half --json bench-results/chaos.json\n"
+               "  argrpc-bench chaos --faults stop,hangup --trials 16\n"
+               "  argrpc-bench chaos --seed 3 --trials 40 --only 17      # replay trial 17",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trials", type=_positive(int), default=40,
+                   help="trials, cycling through every scenario in the seed's order "
+                        "(default 40: each scenario of one fault once)")
+    p.add_argument("--seed", type=int, default=0, help="scenario order and fault moments")
+    p.add_argument("--load", nargs="?", const="all", default="none",
+                   choices=("none", "half", "all"),
+                   help="keep both cores busy with two spinning processes: during every "
+                        "trial (--load), every other round of scenarios (--load half)")
+    p.add_argument("--faults", type=_choices(chaos.FAULTS), default=("kill",),
+                   help="kill (SIGKILL), stop (SIGSTOP: the keepalive bound), hangup "
+                        "(shuts its argrpc sockets, stays alive); default kill")
+    p.add_argument("--victims", type=_choices(chaos.VICTIMS), default=chaos.VICTIMS)
+    p.add_argument("--arities", type=_choices(chaos.ARITIES), default=chaos.ARITIES)
+    p.add_argument("--sizes", type=_choices(chaos.SIZE_NAMES), default=chaos.SIZE_NAMES,
+                   help="0B, eager (1000 B), over_acc (TF_RDMA_ACC_SIZE+1), chunks "
+                        "(3 x TF_RDMA_CHUNK_SIZE + 1), 256M")
+    p.add_argument("--only", type=int, default=None, help="run only the trial of this index")
+    p.add_argument("--transport", choices=("auto", "shm", "verbs"), default="auto",
+                   help="TF_RDMA_TRANSPORT for the peers (default auto: shm here)")
+    p.add_argument("--bound", type=_positive(float), default=None,
+                   help=f"seconds from the fault to the survivor's calls' end (default "
+                        f"{chaos.SHM_BOUND_S:g} on shm, {chaos.VERBS_BOUND_S:.1f} over "
+                        f"verbs, {chaos.KEEPALIVE_BOUND_S:g} for stop)")
+    p.add_argument("--json", default=None, help="also write every trial as JSON here")
+    return p
+
+
+def chaos_main(argv: Sequence[str]) -> int:
+    import tempfile
+
+    from argrpc.bench import chaos
+
+    a = build_chaos_parser().parse_args(list(argv))
+    with tempfile.TemporaryDirectory(prefix="argrpc-chaos-") as work:
+        cfg = chaos.ChaosConfig(trials=a.trials, seed=a.seed, load=a.load, faults=a.faults,
+                                victims=a.victims, arities=a.arities, sizes=a.sizes,
+                                only=a.only, transport=a.transport, bound=a.bound,
+                                workdir=work)
+        doc = chaos.run(cfg, say=lambda line: print(line, file=sys.stderr, flush=True))
+    doc["argv"] = ["chaos", *argv]
+    sys.stdout.write(chaos.report(doc))
+    if a.json:
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"written: {a.json}")
+    return 0 if doc["ok"] else 1
+
+
 # --------------------------------------------------------------------------- planning
 
 def plan(a: argparse.Namespace) -> list["RunSpec"]:
@@ -323,6 +403,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["soak"]:  # its own options: a subcommand, not a benchmark to plan
         return soak_main(argv[1:])
+    if argv[:1] == ["chaos"]:
+        return chaos_main(argv[1:])
     parser = build_parser()
     a = parser.parse_args(argv)
     _check_args(parser, a)

@@ -155,19 +155,23 @@ struct PyShmEndpoint {
 // A client's connection is owned by its channel. A server's is owned by the engine
 // only: the listener keeps a weak handle, so a connection whose peer died is freed
 // (QPs, fds, pool blocks) as soon as the engine lets go of it, not at the next attach.
+// A handle on a connection. Weak: the engine owns every live connection (until it
+// fails or closes), and calls and zero-copy views own what they use, so a failed
+// connection's fds and mappings go as soon as its last call or view does, not when
+// the channel or listener that made it happens to look again.
 struct PyConnection {
   PyConnection() = default;
   std::shared_ptr<Engine> engine;
-  std::shared_ptr<Connection> owned;
   std::weak_ptr<Connection> weak;
+  std::shared_ptr<Epitaph> epitaph;  // why it failed, once it is gone
   std::string transport;
   std::string peer;
 
-  static PyConnection make(std::shared_ptr<Engine> e, std::shared_ptr<Connection> c, bool own) {
+  static PyConnection make(std::shared_ptr<Engine> e, std::shared_ptr<Connection> c) {
     PyConnection pc;
     pc.engine = std::move(e);
-    pc.owned = own ? c : nullptr;
     pc.weak = c;
+    pc.epitaph = c->epitaph();
     pc.transport = c->fabric().name();
     pc.peer = c->peer_name();
     return pc;
@@ -176,16 +180,13 @@ struct PyConnection {
   PyConnection(const PyConnection&) = default;
   PyConnection(PyConnection&&) = default;
   ~PyConnection() {
-    // The parent's connection: destroying it here would shut the parent's socket down.
-    if (born != fork_generation()) {
-      keep_forever(std::move(owned));
-      keep_forever(std::move(engine));
-    }
+    // The parent's engine: destroying it here would join a thread this child lacks.
+    if (born != fork_generation()) keep_forever(std::move(engine));
   }
-  // Null once closed, and in a forked child (which then negotiates its own).
+  // Null once failed or closed, and in a forked child (which then negotiates its own).
   std::shared_ptr<Connection> get() const {
     if (born != fork_generation()) return nullptr;
-    return owned ? owned : weak.lock();
+    return weak.lock();
   }
   std::shared_ptr<Connection> need() const {
     auto c = get();
@@ -379,7 +380,7 @@ void add_verbs(py::module_& m) {
                auto fabric = std::make_unique<verbs::VerbsFabric>(std::move(ep.ep), blob);
                conn = e.engine->attach(std::move(fabric), ep.cfg, srv, std::move(peer_name));
              }
-             return PyConnection::make(e.engine, conn, srv == nullptr);
+             return PyConnection::make(e.engine, conn);
            },
            py::arg("endpoint"), py::arg("peer_blob"), py::arg("server"), py::arg("peer_name"));
 }
@@ -447,7 +448,7 @@ PYBIND11_MODULE(_core, m) {
              auto fabric = std::make_unique<ShmFabric>(std::move(ep.ep), std::move(p), std::move(sock),
                                                        e.engine->pool(), &e.engine->copier());
              auto conn = e.engine->attach(std::move(fabric), ep.cfg, srv, std::move(peer_name));
-             return PyConnection::make(e.engine, conn, srv == nullptr);
+             return PyConnection::make(e.engine, conn);
            },
            py::arg("endpoint"), py::arg("peer"), py::arg("sock_fd"), py::arg("server"),
            py::arg("peer_name"))
@@ -466,8 +467,9 @@ PYBIND11_MODULE(_core, m) {
         if (c.born != fork_generation())
           return std::string("argrpc: the connection belongs to the parent process (inherited "
                              "through fork()); this process negotiates its own");
-        auto conn = c.get();
-        return conn ? conn->error() : std::string("argrpc: connection is closed");
+        const std::string why = c.epitaph->text();
+        // Empty while alive; a connection gone without a reason was destroyed by close.
+        return why.empty() && !c.get() ? std::string("argrpc: connection is closed") : why;
       })
       .def_property_readonly("peer", [](PyConnection& c) { return c.peer; })
       .def("close", [](PyConnection& c) {
@@ -494,6 +496,20 @@ PYBIND11_MODULE(_core, m) {
         NoGil nogil;
         return conn->probe_raw_batch(reinterpret_cast<const uint8_t*>(b.data()), b.size());
       }, py::arg("data"))
+      .def("_probe_fail_at", [](PyConnection& c, const std::string& point) {
+        static const std::pair<const char*, FailPoint> kPoints[] = {
+            {"submit", FailPoint::kSubmit}, {"copy_in", FailPoint::kCopyIn},
+            {"register", FailPoint::kRegister}, {"flush", FailPoint::kFlush},
+            {"pull", FailPoint::kPull}};
+        for (const auto& p : kPoints) {
+          if (point == p.first) {
+            c.need()->probe_fail_at(p.second);
+            return;
+          }
+        }
+        throw py::value_error("unknown fail point '" + point +
+                              "' (submit, copy_in, register, flush, pull)");
+      }, py::arg("point"))
       .def("unary",
            [](PyConnection& c, const std::string& method, py::object md, py::object timeout,
               py::object request) {

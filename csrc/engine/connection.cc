@@ -58,11 +58,6 @@ Connection::~Connection() {
   fabric_.reset();
 }
 
-std::string Connection::error() const {
-  std::lock_guard<std::mutex> g(err_mu_);
-  return error_;
-}
-
 // ---------------------------------------------------------------- progress
 
 bool Connection::progress() {
@@ -179,10 +174,10 @@ bool Connection::handle_frame(const FrameHead& h, const uint8_t* p) {
       if (!r.str(&method) || !r.metadata(&md) || !r.ok()) return bad("HEADERS");
       const Deadline dl = timeout_us < 0 ? Deadline::never()
                                          : Deadline::after_seconds(double(timeout_us) / 1e6);
-      auto s = std::make_shared<Stream>(h.stream, false, shared_from_this(), dl);
+      auto s = new_stream(h.stream, dl);
+      if (!alive()) return false;  // failed meanwhile: new_stream() ended it
       s->method = std::move(method);
       s->request_md = std::move(md);
-      s->send_window = static_cast<int64_t>(fabric_->peer_stream_window());
       {
         std::lock_guard<std::mutex> g(streams_mu_);
         streams_[h.stream] = s;
@@ -442,6 +437,8 @@ void Connection::on_read_done(uint64_t wr_id) {
   auto& p = rd.pull;
   --p->inflight;
   p->done += rd.len;
+  fail_point(FailPoint::kPull);
+  if (!alive()) return;
   if (p->next_off < p->len) {
     post_reads(p);
     return;
@@ -590,8 +587,21 @@ bool Connection::flush_locked() {
       fail(kUnavailable, "argrpc: peer " + peer_name_ + " stopped consuming its ring for 10 s");
       return false;
     }
+    // A dead peer never returns credits, and the thread stuck here may be the progress
+    // thread, the one that would otherwise learn of the hang-up.
+    if (spins >= 1000 && spins % 64 == 0 && fabric_->peer_gone()) {
+      batch_.clear();
+      fail(kUnavailable, "argrpc: connection to " + peer_name_ +
+                             " lost (the peer closed it or exited)");
+      return false;
+    }
     if (spins < 1000) sched_yield();
     else ::usleep(50);
+  }
+  fail_point(FailPoint::kFlush);
+  if (!alive()) {
+    batch_.clear();
+    return false;
   }
   wpos_ += skip;
   if (!fabric_->write_imm(batch_.data(), len, wpos_ % ring)) {
@@ -607,7 +617,7 @@ bool Connection::flush_locked() {
 
 bool Connection::reserve_window(const std::shared_ptr<Stream>& sp, size_t n) {
   Stream& s = *sp;
-  const bool ok = wait(s, s.deadline, [&] { return s.ended || s.send_window >= int64_t(n); });
+  const bool ok = wait(sp, s.deadline, [&] { return s.ended || s.send_window >= int64_t(n); });
   {
     std::lock_guard<std::mutex> g(s.mu);
     if (s.ended) return false;
@@ -622,7 +632,11 @@ bool Connection::reserve_window(const std::shared_ptr<Stream>& sp, size_t n) {
 
 bool Connection::submit(const std::shared_ptr<Stream>& sp, const Outgoing& o) {
   Stream& s = *sp;
-  if (!alive()) return false;
+  fail_point(FailPoint::kSubmit);
+  if (!alive()) {
+    end_failed(sp);
+    return false;
+  }
   // A handler that noticed the deadline (is_active() is false once it passes) may answer
   // before the sweep has ended the call: the answer must not reach the client as OK.
   if (!client_ && s.deadline.expired()) {
@@ -647,8 +661,12 @@ bool Connection::submit(const std::shared_ptr<Stream>& sp, const Outgoing& o) {
   if (o.has_msg && eager && !reserve_window(sp, o.msg_len)) return false;
   if (o.has_msg && !eager) {
     AllocStatus st;
-    Block block = engine_->pool()->alloc(o.msg_len, s.deadline, &st);
+    Block block = engine_->pool()->alloc(o.msg_len, s.deadline, &st, &dead_);
     if (!block.valid()) {
+      if (st == AllocStatus::kAborted) {  // the connection failed meanwhile
+        end_failed(sp);
+        return false;
+      }
       const std::string cap = std::to_string(engine_->pool()->capacity());
       std::string why;
       if (st == AllocStatus::kTooBig)
@@ -665,6 +683,7 @@ bool Connection::submit(const std::shared_ptr<Stream>& sp, const Outgoing& o) {
       return false;
     }
     engine_->copier().copy(block.data(), o.msg, o.msg_len);
+    fail_point(FailPoint::kCopyIn);
     ref = fabric_->expose(block);
     std::lock_guard<std::mutex> g(exposed_mu_);
     rdv = next_rdv_++;
@@ -684,11 +703,9 @@ bool Connection::submit(const std::shared_ptr<Stream>& sp, const Outgoing& o) {
       next_stream_id_ += 2;
       streams_[s.id] = sp;
     }
-    // fail() may have swept the map just before the insert.
-    if (!alive()) {
-      end_stream(sp, kUnavailable, error(), false, nullptr, false);
-      ok = false;
-    }
+    fail_point(FailPoint::kRegister);
+    // fail() may have swept the map just before the insert (ended at the end below).
+    ok = alive();
   }
   if (ok && client_headers) {
     const int64_t timeout_us =
@@ -763,11 +780,16 @@ bool Connection::submit(const std::shared_ptr<Stream>& sp, const Outgoing& o) {
     }
   }
   if (ctrl_pending_.load(std::memory_order_seq_cst)) try_flush_ctrl();
-  if (!ok && alive()) {
-    // Only an oversized header/trailer frame gets here with the connection alive.
-    cancel(sp, kResourceExhausted, "argrpc: metadata too large for the receive ring");
+  if (ok) return true;
+  // The connection failed at any point above. fail() has ended this stream (live_);
+  // ending it here too costs nothing and keeps this path self-evidently complete.
+  if (!alive()) {
+    end_failed(sp);
+    return false;
   }
-  return ok;
+  // Only an oversized header/trailer frame gets here with the connection alive.
+  cancel(sp, kResourceExhausted, "argrpc: metadata too large for the receive ring");
+  return false;
 }
 
 // ---------------------------------------------------------------- streams
@@ -869,6 +891,12 @@ void Connection::keepalive(uint64_t now) {
     std::lock_guard<std::mutex> g(streams_mu_);
     idle = streams_.empty();
   }
+  if (idle) {
+    // A peer still holding our pool blocks (a large answer it has not pulled or still
+    // views) is not idle: if it hangs, they are lost to everyone else.
+    std::lock_guard<std::mutex> g(exposed_mu_);
+    idle = exposed_.empty();
+  }
   // An idle shm peer's death shows on its socket; an idle verbs peer's only on a write.
   if (idle && (fabric_->liveness_fd() >= 0 || cfg_.idle_keepalive_ms == 0 ||
                now - heard < uint64_t(cfg_.idle_keepalive_ms) * 1000))
@@ -905,24 +933,31 @@ void Connection::fail(uint32_t code, const std::string& why) {
   if (dead_.exchange(true)) return;
   const auto self = shared_from_this();  // detach() below may drop the engine's reference
   {
-    std::lock_guard<std::mutex> g(err_mu_);
-    error_ = why;
+    std::lock_guard<std::mutex> g(epitaph_->mu);
+    epitaph_->why = why;
+    epitaph_->code = code;
   }
   fabric_->shutdown();
+  // dead_ is set: a stream made from here on ends at birth (new_stream), so this
+  // sweep and that check between them reach every stream of the connection.
   std::vector<std::shared_ptr<Stream>> all;
   {
-    std::lock_guard<std::mutex> g(streams_mu_);
-    for (auto& kv : streams_) all.push_back(kv.second);
+    std::lock_guard<std::mutex> g(live_mu_);
+    for (auto& kv : live_)
+      if (auto s = kv.second.lock()) all.push_back(std::move(s));
   }
+  size_t lost = 0;
+  for (auto& s : all) lost += end_failed(s);
   // An idle connection whose peer went away is routine; lost calls and protocol
   // errors are not, and must be visible.
-  if (code == kInternal || (code != kCancelled && !all.empty()))
-    std::fprintf(stderr, "%s (%zu calls affected)\n", why.c_str(), all.size());
-  for (auto& s : all) end_stream(s, client_ ? code : kCancelled, why, !client_, nullptr, false);
+  if (code == kInternal || (code != kCancelled && lost))
+    std::fprintf(stderr, "%s (%zu calls affected)\n", why.c_str(), lost);
   {
     std::lock_guard<std::mutex> g(exposed_mu_);
     exposed_.clear();
   }
+  // A submit() of this connection waiting for pool room must not outwait its death.
+  engine_->pool()->wake_waiters();
   {
     std::lock_guard<std::mutex> g(pullq_mu_);
     pullq_.clear();
@@ -930,20 +965,67 @@ void Connection::fail(uint32_t code, const std::string& why) {
   engine_->detach(this);
 }
 
+bool Connection::end_failed(const std::shared_ptr<Stream>& s) {
+  // Only after fail() set dead_ and the error: a forked child's view of the parent's
+  // connection is not alive() either, and must not touch the parent's locks.
+  if (!dead_.load(std::memory_order_acquire) || inherited()) return false;
+  uint32_t code;
+  std::string why;
+  {
+    std::lock_guard<std::mutex> g(epitaph_->mu);
+    code = epitaph_->code;
+    why = epitaph_->why;
+  }
+  if (!client_) code = kCancelled;
+  if (end_stream(s, code, why, !client_, nullptr, false)) return true;
+  // It had ended (its trailers came) while a message was still being pulled or waited
+  // to be: the reader gets what arrived whole, then this error instead of the status.
+  std::lock_guard<std::mutex> g(s->mu);
+  auto lost = std::find_if(s->inbox.begin(), s->inbox.end(),
+                           [](const Incoming& in) { return !in.ready(); });
+  if (lost == s->inbox.end()) return false;
+  for (auto it = lost; it != s->inbox.end(); ++it)
+    if (it->pull) it->pull->orphaned = true;
+  s->inbox.erase(lost, s->inbox.end());
+  s->pulls_active = 0;
+  s->code = code;
+  s->details = why;
+  s->trailing_md.clear();
+  s->notify_locked();
+  return true;
+}
+
+std::shared_ptr<Stream> Connection::new_stream(uint64_t id, const Deadline& dl) {
+  auto s = std::make_shared<Stream>(id, client_, shared_from_this(), dl);
+  s->send_window = static_cast<int64_t>(fabric_->peer_stream_window());
+  {
+    std::lock_guard<std::mutex> g(live_mu_);
+    live_.emplace(s.get(), s);
+  }
+  // After the insert: either fail()'s sweep sees it, or this sees dead_.
+  if (dead_.load(std::memory_order_acquire)) end_failed(s);
+  return s;
+}
+
+void Connection::forget_stream(Stream* s) {
+  std::lock_guard<std::mutex> g(live_mu_);
+  live_.erase(s);
+}
+
+Stream::~Stream() {
+  // A forked child's copy of the parent's stream: the parent's locks are not ours.
+  if (!conn->inherited()) conn->forget_stream(this);
+}
+
 // ---------------------------------------------------------------- public call API
 
 std::shared_ptr<Stream> Connection::start_call(const std::string& method, const Metadata& md,
                                                double timeout, bool send_headers_now) {
   const Deadline dl = timeout < 0 ? Deadline::never() : Deadline::after_seconds(timeout);
-  auto s = std::make_shared<Stream>(0, true, shared_from_this(), dl);
+  auto s = new_stream(0, dl);
   s->method = method;
   s->request_md = md;
-  s->send_window = static_cast<int64_t>(fabric_->peer_stream_window());
-  if (!alive()) {
-    end_stream(s, kUnavailable, error(), false, nullptr, false);
-    return s;
-  }
-  if (send_headers_now) submit(s, Outgoing{});
+  if (send_headers_now) submit(s, Outgoing{});  // a dead connection ends it there
   return s;
 }
 
@@ -985,7 +1067,8 @@ bool Connection::finish(const std::shared_ptr<Stream>& s, uint32_t code, const s
 }
 
 template <class Pred>
-bool Connection::wait(Stream& s, const Deadline& dl, Pred pred) {
+bool Connection::wait(const std::shared_ptr<Stream>& sp, const Deadline& dl, Pred pred) {
+  Stream& s = *sp;
   auto ready = [&] {
     std::lock_guard<std::mutex> g(s.mu);
     return pred();
@@ -996,8 +1079,18 @@ bool Connection::wait(Stream& s, const Deadline& dl, Pred pred) {
   engine_->leave_polling();
   if (ok) return true;
   std::unique_lock<std::mutex> lk(s.mu);
+  bool checked_dead = false;
   while (!pred()) {
     if (dl.expired()) return false;
+    if (!checked_dead && dead_.load(std::memory_order_acquire)) {
+      // fail() reaches every stream (live_) and wakes its sleepers, so this is only a
+      // second line: no waiter outlives its connection by more than one nap.
+      checked_dead = true;
+      lk.unlock();
+      end_failed(sp);
+      lk.lock();
+      continue;
+    }
     ++s.sleepers;
     // The bound is a safety net only: every state change notifies.
     auto until = std::min(dl.at(), Clock::now() + std::chrono::milliseconds(100));
@@ -1013,7 +1106,7 @@ bool Connection::recv(const std::shared_ptr<Stream>& sp, Payload* out) {
     return (!s.inbox.empty() && s.inbox.front().ready()) ||
            (s.inbox.empty() && (s.peer_half_closed || s.ended));
   };
-  if (!wait(s, s.deadline, pred)) {
+  if (!wait(sp, s.deadline, pred)) {
     expire(sp);
     return false;
   }
@@ -1064,14 +1157,14 @@ bool Connection::recv(const std::shared_ptr<Stream>& sp, Payload* out) {
 
 bool Connection::wait_initial_metadata(const std::shared_ptr<Stream>& sp) {
   Stream& s = *sp;
-  if (!wait(s, s.deadline, [&] { return s.have_initial_md || s.ended; })) expire(sp);
+  if (!wait(sp, s.deadline, [&] { return s.have_initial_md || s.ended; })) expire(sp);
   std::lock_guard<std::mutex> g(s.mu);
   return s.have_initial_md;
 }
 
 bool Connection::wait_end(const std::shared_ptr<Stream>& sp, const Deadline& limit) {
   Stream& s = *sp;
-  if (wait(s, limit.earlier(s.deadline), [&] { return s.ended; })) return true;
+  if (wait(sp, limit.earlier(s.deadline), [&] { return s.ended; })) return true;
   if (s.deadline.expired()) {
     expire(sp);
     return true;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/fork.h"
+#include "common/status.h"
 #include "engine/frame.h"
 #include "engine/stream.h"
 #include "fabric/fabric.h"
@@ -36,6 +37,29 @@ struct Outgoing {
   const Metadata* trailing = nullptr;
 };
 
+// Where a test can make a connection fail as if its peer had just hung up, to prove
+// that a failure at that exact point still ends every call (tests/test_fail_points.py).
+enum class FailPoint : int {
+  kNone = 0,
+  kSubmit,    // a call's submit() starts: the stream is not registered yet
+  kCopyIn,    // a large message was copied into the pool, the send lock not yet taken
+  kRegister,  // a new client stream was just registered, before it checks the connection
+  kFlush,     // a batch is about to be written to the peer
+  kPull,      // the first chunk of a rendezvous pull has arrived
+};
+
+// Why a connection failed, kept apart so that handles outliving the connection (a
+// channel looking again later) can still say why.
+struct Epitaph {
+  std::mutex mu;
+  std::string why;
+  uint32_t code = 0;  // what fail() ended client streams with
+  std::string text() {
+    std::lock_guard<std::mutex> g(mu);
+    return why;
+  }
+};
+
 struct CallEnd {
   uint32_t code = 0;
   std::string details;
@@ -55,7 +79,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     return !dead_.load(std::memory_order_acquire) && born_ == fork_generation();
   }
   bool inherited() const { return born_ != fork_generation(); }
-  std::string error() const;
+  std::string error() const { return epitaph_->text(); }
+  const std::shared_ptr<Epitaph>& epitaph() const { return epitaph_; }
   uint64_t serial = 0;  // the engine's id for it
 
   // Non-blocking; returns whether it did any work.
@@ -98,10 +123,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Writes `p` as one batch, unframed, as a hostile peer could (tests/test_hostile_peer.py).
   bool probe_raw_batch(const uint8_t* p, size_t len);
   std::string probe_read(const RemoteRef& src, size_t len, double timeout);
+  // The next time this connection reaches `p`, it fails there (once).
+  void probe_fail_at(FailPoint p) { fail_at_.store(int(p), std::memory_order_relaxed); }
 
  private:
   template <class Pred>
-  bool wait(Stream& s, const Deadline& dl, Pred pred);
+  bool wait(const std::shared_ptr<Stream>& s, const Deadline& dl, Pred pred);
+  // After fail(): ends `s` with the connection's error if it still runs, and if it had
+  // ended with messages still arriving, fails it too (they never will). True if it
+  // changed the call's outcome.
+  bool end_failed(const std::shared_ptr<Stream>& s);
+  void fail_point(FailPoint p) {
+    if (fail_at_.load(std::memory_order_relaxed) == int(p) &&
+        fail_at_.exchange(0, std::memory_order_relaxed) == int(p))
+      fail(kUnavailable, "argrpc: connection failed at a test fail point");
+  }
   // The stream's deadline passed: end it and tell the peer.
   void expire(const std::shared_ptr<Stream>& s);
   void oversize(const std::shared_ptr<Stream>& s, uint64_t n);
@@ -128,6 +164,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void start_queued_pulls();
   void queue_fin(uint64_t rdv_id);
   std::shared_ptr<Stream> find(uint64_t id);
+  // Every stream of this connection is made here and stays in live_ until destroyed,
+  // so fail() reaches each one that anybody could wait on, registered by id or not.
+  std::shared_ptr<Stream> new_stream(uint64_t id, const Deadline& dl);
+  friend class Stream;  // ~Stream leaves live_
+  void forget_stream(Stream* s);
   // Local end of a stream: drops it from the map, releases its pulls unless keep_inbox
   // (a normal end keeps what already arrived), wakes waiters. False if already ended.
   bool end_stream(const std::shared_ptr<Stream>& s, uint32_t code, const std::string& details,
@@ -143,12 +184,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const bool client_;
   std::atomic<bool> dead_{false};
   const uint64_t born_ = fork_generation();
-  mutable std::mutex err_mu_;
-  std::string error_;
+  const std::shared_ptr<Epitaph> epitaph_ = std::make_shared<Epitaph>();
+  std::atomic<int> fail_at_{0};
 
-  // Streams.
+  // Streams: by id while they run (what frames address), and all of them, ended or
+  // not, while they exist (what fail() must reach). Nothing is destroyed under live_mu_.
   std::mutex streams_mu_;
   std::unordered_map<uint64_t, std::shared_ptr<Stream>> streams_;
+  std::mutex live_mu_;
+  std::unordered_map<Stream*, std::weak_ptr<Stream>> live_;
   uint64_t next_stream_id_ = 1;
   uint64_t last_peer_stream_ = 0;
 

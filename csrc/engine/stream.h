@@ -59,8 +59,13 @@ struct Incoming {
 
 class Stream {
  public:
+  // Made only by Connection::new_stream(), which registers it with the connection
+  // for its whole life; the destructor leaves that registry.
   Stream(uint64_t id_, bool client_, std::shared_ptr<Connection> conn_, Deadline dl)
       : id(id_), client(client_), conn(std::move(conn_)), deadline(dl) {}
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
 
   // Client streams get their id when their HEADERS are encoded (under the send lock),
   // so ids reach the server in increasing order whatever order the calls started in.

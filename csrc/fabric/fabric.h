@@ -69,6 +69,9 @@ class Fabric {
   virtual void ack_wakeup() = 0;
   // Readable/hung up when the peer is gone (-1 if the fabric has no such fd).
   virtual int liveness_fd() const = 0;
+  // Non-blocking: true if the peer has certainly hung up (false if it cannot tell), for
+  // loops that wait on the peer and must not rely on another thread to notice.
+  virtual bool peer_gone() const { return false; }
   // Stop signalling and release what the peer could still reach; idempotent.
   virtual void shutdown() = 0;
   // Why the fabric failed (after a kError completion).

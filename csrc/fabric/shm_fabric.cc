@@ -1,6 +1,7 @@
 #include "fabric/shm_fabric.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -263,6 +264,12 @@ void ShmFabric::ack_wakeup() {
 void ShmFabric::shutdown() {
   if (shut_.exchange(true)) return;
   if (sock_.valid()) ::shutdown(sock_.get(), SHUT_RDWR);
+}
+
+bool ShmFabric::peer_gone() const {
+  if (!sock_.valid()) return true;
+  pollfd p{sock_.get(), POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
 std::string ShmFabric::error() const { return error_; }

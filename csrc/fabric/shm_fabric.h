@@ -69,6 +69,7 @@ class ShmFabric final : public Fabric {
   void disarm() override;
   void ack_wakeup() override;
   int liveness_fd() const override { return sock_.get(); }
+  bool peer_gone() const override;
   void shutdown() override;
   std::string error() const override;
 

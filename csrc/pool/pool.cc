@@ -81,7 +81,8 @@ bool Pool::take_locked(size_t n, size_t* off) {
   return false;
 }
 
-Block Pool::alloc(size_t n, const Deadline& dl, AllocStatus* status) {
+Block Pool::alloc(size_t n, const Deadline& dl, AllocStatus* status,
+                  const std::atomic<bool>* abort) {
   const size_t len = round_up(n ? n : 1, kPageSize);
   if (len > capacity()) {
     *status = AllocStatus::kTooBig;
@@ -100,6 +101,12 @@ Block Pool::alloc(size_t n, const Deadline& dl, AllocStatus* status) {
     }
     if (dl.expired()) {
       *status = AllocStatus::kTimeout;
+      return Block();
+    }
+    // Read under mu_, and wake_waiters() takes mu_: a flag set after this read comes
+    // with a notify this wait receives.
+    if (abort && abort->load(std::memory_order_acquire)) {
+      *status = AllocStatus::kAborted;
       return Block();
     }
     ++waiters_;
@@ -144,6 +151,11 @@ void Pool::give_back(size_t off, size_t len) {
 PoolStats Pool::stats() const {
   std::lock_guard<std::mutex> g(mu_);
   return PoolStats{capacity(), grown_, in_use_, waiters_};
+}
+
+void Pool::wake_waiters() {
+  { std::lock_guard<std::mutex> g(mu_); }
+  cv_.notify_all();
 }
 
 void Pool::shutdown() {

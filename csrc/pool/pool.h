@@ -4,6 +4,7 @@
 // a process that never moves a large message does not pay for the cap. Peers map the
 // same memfd read-only to pull announced blocks.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -46,7 +47,7 @@ class Block {
   size_t off_ = 0, len_ = 0;
 };
 
-enum class AllocStatus { kOk, kTimeout, kTooBig, kShutdown };
+enum class AllocStatus { kOk, kTimeout, kTooBig, kShutdown, kAborted };
 
 struct PoolStats {
   size_t capacity, grown, in_use;
@@ -64,7 +65,11 @@ class Pool : public std::enable_shared_from_this<Pool> {
   uint8_t* base() const { return map_.data(); }
 
   // Waits (back-pressure) until `dl` for room. kTooBig: n exceeds the whole pool.
-  Block alloc(size_t n, const Deadline& dl, AllocStatus* status);
+  // kAborted: *abort became true (whoever sets it calls wake_waiters()).
+  Block alloc(size_t n, const Deadline& dl, AllocStatus* status,
+              const std::atomic<bool>* abort = nullptr);
+  // Makes every alloc() look at its abort flag again.
+  void wake_waiters();
   // Never waits; an invalid Block if there is no room right now.
   Block try_alloc(size_t n);
   PoolStats stats() const;
