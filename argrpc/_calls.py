@@ -93,15 +93,14 @@ def _status_exception(channel: "Channel", code: int, details: str, imd: Any, tmd
 
 
 class _CompletedCall(grpc.Call, grpc.Future):
-    """The ``grpc.Call`` that ``with_call`` returns next to an OK response."""
+    """The ``grpc.Call`` that ``with_call`` returns next to an OK response. Its details
+    and debug string are empty whatever the handler set, as grpc's are for OK."""
 
-    __slots__ = ("_imd", "_tmd", "_details", "_response", "_deadline")
+    __slots__ = ("_imd", "_tmd", "_response", "_deadline")
 
-    def __init__(self, imd: Any, tmd: Any, details: str, response: Any,
-                 deadline: Optional[float]) -> None:
+    def __init__(self, imd: Any, tmd: Any, response: Any, deadline: Optional[float]) -> None:
         self._imd = imd  # engine form; converted on first access (usually never)
         self._tmd = tmd
-        self._details = details
         self._response = response
         self._deadline = deadline
 
@@ -119,10 +118,10 @@ class _CompletedCall(grpc.Call, grpc.Future):
         return _OK
 
     def details(self) -> str:
-        return self._details
+        return ""
 
     def debug_error_string(self) -> Optional[str]:
-        return None
+        return ""
 
     def is_active(self) -> bool:
         return False
@@ -160,7 +159,7 @@ class _CompletedCall(grpc.Call, grpc.Future):
         fn(self)
 
     def __repr__(self) -> str:
-        return rpc_state_string("_MultiThreadedRendezvous", _OK, self._details, None)
+        return rpc_state_string("_MultiThreadedRendezvous", _OK, "", None)
 
     __str__ = __repr__
 
@@ -260,7 +259,12 @@ class _Call(grpc.RpcError, grpc.Call, grpc.Future):
                 self._tmd = ()
             else:
                 code, details = _map_status(self._channel, code_int, details)
-                self._debug = None if code is _OK else f"{code.name}:{details}"
+                # grpc reports no details and an empty debug string for OK, whatever
+                # the handler set.
+                if code is _OK:
+                    details, self._debug = "", ""
+                else:
+                    self._debug = f"{code.name}:{details}"
                 self._tmd = from_core(tmd)
             if code is _OK and self._unary:
                 message = self._core.recv()  # buffered: the call has ended
@@ -658,7 +662,7 @@ class UnaryUnary(_MultiCallable, grpc.UnaryUnaryMultiCallable):
                 response = _SERIALIZE_ERROR
             if response is _SERIALIZE_ERROR:
                 raise local_error(_INTERNAL, _DESERIALIZE_FAILED)
-        return response, _CompletedCall(imd, tmd, details, response, _deadline(timeout))
+        return response, _CompletedCall(imd, tmd, response, _deadline(timeout))
 
     def future(self, request: Any, timeout: Optional[float] = None, metadata: Any = None,
                credentials: Optional[grpc.CallCredentials] = None,

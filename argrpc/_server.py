@@ -285,6 +285,15 @@ class _Server(grpc.Server):
                 self._watcher.start()
             self._grpc.start()
 
+    def __del__(self) -> None:
+        # grpc's server defines __del__ and code calls it to stop a server: start the
+        # stop, without waiting (a finalizer must not block), as grpc does.
+        if getattr(self, "_stage", _Stage.NEW) is _Stage.STARTED:
+            try:
+                self.stop(0)
+            except Exception:  # noqa: BLE001 - interpreter teardown: best effort
+                pass
+
     def _loop_count(self) -> int:
         n = getattr(self._pool, "_max_workers", None)
         return n if isinstance(n, int) and n > 0 else _DEFAULT_LOOPS

@@ -116,11 +116,14 @@ class EchoServicer:
         return self._pb2.EchoResponse(info=json.dumps(info))
 
     def _finish_plain(self, req: Any, context: grpc.ServicerContext) -> bool:
-        """set_code/set_details path: returns True when the call should end now."""
+        """set_code/set_details path: returns True when the call should end now. Details
+        without a code are set on a call that then ends OK."""
         if req.set_code:
             context.set_code(CODES[req.set_code])
             context.set_details(req.set_details)
             return True
+        if req.set_details:
+            context.set_details(req.set_details)
         return False
 
     # -- the four arities ------------------------------------------------------------
