@@ -316,9 +316,10 @@ class FastPathListener:
             ),
         })
 
-    def decide(self, request: Any, encrypted: bool = False) -> Any:
-        """The NegotiateResponse for `request` (issues a secret when the answer is shm)."""
-        response = self._decide(request, encrypted)
+    def decide(self, request: Any, encrypted: bool = False, user_agent: str = "") -> Any:
+        """The NegotiateResponse for `request` (issues a secret when the answer is shm).
+        `user_agent`: what the client's channel sent, given to its fast-path calls."""
+        response = self._decide(request, encrypted, user_agent)
         client = request.host
         if response.transport == "shm":
             log.info("argrpc: offering shm to pid %d on %s", client.pid, client.hostname or "?")
@@ -367,12 +368,14 @@ class FastPathListener:
     # -- internals
 
     def _serve(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return self.decide(request, encrypted=_is_encrypted(context))
+        user_agent = next((str(v) for k, v in context.invocation_metadata()
+                           if k == "user-agent"), "")
+        return self.decide(request, encrypted=_is_encrypted(context), user_agent=user_agent)
 
     def _none(self, reason: str) -> Any:
         return _proto.NegotiateResponse(version=PROTOCOL_VERSION, transport="none", reason=reason)
 
-    def _decide(self, request: Any, encrypted: bool) -> Any:
+    def _decide(self, request: Any, encrypted: bool, user_agent: str) -> Any:
         cfg = self._cfg
         if not cfg.enabled:
             return self._none("server has TF_RDMA_ENABLED=false")
@@ -397,10 +400,10 @@ class FastPathListener:
             local = self._host or local_identity()
             reason = same_host_reason(local, HostIdentity.from_proto(request.host))
             if not reason:
-                return self._offer_shm(request)
+                return self._offer_shm(request, user_agent)
             reasons.append(reason)
         if "verbs" in common:
-            answer = self._accept_verbs(request)
+            answer = self._accept_verbs(request, user_agent)
             if not isinstance(answer, str):
                 return answer
             reasons.append(f"verbs: {answer}")
@@ -408,20 +411,20 @@ class FastPathListener:
             reasons.append(f"verbs: the client cannot use RDMA verbs: {client_no_verbs}")
         return self._none("; ".join(reasons))
 
-    def _offer_shm(self, request: Any) -> Any:
+    def _offer_shm(self, request: Any, user_agent: str) -> Any:
         try:
             acceptor = self._ensure_acceptor()
         except OSError as e:
             return self._none(f"server cannot open its shm socket: {e}")
         if acceptor is None:
             return self._none("server is shutting down")
-        secret = self._secrets.issue(request.host.pid)
+        secret = self._secrets.issue(request.host.pid, user_agent)
         return _proto.NegotiateResponse(
             version=PROTOCOL_VERSION, transport="shm",
             shm=_proto.ShmOffer(socket_name=acceptor.name, secret=secret,
                                 server_pid=os.getpid()))
 
-    def _accept_verbs(self, request: Any) -> Any:
+    def _accept_verbs(self, request: Any, user_agent: str) -> Any:
         """The "verbs" NegotiateResponse with the server's attached endpoint, or why not."""
         peer = request.verbs
         if not request.HasField("verbs") or not peer.blob:
@@ -445,7 +448,7 @@ class FastPathListener:
             # Attached before answering, so the server's QPs are ready (RTR) when the
             # client's first batch arrives right after it attached its own.
             conn = engine.attach_verbs(endpoint, bytes(peer.blob), self._core_server,
-                                       f"verbs:{_describe(peer)}")
+                                       f"verbs:{_describe(peer)}", user_agent=user_agent)
         except Exception as e:  # CoreError: blob rejected, QP transition failed
             return f"the server cannot connect to the client's verbs endpoint: {e}"
         with self._lock:

@@ -64,7 +64,10 @@ def _too_large(n: int, limit: int) -> _RpcError:
 
 def _core_metadata(metadata: Any) -> list:
     try:
-        return to_core(metadata)
+        md = to_core(metadata)
+        # grpc drops a call's own user-agent: the server sees the channel's (on the fast
+        # path, the one sent when the connection was negotiated).
+        return [kv for kv in md if kv[0] != "user-agent"] if md else md
     except InvalidMetadataError as e:
         _LOGGER.error("%s", e)
         raise local_error(_INTERNAL, "Invalid metadata", "") from None

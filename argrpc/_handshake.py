@@ -29,7 +29,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 __all__ = [
     "HandshakeError",
@@ -66,6 +66,13 @@ class HandshakeError(Exception):
 
 # --------------------------------------------------------------------------- secrets
 
+class Grant(NamedTuple):
+    """What a secret was issued for: the pid the client claimed, and the user-agent its
+    gRPC channel sent when it negotiated (presented with every fast-path call)."""
+    pid: int
+    user_agent: str = ""
+
+
 class SecretStore:
     """One-time secrets, each bound to the pid the client claimed and valid for `ttl` s."""
 
@@ -75,20 +82,20 @@ class SecretStore:
         self._clock = clock
         self._capacity = capacity
         self._lock = threading.Lock()
-        self._items: dict[bytes, tuple[int, float]] = {}  # secret -> (pid, expiry); insertion order
+        self._items: dict[bytes, tuple[Grant, float]] = {}  # secret -> (grant, expiry); insertion order
 
-    def issue(self, pid: int) -> bytes:
+    def issue(self, pid: int, user_agent: str = "") -> bytes:
         secret = os.urandom(SECRET_LEN)
         now = self._clock()
         with self._lock:
             self._purge(now)
             while len(self._items) >= self._capacity:  # drop the oldest
                 del self._items[next(iter(self._items))]
-            self._items[secret] = (pid, now + self._ttl)
+            self._items[secret] = (Grant(pid, user_agent), now + self._ttl)
         return secret
 
-    def consume(self, secret: bytes) -> int:
-        """Return the pid the secret was issued to; it can never be used again.
+    def consume(self, secret: bytes) -> Grant:
+        """Return what the secret was issued for; it can never be used again.
 
         Raises HandshakeError if unknown, already used or expired."""
         now = self._clock()
@@ -97,10 +104,10 @@ class SecretStore:
             self._purge(now)
         if item is None:
             raise HandshakeError("unknown or already used handshake secret")
-        pid, expiry = item
+        grant, expiry = item
         if now > expiry:
             raise HandshakeError(f"handshake secret expired (valid for {self._ttl:g} s)")
-        return pid
+        return grant
 
     def __len__(self) -> int:
         with self._lock:
@@ -419,12 +426,12 @@ class ShmAcceptor:
             if tag != b"HI" or len(payload) < SECRET_LEN:
                 raise HandshakeError("malformed handshake hello")
             # Consumed before any other check: a secret gets exactly one attempt.
-            bound_pid = self._secrets.consume(payload[:SECRET_LEN])
+            grant = self._secrets.consume(payload[:SECRET_LEN])
             if uid != os.getuid():
                 raise HandshakeError(f"peer uid {uid} is not the server's uid {os.getuid()}")
-            if pid != bound_pid:
+            if pid != grant.pid:
                 raise HandshakeError(
-                    f"peer pid {pid} is not the pid the secret was issued to ({bound_pid})")
+                    f"peer pid {pid} is not the pid the secret was issued to ({grant.pid})")
             peer = _parse_peer(payload[SECRET_LEN:], fds)
             try:
                 engine = self._engine_factory()
@@ -451,7 +458,7 @@ class ShmAcceptor:
         try:
             try:
                 conn = engine.attach_shm(endpoint, peer, sock_fd, self._core_server,
-                                         f"shm:pid={pid}")
+                                         f"shm:pid={pid}", user_agent=grant.user_agent)
             except Exception as e:  # CoreError: the engine has closed what it was given
                 log.warning("argrpc: attaching shm connection from pid %d failed: %s", pid, e)
                 _send_nowait(reply, b"NO", str(e).encode())

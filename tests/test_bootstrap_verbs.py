@@ -56,7 +56,7 @@ class FakeVerbsEngine:
         return ep
 
     def attach_verbs(self, ep: FakeVerbsEndpoint, peer_blob: bytes, server: Any,
-                     peer_name: str) -> FakeVerbsConnection:
+                     peer_name: str, user_agent: str = "") -> FakeVerbsConnection:
         if self.fail_attach:
             raise RuntimeError(self.fail_attach)
         conn = FakeVerbsConnection(ep, peer_blob, server, peer_name)

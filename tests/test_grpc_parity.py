@@ -1,15 +1,45 @@
 """Small corners where a drop-in must answer exactly as grpc does, on every pair (the
-grpc<->grpc reference included): an OK call's details and debug string, and a server's
-``__del__``."""
+grpc<->grpc reference included): the user-agent a handler sees, an OK call's details and
+debug string, and a server's ``__del__``."""
 from __future__ import annotations
 
+import json
+import re
 from concurrent import futures
-from typing import Any
+from typing import Any, Callable
 
 import grpc
 import pytest
 
-from tests.support.clients import Client
+from tests.support.clients import UNLIMITED_SERVER_ARGS, Client
+from tests.support.procs import ServerProcess
+
+# grpc's own part, as grpc-python composes it ("grpc-python/1.85.1 grpc-c/58.0.0 (linux;
+# chttp2)"); the user's primary part goes before it and the secondary one after.
+GRPC_UA = re.escape(f"grpc-python/{grpc.__version__} ") + r"grpc-c/[0-9.]+ \([a-z]+; chttp2\)"
+UA_CASES = {
+    "default": ([], rf"^{GRPC_UA}$"),
+    "primary": ([("grpc.primary_user_agent", "prim/1")], rf"^prim/1 {GRPC_UA}$"),
+    "secondary": ([("grpc.secondary_user_agent", "sec/2")], rf"^{GRPC_UA} sec/2$"),
+    "both": ([("grpc.primary_user_agent", "prim/1"), ("grpc.secondary_user_agent", "sec/2")],
+             rf"^prim/1 {GRPC_UA} sec/2$"),
+}
+
+
+@pytest.mark.parametrize("case", list(UA_CASES))
+def test_handler_sees_grpcs_user_agent_first(case: str, pair: tuple[str, str], servers: Any,
+                                             connect: Callable[..., Client]) -> None:
+    options, pattern = UA_CASES[case]
+    server: ServerProcess = servers.get(pair[1], UNLIMITED_SERVER_ARGS)
+    client = connect(pair[0], server, options)
+    for _ in range(2):  # the first call may have negotiated; the second is on the fast path
+        # grpc drops a call's own user-agent: the channel's is the one the handler sees.
+        resp = client.stub.Unary(client.req(payload=b"u"), timeout=20,
+                                 metadata=[("x-a", "1"), ("user-agent", "mine/3")])
+        seen = json.loads(resp.info)["metadata"]
+        assert seen[0][0] == "user-agent", seen
+        assert re.match(pattern, seen[0][1]), (seen[0][1], pattern)
+        assert seen[1:] == [["x-a", "1"]], seen
 
 
 def _ok_calls(client: Client) -> dict[str, Any]:

@@ -104,7 +104,7 @@ class FdEngine:
         return ep
 
     def attach_shm(self, endpoint: FdEndpoint, peer: dict[str, int], sock_fd: int, server: Any,
-                   peer_name: str) -> FdConnection:
+                   peer_name: str, user_agent: str = "") -> FdConnection:
         conn = FdConnection(peer, sock_fd, server, peer_name)
         if self.fail_attach:
             conn.close()  # the contract: on failure the engine has closed what it was given
@@ -153,8 +153,8 @@ def test_secret_is_one_time_and_bound_to_pid() -> None:
     store = SecretStore()
     a, b = store.issue(111), store.issue(222)
     assert len(a) == 32 and len(b) == 32 and a != b
-    assert store.consume(b) == 222
-    assert store.consume(a) == 111
+    assert store.consume(b).pid == 222
+    assert store.consume(a).pid == 111
     for s in (a, b):
         with pytest.raises(HandshakeError, match="unknown or already used"):
             store.consume(s)
@@ -169,7 +169,7 @@ def test_secret_expires() -> None:
     old = store.issue(1)
     clock.now += 29.0
     fresh = store.issue(2)
-    assert store.consume(fresh) == 2
+    assert store.consume(fresh).pid == 2
     clock.now += 1.5  # old is now 30.5 s old
     with pytest.raises(HandshakeError, match="expired"):
         store.consume(old)

@@ -369,7 +369,7 @@ void add_verbs(py::module_& m) {
            py::arg("conn_config"), py::arg("select"), py::arg("qps") = VerbsConfig().qps)
       .def("attach_verbs",
            [](PyEngine& e, PyVerbsEndpoint& ep, py::bytes peer_blob, py::object server,
-              std::string peer_name) {
+              std::string peer_name, std::string user_agent) {
              std::shared_ptr<Server> srv;
              if (!server.is_none()) srv = server.cast<PyServer&>().server;
              if (!ep.ep) throw CoreError("this endpoint was already attached");
@@ -378,11 +378,13 @@ void add_verbs(py::module_& m) {
              {
                NoGil nogil;
                auto fabric = std::make_unique<verbs::VerbsFabric>(std::move(ep.ep), blob);
-               conn = e.engine->attach(std::move(fabric), ep.cfg, srv, std::move(peer_name));
+               conn = e.engine->attach(std::move(fabric), ep.cfg, srv, std::move(peer_name),
+                                       std::move(user_agent));
              }
              return PyConnection::make(e.engine, conn);
            },
-           py::arg("endpoint"), py::arg("peer_blob"), py::arg("server"), py::arg("peer_name"));
+           py::arg("endpoint"), py::arg("peer_blob"), py::arg("server"), py::arg("peer_name"),
+           py::arg("user_agent") = "");
 }
 
 }  // namespace
@@ -433,7 +435,7 @@ PYBIND11_MODULE(_core, m) {
       })
       .def("attach_shm",
            [](PyEngine& e, PyShmEndpoint& ep, py::dict peer, int sock_fd, py::object server,
-              std::string peer_name) {
+              std::string peer_name, std::string user_agent) {
              // Take ownership of every fd first so each one is closed on any failure.
              UniqueFd sock(sock_fd);
              ShmPeer p;
@@ -447,11 +449,12 @@ PYBIND11_MODULE(_core, m) {
              if (!ep.ep) throw CoreError("this endpoint was already attached");
              auto fabric = std::make_unique<ShmFabric>(std::move(ep.ep), std::move(p), std::move(sock),
                                                        e.engine->pool(), &e.engine->copier());
-             auto conn = e.engine->attach(std::move(fabric), ep.cfg, srv, std::move(peer_name));
+             auto conn = e.engine->attach(std::move(fabric), ep.cfg, srv, std::move(peer_name),
+                                          std::move(user_agent));
              return PyConnection::make(e.engine, conn);
            },
            py::arg("endpoint"), py::arg("peer"), py::arg("sock_fd"), py::arg("server"),
-           py::arg("peer_name"))
+           py::arg("peer_name"), py::arg("user_agent") = "")
       .def("shutdown", [](PyEngine& e) {
         NoGil nogil;
         e.engine->shutdown();
@@ -653,7 +656,14 @@ PYBIND11_MODULE(_core, m) {
       // Identity of the call across handles (accept() and next_cancelled()).
       .def_property_readonly("key", [](PyServerCall& c) { return reinterpret_cast<uintptr_t>(c.s.get()); })
       .def_property_readonly("method", [](PyServerCall& c) { return c.s->method; })
-      .def_property_readonly("metadata", [](PyServerCall& c) { return from_metadata(c.s->request_md); })
+      .def_property_readonly("metadata", [](PyServerCall& c) {
+        // grpc lists the client's user-agent first; over the fast path it is the one the
+        // client's channel sent when it negotiated.
+        py::list md = from_metadata(c.s->request_md);
+        const std::string& ua = c.s->conn->peer_user_agent();
+        if (!ua.empty()) md.insert(0, py::make_tuple(py::str("user-agent"), py::bytes(ua)));
+        return md;
+      })
       .def_property_readonly("peer", [](PyServerCall& c) { return c.s->conn->peer_name(); })
       .def("time_remaining", [](PyServerCall& c) -> py::object {
         if (c.s->deadline.infinite()) return py::none();

@@ -39,12 +39,14 @@ std::vector<uint8_t> status_body(uint32_t code, const std::string& details, cons
 }  // namespace
 
 Connection::Connection(Engine* engine, std::unique_ptr<Fabric> fabric, const ConnConfig& cfg,
-                       std::shared_ptr<Server> server, std::string peer_name)
+                       std::shared_ptr<Server> server, std::string peer_name,
+                       std::string peer_user_agent)
     : engine_(engine),
       fabric_(std::move(fabric)),
       cfg_(cfg),
       server_(std::move(server)),
       peer_name_(std::move(peer_name)),
+      peer_user_agent_(std::move(peer_user_agent)),
       client_(server_ == nullptr) {
   batch_.reserve(cfg_.acc_size + 64);
   scratch_.reserve(cfg_.acc_size + 64);

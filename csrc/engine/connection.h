@@ -68,11 +68,13 @@ struct CallEnd {
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(Engine* engine, std::unique_ptr<Fabric> fabric, const ConnConfig& cfg,
-             std::shared_ptr<Server> server, std::string peer_name);
+             std::shared_ptr<Server> server, std::string peer_name,
+             std::string peer_user_agent = "");
   ~Connection();
 
   Fabric& fabric() { return *fabric_; }
   const std::string& peer_name() const { return peer_name_; }
+  const std::string& peer_user_agent() const { return peer_user_agent_; }
   // False after the peer or this side ended it, and in a forked child (the connection
   // is the parent's).
   bool alive() const {
@@ -181,6 +183,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const ConnConfig cfg_;
   const std::shared_ptr<Server> server_;
   const std::string peer_name_;
+  const std::string peer_user_agent_;
   const bool client_;
   std::atomic<bool> dead_{false};
   const uint64_t born_ = fork_generation();

@@ -65,10 +65,11 @@ std::shared_ptr<const Engine::ConnList> Engine::snapshot() const {
 }
 
 std::shared_ptr<Connection> Engine::attach(std::unique_ptr<Fabric> fabric, const ConnConfig& cfg,
-                                           std::shared_ptr<Server> server, std::string peer_name) {
+                                           std::shared_ptr<Server> server, std::string peer_name,
+                                           std::string peer_user_agent) {
   if (stop_.load()) throw CoreError("argrpc engine is shut down");
   auto conn = std::make_shared<Connection>(this, std::move(fabric), cfg, std::move(server),
-                                           std::move(peer_name));
+                                           std::move(peer_name), std::move(peer_user_agent));
   {
     std::lock_guard<std::mutex> g(conns_mu_);
     conn->serial = next_serial_++;

@@ -34,8 +34,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
   const std::shared_ptr<Pool>& pool() const { return pool_; }
   Copier& copier() { return *copier_; }
 
+  // peer_user_agent: what the peer's gRPC channel sent as user-agent when it
+  // negotiated; a server presents it with every fast-path call, as grpc would.
   std::shared_ptr<Connection> attach(std::unique_ptr<Fabric> fabric, const ConnConfig& cfg,
-                                     std::shared_ptr<Server> server, std::string peer_name);
+                                     std::shared_ptr<Server> server, std::string peer_name,
+                                     std::string peer_user_agent = "");
   void detach(Connection* conn);
 
   void enter_polling();
