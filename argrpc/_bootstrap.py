@@ -358,10 +358,13 @@ class FastPathListener:
                 log.debug("argrpc: closing verbs connection failed", exc_info=True)
 
     def close(self) -> None:
-        """Stop the handshake socket and its thread; attached connections stay."""
+        """Stop the handshake socket and its thread; attached connections stay (the
+        acceptor is kept: close_connections() still needs its list of them)."""
         with self._lock:
+            if self._closed:
+                return
             self._closed = True
-            acceptor, self._acceptor = self._acceptor, None
+            acceptor = self._acceptor
         if acceptor is not None:
             acceptor.close()
 

@@ -95,3 +95,37 @@ def test_unstarted_server_del_is_harmless() -> None:
     server = argrpc.server(futures.ThreadPoolExecutor(max_workers=1))
     server.__del__()
     server.__del__()
+
+
+def _echo_server(mod: Any, port: int) -> tuple[Any, int]:
+    server = mod.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "t", {"U": grpc.unary_unary_rpc_method_handler(lambda r, c: b"ok")}),))
+    port = server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    return server, port
+
+
+@pytest.mark.parametrize("stack", ["argrpc", "grpc"])
+def test_channel_reconnects_to_a_server_restarted_in_process(stack: str) -> None:
+    """server.stop() closes its fast-path connections (the client sees them go, as it
+    sees grpc's GOAWAY), so a channel's next call reaches the new server on the port."""
+    import argrpc
+
+    mod: Any = argrpc if stack == "argrpc" else grpc
+    first, port = _echo_server(mod, 0)
+    channel = mod.insecure_channel(f"127.0.0.1:{port}")
+    second = None
+    try:
+        assert channel.unary_unary("/t/U")(b"", timeout=20) == b"ok"
+        first.stop(None)
+        second, _ = _echo_server(mod, port)
+        assert channel.unary_unary("/t/U")(b"", timeout=20, wait_for_ready=True) == b"ok"
+        assert channel.unary_unary("/t/U")(b"", timeout=20) == b"ok"
+        if stack == "argrpc":
+            assert channel.transport == "shm", channel.fallback_reason
+    finally:
+        channel.close()
+        first.stop(None)
+        if second is not None:
+            second.stop(None)

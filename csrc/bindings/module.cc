@@ -479,6 +479,7 @@ PYBIND11_MODULE(_core, m) {
         auto conn = c.get();
         if (!conn) return;
         NoGil nogil;
+        conn->flush_pending();
         conn->fail(kCancelled, "Channel closed!");
       })
       // Remote-access probes for tests/verbs; not part of the facade.

@@ -75,6 +75,21 @@ bool Connection::progress() {
   }
 }
 
+void Connection::drain() {
+  if (inherited()) return;
+  std::lock_guard<std::mutex> g(poll_mu_);  // wait out a poller: it may hold the last batch
+  while (alive() && progress_locked()) {
+  }
+}
+
+void Connection::flush_pending() {
+  if (!alive()) return;
+  std::lock_guard<std::mutex> g(send_mu_);
+  if (!alive()) return;
+  flush_ctrl_locked();
+  flush_locked();
+}
+
 bool Connection::progress_locked() {
   Completion comps[kMaxCompletions];
   bool did = false;

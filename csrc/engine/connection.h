@@ -87,6 +87,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Non-blocking; returns whether it did any work.
   bool progress();
+  // The peer hung up: reads everything it wrote before it did (its last answers and
+  // trailers), so those calls end as the peer ended them, not with the hang-up.
+  void drain();
+  // Before a deliberate close: writes the control frames still queued (the TRAILERS
+  // of calls just cancelled), so the peer learns how they ended.
+  void flush_pending();
   void sweep_deadlines();
   // Called periodically by the engine: PINGs a silent peer while calls are in flight.
   void keepalive(uint64_t now_us);

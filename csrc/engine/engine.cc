@@ -158,9 +158,11 @@ void Engine::progress_loop() {
       if (!list) list = snapshot();
       for (auto& c : *list) {
         if (c->serial != (tag >> 1)) continue;
-        if (tag & 1)
+        if (tag & 1) {
+          c->drain();
           c->fail(kUnavailable, "argrpc: connection to " + c->peer_name() +
                                     " lost (the peer closed it or exited)");
+        }
         else
           c->fabric().ack_wakeup();
         break;
