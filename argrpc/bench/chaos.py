@@ -112,8 +112,11 @@ def _fd_kind(target: str, unix: set[str]) -> str:
 
 
 def snapshot(extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """fds (by kind), OS threads, and the engine's connections and pool blocks in use,
-    once garbage that only a collection frees is gone (grpc's own objects form cycles)."""
+    """fds (by kind), threads, and the engine's connections and pool blocks in use, once
+    garbage that only a collection frees is gone (grpc's own objects form cycles).
+    `threads` counts Python threads (argrpc's own: call consumers, watchers; the engine's
+    native threads are fixed per process); grpc's core keeps a pool of native threads
+    that grows and shrinks by itself, so OS threads are only reported (`os_threads`)."""
     gc.collect()
     kinds: Counter[str] = Counter()
     unix = _unix_inodes()
@@ -126,7 +129,8 @@ def snapshot(extra: dict[str, Any] | None = None) -> dict[str, Any]:
 
     engine = _engine.peek_engine()
     return {"fds": sum(kinds.values()), "fd_kinds": dict(kinds),
-            "threads": len(os.listdir("/proc/self/task")),
+            "threads": threading.active_count(),
+            "os_threads": len(os.listdir("/proc/self/task")),
             "connections": engine.connection_count if engine else 0,
             "in_use": int(engine.pool_stats()["in_use"]) if engine else 0, **(extra or {})}
 
