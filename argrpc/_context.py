@@ -44,6 +44,7 @@ class _CallState:
         "rpc_errors",
         "callbacks",
         "lock",
+        "detached",
         "_invocation_metadata",
     )
 
@@ -65,6 +66,8 @@ class _CallState:
         # Guards `callbacks`: the worker (normal finish), the cancellation watcher and
         # stop() may all try to run them; they must run exactly once.
         self.lock = threading.Lock()
+        # The call goes on after its handler returned (a non-blocking handler).
+        self.detached = False
         self._invocation_metadata: Optional[tuple] = None
 
     def invocation_metadata(self) -> tuple:

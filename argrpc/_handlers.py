@@ -8,6 +8,7 @@ that accepted the call: no handoff.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, Callable, Iterator, Optional
 
 import grpc
@@ -185,7 +186,6 @@ def _respond_unary(state: _CallState, response: Any, serializer: Optional[Callab
 
 def _respond_stream(state: _CallState, responses: Iterator[Any],
                     serializer: Optional[Callable], max_send: int) -> None:
-    sc = state.sc
     while not state.finished:
         try:
             response = next(responses)
@@ -194,20 +194,56 @@ def _respond_stream(state: _CallState, responses: Iterator[Any],
         except Exception as exc:
             _on_exception(state, exc, "Exception iterating responses")
             return
-        serialized = _serialize(state, response, serializer, max_send)
-        if serialized is None:
-            return
-        state.initial_metadata_sent = True
-        if not sc.send(serialized):
-            # Client gone (cancel, deadline, connection loss): stop producing.
-            state.finished = True
+        if not _send_one(state, response, serializer, max_send):
             return
     _finish_ok(state, None)
 
 
+def _send_one(state: _CallState, response: Any, serializer: Optional[Callable],
+              max_send: int) -> bool:
+    """Sends one streamed response; False once nothing more can go out."""
+    serialized = _serialize(state, response, serializer, max_send)
+    if serialized is None:
+        return False
+    state.initial_metadata_sent = True
+    if not state.sc.send(serialized):
+        # Client gone (cancel, deadline, connection loss): stop producing.
+        state.finished = True
+        return False
+    return True
+
+
+def _run_non_blocking(state: _CallState, behavior: Callable, argument: Any,
+                      context: _ServicerContext, serializer: Optional[Callable],
+                      max_send: int, on_end: Callable[[], None]) -> bool:
+    """grpc's experimental non-blocking response-streaming handler: it is given a
+    `send_response` to call, from any thread, with each response and then with None
+    (the status). True when the call goes on after the behaviour returned."""
+    lock = threading.Lock()  # send_response may be called from several threads
+
+    def send_response(response: Any) -> None:
+        with lock:
+            if state.finished:
+                return
+            if response is None:
+                _finish_ok(state, None)
+            elif _send_one(state, response, serializer, max_send):
+                return
+        on_end()
+
+    try:
+        behavior(argument, context, send_response)
+    except Exception as exc:
+        with lock:
+            _on_exception(state, exc, "Exception calling application")
+    return not state.finished
+
+
 def run(state: _CallState, context: _ServicerContext, handler: grpc.RpcMethodHandler,
-        max_send: int) -> None:
-    """Serve the call to its end (status sent, or the call found dead)."""
+        max_send: int, on_end: Callable[[], None]) -> bool:
+    """Serve the call to its end (status sent, or the call found dead), or, for a
+    non-blocking handler, until its behaviour returns: True then when the call goes on,
+    and `on_end` is called once it ends."""
     deserializer = handler.request_deserializer
     serializer = handler.response_serializer
     if handler.request_streaming:
@@ -216,12 +252,16 @@ def run(state: _CallState, context: _ServicerContext, handler: grpc.RpcMethodHan
     else:
         argument = _unary_request(state, deserializer)
         if argument is _NO_REQUEST:
-            return
+            return False
         behavior = handler.unary_stream if handler.response_streaming else handler.unary_unary
+    if handler.response_streaming and getattr(behavior, "experimental_non_blocking", False):
+        return _run_non_blocking(state, behavior, argument, context, serializer, max_send,
+                                 on_end)
     result, proceed = _call(state, behavior, argument, context)
     if not proceed:
-        return
+        return False
     if handler.response_streaming:
         _respond_stream(state, result, serializer, max_send)
     else:
         _respond_unary(state, result, serializer, max_send)
+    return False

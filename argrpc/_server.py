@@ -1,10 +1,20 @@
 """`argrpc.server()`: a real grpc server on its port, plus the fast-path (shm) server.
 
-Threading (DESIGN.md, last section): every thread of the user's pool runs a long-lived
-loop that waits inside the C++ engine for the next call (GIL released) and runs the
-handler right there: no Python queue, no `executor.submit`, on the fast path. Because
-those loops occupy the user's pool, the real grpc server gets a funnel executor instead:
-its work goes into a deque and one loop is woken (`core_server.wakeup()`) to run it.
+Threading (README, "How it works"; docs/core-api.md, "Server side"): a fast-path call
+is run by a worker, a long-lived loop in a thread of the user's pool that waits inside
+the C++ engine for the next call (GIL released) and runs the handler right there: no
+Python queue, no `executor.submit` per call. Workers are started on demand by the
+server's dispatcher thread (the engine tells it when calls wait and no worker is idle),
+so the user's pool is untouched until the first call and used as far as it lets itself
+be used: a pool of 25 runs 25 handlers at once, any `concurrent.futures.Executor` works,
+and an idle worker gives its thread back. Because workers occupy pool threads while they wait, the real
+grpc server gets an executor of ours: its work goes to an idle worker when there is one
+(woken with `core_server.wakeup()`), else to the user's pool as grpc would send it.
+
+`maximum_concurrent_rpcs` is one count for both ports, kept by the engine: a fast-path
+call is counted when it arrives, a gRPC-port call when grpc hands it to the executor,
+and calls beyond the limit are refused with grpc's status by the dispatcher (the
+server's interceptors still see them, as grpc's do), never queued.
 """
 
 from __future__ import annotations
@@ -27,15 +37,23 @@ from ._context import _CallState, _ServicerContext
 
 _LOGGER = logging.getLogger(__name__)
 
-_DEFAULT_LOOPS = 8
-# How long a loop waits in the engine before it re-checks for stop / interpreter exit.
+# How long a worker or the dispatcher waits in the engine before it re-checks for stop
+# and interpreter exit.
 _ACCEPT_TIMEOUT = 0.25
+# An idle worker gives its pool thread back after this long when another worker is idle
+# too, and the last idle one after _LAST_WORKER_IDLE: a burst's extra threads return to
+# the pool at once, while steady traffic keeps a worker waiting (no hand-off per call).
+_SPARE_WORKER_IDLE = 0.05
+_LAST_WORKER_IDLE = 1.0
 _UNKNOWN = grpc.StatusCode.UNKNOWN.value[0]
 _UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
 _RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
+# grpc's words for a call over maximum_concurrent_rpcs.
+_OVER_LIMIT_DETAILS = "Concurrent RPC limit exceeded!"
 # What grpc's own server gives the client for calls still running when stop()'s grace
 # ends; on the server side those calls are cancelled (is_active() false, callbacks run).
-_STOP_CODE = grpc.StatusCode.UNAVAILABLE.value[0]
+_STOP_CODE = _UNAVAILABLE
 _STOP_DETAILS = "Cancelling all calls"
 
 
@@ -54,29 +72,29 @@ class _Stage(enum.Enum):
 
 
 # --- interpreter exit ------------------------------------------------------------------
-# concurrent.futures joins every pool thread at exit; our loops would never return and
+# concurrent.futures joins every pool thread at exit; our workers would never return and
 # the process would hang. threading runs these hooks in reverse registration order, so
-# ours (registered after concurrent.futures') releases the loops before that join.
+# ours (registered after concurrent.futures') releases the workers before that join.
 _live_servers: "weakref.WeakSet[_Server]" = weakref.WeakSet()
 _exiting = False
 
 
-def _release_loops_at_exit() -> None:
+def _release_workers_at_exit() -> None:
     global _exiting
     _exiting = True
     servers = list(_live_servers)
     for srv in servers:
-        srv._release_loops()
-    # The watcher is a daemon thread inside the engine: let it leave before the
-    # interpreter (and then the engine) is torn down under it.
+        srv._release_workers()
+    # The dispatcher waits inside the engine: let it leave before the interpreter (and
+    # then the engine) is torn down under it.
     for srv in servers:
-        watcher = srv._watcher
-        if watcher is not None and watcher.is_alive():
-            watcher.join(0.5)
+        dispatcher = srv._dispatcher
+        if dispatcher is not None and dispatcher.is_alive():
+            dispatcher.join(0.5)
 
 
 try:
-    threading._register_atexit(_release_loops_at_exit)  # type: ignore[attr-defined]
+    threading._register_atexit(_release_workers_at_exit)  # type: ignore[attr-defined]
 except (AttributeError, RuntimeError):  # not available, or already shutting down
     pass
 
@@ -85,45 +103,162 @@ def _interpreter_exiting() -> bool:
     return _exiting or bool(getattr(_futures_thread, "_shutdown", False))
 
 
-# --- the funnel executor given to the real grpc server ---------------------------------
-class _Funnel(concurrent.futures.Executor):
-    """Executor whose work is run by the server's loops in the user's pool."""
+# --- maximum_concurrent_rpcs on the gRPC port ----------------------------------------
+class _Admission:
+    """Places under maximum_concurrent_rpcs for calls on the gRPC port: the engine's
+    count when the fast path is on (one limit for both ports), else a local one."""
 
-    def __init__(self, wake: Callable[[], None], fallback: concurrent.futures.Executor):
+    def __init__(self, limit: int, core: Any) -> None:
+        self._limit = limit
+        self._core = core
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def admit(self) -> bool:
+        if self._core is not None:
+            return bool(self._core.admit())
+        with self._lock:
+            if self._count >= self._limit:
+                return False
+            self._count += 1
+            return True
+
+    def release(self) -> None:
+        if self._core is not None:
+            self._core.release()
+            return
+        with self._lock:
+            self._count = max(0, self._count - 1)
+
+
+# What the gate decided for the call grpc hands to the executor next. grpc looks a
+# call's handler up (running the interceptors, where the gate is) and submits it to the
+# executor right after, in the same thread, before it looks at another call.
+_ticket = threading.local()
+_COUNTED = "counted"
+_REFUSED = "refused"
+
+
+def _refuse_over_limit(request_iterator: Any, context: grpc.ServicerContext) -> None:
+    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, _OVER_LIMIT_DETAILS)
+
+
+# Request-streaming, so grpc runs it without waiting for a request message: the gate's
+# executor runs it on the spot, as grpc refuses a call without its thread pool.
+_REFUSE_HANDLER = grpc.stream_unary_rpc_method_handler(_refuse_over_limit)
+
+
+def _behavior(handler: grpc.RpcMethodHandler) -> Any:
+    return (handler.unary_unary or handler.unary_stream or handler.stream_unary
+            or handler.stream_stream)
+
+
+class _Gate(grpc.ServerInterceptor):
+    """The one interceptor the grpc server beside the fast path is given.
+
+    argrpc's negotiation passes by the user's interceptors and the concurrency limit
+    (it is not a call of the user's service); every other call meets the user's
+    interceptors in their order and takes a place under the limit, as with grpc.
+    """
+
+    def __init__(self, interceptors: Sequence[grpc.ServerInterceptor],
+                 admission: Optional[_Admission]) -> None:
+        self._interceptors = tuple(interceptors)
+        self._admission = admission
+
+    def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails) -> Any:
+        if details.method == _bootstrap.BOOTSTRAP_METHOD:
+            return continuation(details)
+        admission = self._admission
+        if admission is None:
+            return _intercept(self._interceptors, 0, continuation, details)
+        if getattr(_ticket, "kind", None) == _COUNTED:
+            # The last call counted never reached the executor (grpc ran it elsewhere).
+            admission.release()
+        _ticket.kind = None
+        # grpc decides on the limit when the call arrives, then runs the interceptors.
+        admitted = admission.admit()
+        try:
+            handler = _intercept(self._interceptors, 0, continuation, details)
+        except BaseException:
+            if admitted:
+                admission.release()
+            raise
+        if handler is None or not admitted:
+            if admitted:
+                admission.release()
+            if handler is None:
+                return None  # grpc: UNIMPLEMENTED comes before RESOURCE_EXHAUSTED
+            _ticket.kind = _REFUSED
+            return _REFUSE_HANDLER
+        pool = getattr(_behavior(handler), "experimental_thread_pool", None)
+        if isinstance(pool, concurrent.futures.ThreadPoolExecutor):
+            admission.release()  # grpc submits it to that pool, which we do not see
+            return handler
+        _ticket.kind = _COUNTED
+        return handler
+
+
+def _intercept(interceptors: Sequence[grpc.ServerInterceptor], index: int, query: Callable,
+               details: grpc.HandlerCallDetails) -> Any:
+    if index == len(interceptors):
+        return query(details)
+    return interceptors[index].intercept_service(
+        lambda d: _intercept(interceptors, index + 1, query, d), details)
+
+
+# --- the executor given to the real grpc server ---------------------------------------
+class _GrpcExecutor(concurrent.futures.Executor):
+    """Where the grpc server's work goes: to an idle worker when one waits (its thread
+    is taken from the user's pool already), else to the user's pool."""
+
+    def __init__(self, pool: concurrent.futures.Executor, idle_workers: Callable[[], int],
+                 wake: Callable[[], None], admission: Optional[_Admission]) -> None:
         self._queue: collections.deque = collections.deque()
+        self._pool = pool
+        self._idle_workers = idle_workers
         self._wake = wake
-        # Once the loops are gone (server stopped), late work goes to the user's pool,
-        # which is free again.
-        self._fallback = fallback
+        self._admission = admission
         self._closed = False
         self._lock = threading.Lock()
 
     def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        with self._lock:  # against close_and_drain(): no work may be stranded
-            if self._closed:
-                return self._fallback.submit(fn, *args, **kwargs)
-            self._queue.append((future, fn, args, kwargs))
-        self._wake()
+        kind = getattr(_ticket, "kind", None)
+        if kind is not None:
+            _ticket.kind = None
+            if kind == _REFUSED:
+                return _run_now(fn, args, kwargs)
+        future = self._hand_over(fn, args, kwargs)
+        if kind == _COUNTED:
+            admission = self._admission
+            assert admission is not None
+            future.add_done_callback(lambda _f: admission.release())
         return future
 
-    def pending(self) -> bool:
-        return bool(self._queue)
+    def _hand_over(self, fn: Callable, args: tuple, kwargs: dict) -> concurrent.futures.Future:
+        with self._lock:  # against may_retire() and close_and_drain(): nothing stranded
+            queued = not self._closed and self._idle_workers() > 0
+            if queued:
+                future: concurrent.futures.Future = concurrent.futures.Future()
+                self._queue.append((future, fn, args, kwargs))
+        if queued:
+            self._wake()
+            return future
+        return self._pool.submit(fn, *args, **kwargs)
 
     def run_one(self) -> bool:
         try:
             future, fn, args, kwargs = self._queue.popleft()
         except IndexError:
             return False
-        if not future.set_running_or_notify_cancel():
-            return True
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException as exc:  # handed to whoever waits on the future
-            future.set_exception(exc)
-        else:
-            future.set_result(result)
+        if future.set_running_or_notify_cancel():
+            _run_into(future, fn, args, kwargs)
         return True
+
+    def may_retire(self) -> bool:
+        """True when a worker may leave: no work of ours is queued for it."""
+        with self._lock:
+            return not self._queue
 
     def close_and_drain(self) -> None:
         with self._lock:
@@ -133,11 +268,27 @@ class _Funnel(concurrent.futures.Executor):
                 future, fn, args, kwargs = self._queue.popleft()
             except IndexError:
                 return
-            _chain(self._fallback.submit(fn, *args, **kwargs), future)
+            _chain(self._pool.submit(fn, *args, **kwargs), future)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        # The loops belong to the server; grpc never shuts its executor down anyway.
+        # The pool is the user's; grpc never shuts its executor down anyway.
         pass
+
+
+def _run_into(future: concurrent.futures.Future, fn: Callable, args: tuple, kwargs: dict) -> None:
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as exc:  # handed to whoever waits on the future
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
+
+
+def _run_now(fn: Callable, args: tuple, kwargs: dict) -> concurrent.futures.Future:
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_running_or_notify_cancel()
+    _run_into(future, fn, args, kwargs)
+    return future
 
 
 def _chain(inner: concurrent.futures.Future, outer: concurrent.futures.Future) -> None:
@@ -179,7 +330,6 @@ class _Server(grpc.Server):
         self._max_send = _config.max_send_length(grpc_options)
         self._pool = thread_pool
         self._interceptors = tuple(interceptors or ())
-        self._max_concurrent = maximum_concurrent_rpcs
         self._generic: list[grpc.GenericRpcHandler] = []
         self._registered: dict[str, grpc.RpcMethodHandler] = {}
         self._lock = threading.RLock()
@@ -188,26 +338,32 @@ class _Server(grpc.Server):
         # active count (dict ops are atomic under the GIL: no lock on the hot path).
         self._calls: dict[int, _CallState] = {}
         self._accepting = False
-        self._exit_loops = False
-        self._idle = threading.Condition(threading.Lock())
+        self._exit_workers = False
         self._stop_deadline: Optional[float] = None
         self._stop_events: list[threading.Event] = []
         self._terminated = threading.Event()
         self._grpc_stopped: Optional[threading.Event] = None
-        self._live_loops = 0
-        self._watcher: Optional[threading.Thread] = None
+        self._dispatcher: Optional[threading.Thread] = None
+        self._dispatcher_ident: Optional[int] = None
 
         self._core = self._make_core_server(cfg, max_recv, maximum_concurrent_rpcs)
-        self._funnel: Optional[_Funnel] = None
-        executor: concurrent.futures.Executor = thread_pool
-        if self._core is not None:
-            self._funnel = _Funnel(self._wake_one, thread_pool)
-            executor = self._funnel
+        core = self._core
+        admission = (None if maximum_concurrent_rpcs is None
+                     else _Admission(maximum_concurrent_rpcs, core))
+        self._executor = _GrpcExecutor(
+            thread_pool,
+            (lambda: core.idle_workers) if core is not None else (lambda: 0),
+            self._wake_one, admission)
+        # The limit is ours to count (one count for both ports, argrpc's negotiation
+        # left out), so grpc is not given it; the gate applies it and the user's
+        # interceptors.
+        gate = None
+        if self._interceptors or admission is not None:
+            gate = _Gate(self._interceptors, admission)
         self._grpc = grpc.server(
-            executor,
-            interceptors=self._interceptors or None,
+            self._executor,
+            interceptors=(gate,) if gate is not None else None,
             options=grpc_options,
-            maximum_concurrent_rpcs=maximum_concurrent_rpcs,
             compression=compression,
         )
         # Served on the grpc port even when the fast path is off, so a client learns why.
@@ -274,15 +430,12 @@ class _Server(grpc.Server):
                 raise ValueError("Cannot start already-started server!")
             self._stage = _Stage.STARTED
             if self._core is not None:
+                # No pool thread is taken here: workers start with the first call.
                 self._accepting = True
                 _live_servers.add(self)
-                n = self._loop_count()
-                self._live_loops = n
-                for _ in range(n):
-                    self._pool.submit(self._worker_loop)
-                self._watcher = threading.Thread(target=self._watch_cancelled,
-                                                 name="argrpc-server-cancel", daemon=True)
-                self._watcher.start()
+                self._dispatcher = threading.Thread(target=self._dispatch_events,
+                                                    name="argrpc-server", daemon=True)
+                self._dispatcher.start()
             self._grpc.start()
 
     def __del__(self) -> None:
@@ -293,10 +446,6 @@ class _Server(grpc.Server):
                 self.stop(0)
             except Exception:  # noqa: BLE001 - interpreter teardown: best effort
                 pass
-
-    def _loop_count(self) -> int:
-        n = getattr(self._pool, "_max_workers", None)
-        return n if isinstance(n, int) and n > 0 else _DEFAULT_LOOPS
 
     def stop(self, grace: Optional[float]) -> threading.Event:
         event = threading.Event()
@@ -315,12 +464,12 @@ class _Server(grpc.Server):
             self._stage = _Stage.GRACE
             if first:
                 self._accepting = False
+                # From now on grpc's work goes to the user's pool: workers leave as soon
+                # as they are not running a call.
+                self._executor.close_and_drain()
                 self._listener.close()
                 if self._core is not None:
                     self._core.shutdown()
-                    self._core.wakeup(self._loop_count())
-        with self._idle:
-            self._idle.notify_all()
         grpc_event = self._grpc.stop(grace)
         if first:
             self._grpc_stopped = grpc_event
@@ -340,7 +489,7 @@ class _Server(grpc.Server):
             time.sleep(min(remaining, 0.005))
         if self._core is not None:
             self._core.cancel_all(_STOP_CODE, _STOP_DETAILS)
-            # cancel_all is ours, not the peer's: the watcher does not see these calls.
+            # cancel_all is ours, not the peer's: the dispatcher does not see these calls.
             for state in list(self._calls.values()):
                 state.run_callbacks()
         # After cancel_all, so in-flight calls end CANCELLED rather than "connection
@@ -351,26 +500,24 @@ class _Server(grpc.Server):
         with self._lock:
             self._stage = _Stage.STOPPED
             events = list(self._stop_events)
-        self._release_loops()
-        if self._watcher is not None:
+        self._release_workers()
+        if self._dispatcher is not None:
             # So "no thread left behind" holds the moment stop()'s event is set.
-            self._watcher.join(2.0)
+            self._dispatcher.join(2.0)
         for event in events:
             event.set()
         self._terminated.set()
 
-    def _release_loops(self) -> None:
-        self._exit_loops = True
+    def _release_workers(self) -> None:
+        self._exit_workers = True
         self._accepting = False
+        self._executor.close_and_drain()
         core = self._core
         if core is not None:
             try:
                 core.shutdown()
-                core.wakeup(self._loop_count())
             except Exception:  # interpreter teardown: best effort
                 pass
-        with self._idle:
-            self._idle.notify_all()
 
     def wait_for_termination(self, timeout: Optional[float] = None) -> bool:
         # Short waits keep Ctrl+C working; returns True on timeout (grpc's convention).
@@ -385,104 +532,165 @@ class _Server(grpc.Server):
             self._terminated.wait(min(remaining, 0.1))
         return False
 
-    # --- the loops ------------------------------------------------------------------
+    # --- workers and the dispatcher ----------------------------------------------------
     def _wake_one(self) -> None:
-        if self._accepting:
-            self._core.wakeup(1)
-        else:
-            with self._idle:
-                self._idle.notify()
+        self._core.wakeup(1)
 
-    def _worker_loop(self) -> None:
+    def _dispatch_events(self) -> None:
         core = self._core
-        funnel = self._funnel
-        assert core is not None and funnel is not None
-        try:
-            while True:
-                if funnel.run_one():
-                    continue
-                if self._exit_loops or _interpreter_exiting():
-                    break
-                if self._accepting:
-                    try:
-                        sc = core.accept(_ACCEPT_TIMEOUT)
-                    except Exception:
-                        # Not in the engine's contract; losing a loop silently would
-                        # shrink the server, so log and keep the thread serving.
-                        _LOGGER.exception("argrpc: accept() failed")
-                        time.sleep(0.1)
-                        continue
-                    if sc is not None:
-                        self._serve(sc)
-                        sc = None  # not kept alive while the next accept() waits
-                else:
-                    # Engine shut down (stop grace): only grpc work can still arrive.
-                    with self._idle:
-                        if not funnel.pending() and not self._exit_loops:
-                            self._idle.wait(0.05)
-        finally:
-            self._on_loop_exit()
-
-    def _on_loop_exit(self) -> None:
-        with self._lock:
-            self._live_loops -= 1
-            last = self._live_loops == 0
-        if last and self._funnel is not None:
-            # grpc work that raced with the exit: the user's pool is free now.
-            self._funnel.close_and_drain()
-
-    def _watch_cancelled(self) -> None:
-        core = self._core
-        while not self._exit_loops and not _interpreter_exiting():
+        self._dispatcher_ident = threading.get_ident()
+        while not self._exit_workers and not _interpreter_exiting():
             began = time.monotonic()
-            sc = core.next_cancelled(_ACCEPT_TIMEOUT)
-            if sc is None:
-                if self._stage is not _Stage.STARTED and time.monotonic() - began < 0.01:
-                    time.sleep(0.05)  # engine shut down returns at once: don't spin
-                continue
-            # A second handle on the call: `key` (not object identity) names the call.
-            # Looked up in a helper so that no local keeps the last call (and with it its
-            # connection) alive while this loop waits for the next one.
-            self._run_cancel_callbacks(sc.key)
+            kind, sc, n = core.next_event(_ACCEPT_TIMEOUT)
+            if kind == "cancelled":
+                # A second handle on the call: `key` (not object identity) names it.
+                # Looked up in a helper so that no local keeps the call (and with it its
+                # connection) alive while this loop waits for the next event.
+                self._run_cancel_callbacks(sc.key)
+            elif kind == "over_limit":
+                self._refuse(sc)
+            elif kind == "starved":
+                self._start_workers(n)
+            elif self._stage is not _Stage.STARTED and time.monotonic() - began < 0.01:
+                time.sleep(0.05)  # engine shut down returns at once: don't spin
             sc = None
+
+    def _start_workers(self, n: int) -> None:
+        core = self._core
+        for started in range(n):
+            try:
+                self._pool.submit(self._worker)
+            except Exception as exc:  # the pool was shut down, or refuses work
+                for _ in range(n - started):
+                    core.worker_started()
+                if self._accepting:
+                    _LOGGER.error("argrpc server: the thread pool refused to run a call: %s",
+                                  exc)
+                core.cancel_pending(_UNAVAILABLE,
+                                    f"server's thread pool refused to run the call: {exc}")
+                return
+
+    def _worker(self) -> None:
+        core = self._core
+        core.worker_started()
+        if threading.get_ident() == self._dispatcher_ident:
+            # An executor that runs work in the caller's thread: serve what waits, and
+            # give the dispatcher back.
+            while True:
+                sc = core.accept(0)
+                if sc is None:
+                    return
+                self._serve(sc)
+                sc = None
+        executor = self._executor
+        idle_since = time.monotonic()
+        while True:
+            if executor.run_one():
+                idle_since = time.monotonic()
+                continue
+            if not self._accepting or self._exit_workers or _interpreter_exiting():
+                return
+            limit = _SPARE_WORKER_IDLE if core.idle_workers > 0 else _LAST_WORKER_IDLE
+            remaining = idle_since + limit - time.monotonic()
+            if remaining <= 0:
+                if executor.may_retire():
+                    return
+                continue
+            try:
+                sc = core.accept(min(remaining, _ACCEPT_TIMEOUT))
+            except Exception:
+                # Not in the engine's contract; losing a worker silently would shrink
+                # the server, so log and keep the thread serving.
+                _LOGGER.exception("argrpc: accept() failed")
+                time.sleep(0.1)
+                continue
+            if sc is not None:
+                self._serve(sc)
+                sc = None  # not kept alive while the next accept() waits
+                idle_since = time.monotonic()
 
     def _run_cancel_callbacks(self, key: Any) -> None:
         state = self._calls.get(key)
         if state is not None:
             state.run_callbacks()
+            if state.detached:  # its handler returned already: nobody else ends it
+                self._calls.pop(key, None)
+
+    def _refuse(self, sc: Any) -> None:
+        """A call over the limit: the interceptors see it, then grpc's status ends it."""
+        state = _CallState(sc, sc.method)
+        try:
+            handler = contextvars.Context().run(self._lookup, state)
+        except Exception as exc:  # noqa: BLE001 - grpc's answer to a failing lookup
+            _LOGGER.exception("Exception servicing handler: %s", exc)
+            self._reject(state, _UNKNOWN, "Error in service handler!")
+            return
+        if handler is None:
+            self._reject(state, _UNIMPLEMENTED, "Method not found!")
+        else:
+            self._reject(state, _RESOURCE_EXHAUSTED, _OVER_LIMIT_DETAILS)
 
     # --- one fast-path call ----------------------------------------------------------
     def _serve(self, sc: Any) -> None:
         key = sc.key
         state = _CallState(sc, sc.method)
         self._calls[key] = state
+        goes_on = False
         try:
             # A fresh contextvars.Context per call, as grpc does.
-            contextvars.Context().run(self._dispatch, state)
+            goes_on = contextvars.Context().run(self._dispatch, state)
         except Exception:  # a bug of ours must not kill the loop
             _LOGGER.exception("argrpc: unexpected error serving %s", state.method)
             if not state.finished:
                 state.finished = True
                 sc.finish(_UNKNOWN, "Unexpected server error", [], None)
         finally:
-            self._calls.pop(key, None)
-            state.run_callbacks()
+            if not goes_on:
+                self._end_call(key, state)
 
-    def _dispatch(self, state: _CallState) -> None:
+    def _end_call(self, key: int, state: _CallState) -> None:
+        self._calls.pop(key, None)
+        state.run_callbacks()
+
+    def _dispatch(self, state: _CallState) -> bool:
+        """Runs the call; True when it goes on after its handler returned (a
+        non-blocking handler that streams from other threads)."""
         try:
             handler = self._lookup(state)
         except Exception as exc:
             _LOGGER.exception("Exception servicing handler: %s", exc)
             self._reject(state, _UNKNOWN, "Error in service handler!")
-            return
+            return False
         if handler is None:
             self._reject(state, _UNIMPLEMENTED, "Method not found!")
-            return
-        limit = self._max_concurrent
-        if limit is not None and len(self._calls) > limit:  # this call is counted already
-            self._reject(state, _RESOURCE_EXHAUSTED, "Concurrent RPC limit exceeded!")
-            return
-        _handlers.run(state, _ServicerContext(state), handler, self._max_send)
+            return False
+        pool = getattr(_behavior(handler), "experimental_thread_pool", None)
+        if isinstance(pool, concurrent.futures.ThreadPoolExecutor):
+            # grpc runs such a method in its own pool: so do we (this worker goes on).
+            pool.submit(contextvars.copy_context().run, self._run_in_pool, state, handler)
+            return True
+        return self._run(state, handler)
+
+    def _run(self, state: _CallState, handler: grpc.RpcMethodHandler) -> bool:
+        key = state.sc.key
+        goes_on = _handlers.run(state, _ServicerContext(state), handler, self._max_send,
+                                lambda: self._end_call(key, state))
+        if goes_on:
+            state.detached = True  # its handler returned: a cancel ends it now
+        return goes_on
+
+    def _run_in_pool(self, state: _CallState, handler: grpc.RpcMethodHandler) -> None:
+        goes_on = False
+        try:
+            goes_on = self._run(state, handler)
+        except Exception:  # a bug of ours must not leave the call open
+            _LOGGER.exception("argrpc: unexpected error serving %s", state.method)
+            if not state.finished:
+                state.finished = True
+                state.sc.finish(_UNKNOWN, "Unexpected server error", [], None)
+        finally:
+            if not goes_on:
+                self._end_call(state.sc.key, state)
 
     @staticmethod
     def _reject(state: _CallState, code: int, details: str) -> None:
@@ -504,14 +712,8 @@ class _Server(grpc.Server):
             handler = self._registered.get(method)
             return handler if handler is not None else self._query_generic(details)
 
-        return self._intercept(0, query,
-                               _HandlerCallDetails(method, state.invocation_metadata()))
-
-    def _intercept(self, index: int, query: Callable, details: grpc.HandlerCallDetails) -> Any:
-        if index == len(self._interceptors):
-            return query(details)
-        return self._interceptors[index].intercept_service(
-            lambda d: self._intercept(index + 1, query, d), details)
+        return _intercept(self._interceptors, 0, query,
+                          _HandlerCallDetails(method, state.invocation_metadata()))
 
     def _query_generic(self, details: grpc.HandlerCallDetails) -> Optional[grpc.RpcMethodHandler]:
         for generic in self._generic:

@@ -115,8 +115,10 @@ def snapshot(extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """fds (by kind), threads, and the engine's connections and pool blocks in use, once
     garbage that only a collection frees is gone (grpc's own objects form cycles).
     `threads` counts Python threads (argrpc's own: call consumers, watchers; the engine's
-    native threads are fixed per process); grpc's core keeps a pool of native threads
-    that grows and shrinks by itself, so OS threads are only reported (`os_threads`)."""
+    native threads are fixed per process) outside the server's thread pool, which grows
+    up to its size as calls need it and keeps its threads (`pool_threads`, reported);
+    grpc's core keeps a pool of native threads that grows and shrinks by itself, so OS
+    threads are only reported (`os_threads`)."""
     gc.collect()
     kinds: Counter[str] = Counter()
     unix = _unix_inodes()
@@ -129,11 +131,17 @@ def snapshot(extra: dict[str, Any] | None = None) -> dict[str, Any]:
 
     engine = _engine.peek_engine()
     return {"fds": sum(kinds.values()), "fd_kinds": dict(kinds),
-            "threads": threading.active_count(),
+            "threads": sum(1 for t in threading.enumerate()
+                           if not t.name.startswith(SERVER_POOL_PREFIX)),
+            "pool_threads": sum(1 for t in threading.enumerate()
+                                if t.name.startswith(SERVER_POOL_PREFIX)),
             "os_threads": len(os.listdir("/proc/self/task")),
             "connections": engine.connection_count if engine else 0,
             "in_use": int(engine.pool_stats()["in_use"]) if engine else 0, **(extra or {})}
 
+
+# The servers' thread pools (ThreadPoolExecutor's thread_name_prefix).
+SERVER_POOL_PREFIX = "chaos-server-pool"
 
 # The fd kinds an argrpc connection holds (rings, pools, doorbells, its Unix socket);
 # a dead connection must give every one of them back.
@@ -262,7 +270,9 @@ def serve() -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     _install_hangup()
     activity = _Activity()
-    server = argrpc.server(futures.ThreadPoolExecutor(max_workers=8), options=BIG_OPTIONS)
+    server = argrpc.server(futures.ThreadPoolExecutor(max_workers=8,
+                                                      thread_name_prefix=SERVER_POOL_PREFIX),
+                           options=BIG_OPTIONS)
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(SERVICE, _handlers(activity)),))
     port = server.add_insecure_port("127.0.0.1:0")

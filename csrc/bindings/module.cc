@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/fork.h"
+#include "common/interrupt.h"
 #include "common/status.h"
 #include "engine/connection.h"
 #include "engine/engine.h"
@@ -48,6 +49,44 @@ class NoGil {
  private:
   PyThreadState* state_;
 };
+
+// Python's signal handlers run while the main thread waits in a call, as grpc runs them:
+// once the wait sleeps, it takes the GIL every kInterruptPoll to run them. A handler that
+// raises (Ctrl-C's KeyboardInterrupt) ends the wait, and its exception reaches the caller.
+class SignalCheck final : public WaitInterrupt {
+ public:
+  bool interrupted() override {
+    if (_Py_IsFinalizing()) return false;
+    const PyGILState_STATE g = PyGILState_Ensure();
+    const bool raised = PyErr_CheckSignals() != 0;  // the exception stays set
+    PyGILState_Release(g);
+    return raised;
+  }
+};
+
+// Runs `wait` without the GIL, interruptible by signal handlers on the main thread (the
+// only one Python runs them on). On interruption `s` is cancelled when `cancel` is set:
+// the call was the caller's alone (a blocking unary call); a call object the caller
+// still holds is cancelled when it is dropped, as grpc's is.
+// `s` may be set by `wait` itself (a call it starts): the GIL is taken back once, at
+// the end, since a thread that takes it back while the interpreter finalizes is ended
+// by CPython, which pybind11's frames do not survive.
+template <class Wait>
+auto interruptible(const std::shared_ptr<Stream>& s, bool cancel, Wait&& wait) -> decltype(wait()) {
+  SignalCheck check;
+  const bool main = _PyOS_IsMainThread() != 0;
+  try {
+    NoGil nogil;
+    InterruptScope scope(main ? &check : nullptr);
+    return wait();
+  } catch (const Interrupted&) {
+  }
+  if (cancel && s) {
+    NoGil nogil;
+    s->conn->cancel(s, kCancelled, "Cancelled");
+  }
+  throw py::error_already_set();
+}
 
 // A received large message. Exposes its bytes through the buffer protocol; the pool
 // block goes back to the pool when the last view of it is gone.
@@ -228,7 +267,7 @@ struct PyServerCall {
   PyServerCall(const PyServerCall&) = delete;
   std::shared_ptr<Engine> engine;
   std::shared_ptr<Stream> s;
-  bool owns;  // the accept() handle; next_cancelled() gives a non-owning one
+  bool owns;  // the accept() handle; next_event() gives a non-owning one for a cancel
   const uint64_t born = fork_generation();
   ~PyServerCall() {
     if (!s) return;
@@ -524,12 +563,11 @@ PYBIND11_MODULE(_core, m) {
              std::shared_ptr<Stream> s;
              Payload resp;
              bool got = false;
-             {
-               NoGil nogil;
+             interruptible(s, true, [&] {
                s = conn->start_call(method, meta, t, false);
                if (conn->send(s, req.data(), req.size(), true)) got = conn->recv(s, &resp);
-               conn->wait_end(s, Deadline::never());
-             }
+               return conn->wait_end(s, Deadline::never());
+             });
              py::object response = got ? to_python(std::move(resp)) : py::none();
              Metadata initial, trailing;
              uint32_t code;
@@ -566,8 +604,7 @@ PYBIND11_MODULE(_core, m) {
       .def("send", [](PyClientCall& c, py::object msg) {
         if (c.inherited()) return false;
         BufferView b(msg);
-        NoGil nogil;
-        return c.s->conn->send(c.s, b.data(), b.size(), false);
+        return interruptible(c.s, false, [&] { return c.s->conn->send(c.s, b.data(), b.size(), false); });
       })
       .def("half_close", [](PyClientCall& c) {
         if (c.inherited()) return false;
@@ -577,32 +614,20 @@ PYBIND11_MODULE(_core, m) {
       .def("recv", [](PyClientCall& c) -> py::object {
         if (c.inherited()) return py::none();
         Payload p;
-        bool got;
-        {
-          NoGil nogil;
-          got = c.s->conn->recv(c.s, &p);
-        }
+        const bool got = interruptible(c.s, false, [&] { return c.s->conn->recv(c.s, &p); });
         return got ? to_python(std::move(p)) : py::none();
       })
       .def("initial_metadata", [](PyClientCall& c) -> py::object {
         if (c.inherited()) return py::none();
-        bool have;
-        {
-          NoGil nogil;
-          have = c.s->conn->wait_initial_metadata(c.s);
-        }
+        const bool have = interruptible(c.s, false, [&] { return c.s->conn->wait_initial_metadata(c.s); });
         std::lock_guard<std::mutex> g(c.s->mu);
         if (!have) return py::none();
         return from_metadata(c.s->initial_md);
       })
       .def("status", [](PyClientCall& c, py::object timeout) -> py::object {
         if (c.inherited()) return py::make_tuple(uint32_t(kUnavailable), py::str(kInheritedCall), py::list());
-        bool ended;
         const Deadline dl = deadline_arg(timeout);
-        {
-          NoGil nogil;
-          ended = c.s->conn->wait_end(c.s, dl);
-        }
+        const bool ended = interruptible(c.s, false, [&] { return c.s->conn->wait_end(c.s, dl); });
         if (!ended) return py::none();
         return status_tuple(*c.s);
       }, py::arg("timeout") = py::none())
@@ -618,8 +643,9 @@ PYBIND11_MODULE(_core, m) {
       }, py::arg("code") = uint32_t(kCancelled), py::arg("details") = "Cancelled");
 
   py::class_<PyServer>(m, "Server")
-      .def(py::init([](PyEngine& e, py::dict) {
-             return PyServer{e.engine, std::make_shared<Server>(e.engine)};
+      .def(py::init([](PyEngine& e, py::dict cfg) {
+             const int limit = cfg.contains("max_concurrent") ? cfg["max_concurrent"].cast<int>() : -1;
+             return PyServer{e.engine, std::make_shared<Server>(e.engine, limit)};
            }),
            py::arg("engine"), py::arg("config") = py::dict())
       .def("accept", [](PyServer& s, py::object timeout) -> py::object {
@@ -633,18 +659,36 @@ PYBIND11_MODULE(_core, m) {
         return py::cast(std::make_unique<PyServerCall>(s.engine, st, true));
       }, py::arg("timeout") = py::none())
       .def("wakeup", [](PyServer& s, int n) { s.server->wakeup(n); }, py::arg("n") = 1)
-      .def("next_cancelled", [](PyServer& s, py::object timeout) -> py::object {
-        std::shared_ptr<Stream> st;
+      .def("worker_started", [](PyServer& s) { s.server->worker_started(); })
+      .def_property_readonly("idle_workers", [](PyServer& s) { return s.server->idle_workers(); })
+      // ("cancelled", call, 0) | ("over_limit", call, 0) | ("starved", None, n) |
+      // ("none", None, 0) on timeout or shutdown.
+      .def("next_event", [](PyServer& s, py::object timeout) -> py::tuple {
+        ServerEvent ev;
         const Deadline dl = deadline_arg(timeout);
         {
           NoGil nogil;
-          st = s.server->next_cancelled(dl);
+          ev = s.server->next_event(dl);
         }
-        if (!st) return py::none();
-        // A second handle on the same call: it must not abandon the call when dropped.
-        auto h = std::make_unique<PyServerCall>(s.engine, st, false);
-        return py::cast(std::move(h));
+        switch (ev.kind) {
+          case ServerEvent::Kind::kCancelled:
+            // A second handle on a call a worker owns: dropping it must not abandon it.
+            return py::make_tuple("cancelled", std::make_unique<PyServerCall>(s.engine, ev.stream, false), 0);
+          case ServerEvent::Kind::kOverLimit:
+            return py::make_tuple("over_limit", std::make_unique<PyServerCall>(s.engine, ev.stream, true), 0);
+          case ServerEvent::Kind::kStarved:
+            return py::make_tuple("starved", py::none(), ev.workers);
+          case ServerEvent::Kind::kNone:
+            break;
+        }
+        return py::make_tuple("none", py::none(), 0);
       }, py::arg("timeout") = py::none())
+      .def("admit", [](PyServer& s) { return s.server->admit(); })
+      .def("release", [](PyServer& s) { s.server->release(); })
+      .def("cancel_pending", [](PyServer& s, uint32_t code, std::string details) {
+        NoGil nogil;
+        s.server->cancel_pending(code, details);
+      })
       .def("shutdown", [](PyServer& s) { s.server->shutdown(); })
       .def("cancel_all", [](PyServer& s, uint32_t code, std::string details) {
         NoGil nogil;
@@ -654,7 +698,7 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<PyServerCall>(m, "ServerCall")
       .def_property_readonly("id", [](PyServerCall& c) { return c.s->id; })
-      // Identity of the call across handles (accept() and next_cancelled()).
+      // Identity of the call across handles (accept() and next_event()).
       .def_property_readonly("key", [](PyServerCall& c) { return reinterpret_cast<uintptr_t>(c.s.get()); })
       .def_property_readonly("method", [](PyServerCall& c) { return c.s->method; })
       .def_property_readonly("metadata", [](PyServerCall& c) {

@@ -8,6 +8,7 @@
 #include <limits>
 #include <thread>
 
+#include "common/interrupt.h"
 #include "common/spin.h"
 #include "common/status.h"
 #include "engine/engine.h"
@@ -1095,6 +1096,8 @@ bool Connection::wait(const std::shared_ptr<Stream>& sp, const Deadline& dl, Pre
   const bool ok = spin_until(engine_->config().spin_us, dl, ready, [&] { progress(); });
   engine_->leave_polling();
   if (ok) return true;
+  WaitInterrupt* const interrupt = current_interrupt();
+  auto next_check = Clock::now() + kInterruptPoll;
   std::unique_lock<std::mutex> lk(s.mu);
   bool checked_dead = false;
   while (!pred()) {
@@ -1108,9 +1111,18 @@ bool Connection::wait(const std::shared_ptr<Stream>& sp, const Deadline& dl, Pre
       lk.lock();
       continue;
     }
+    if (interrupt != nullptr && Clock::now() >= next_check) {
+      // Unlocked: the check runs the application's code, which may touch this stream.
+      lk.unlock();
+      if (interrupt->interrupted()) throw Interrupted();
+      lk.lock();
+      next_check = Clock::now() + kInterruptPoll;
+      continue;
+    }
     ++s.sleepers;
     // The bound is a safety net only: every state change notifies.
     auto until = std::min(dl.at(), Clock::now() + std::chrono::milliseconds(100));
+    if (interrupt != nullptr) until = std::min(until, next_check);
     s.cv.wait_until(lk, until);
     --s.sleepers;
   }

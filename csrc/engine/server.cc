@@ -1,5 +1,6 @@
 #include "engine/server.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "common/spin.h"
@@ -10,25 +11,51 @@
 
 namespace argrpc {
 
-Server::Server(std::shared_ptr<Engine> engine) : engine_(std::move(engine)) {}
+Server::Server(std::shared_ptr<Engine> engine, int max_concurrent)
+    : engine_(std::move(engine)), limit_(max_concurrent) {}
+
+int Server::starved_locked() const {
+  // A wake-up is work too (the facade queued something for a worker to run).
+  const int waiting = static_cast<int>(pending_.size()) + wakeups_;
+  return std::max(0, waiting - acceptors_.load(std::memory_order_relaxed) - requested_);
+}
 
 bool Server::enqueue(const std::shared_ptr<Stream>& s) {
-  bool wake;
+  bool wake, tell;
   {
     std::lock_guard<std::mutex> g(mu_);
     if (shutdown_) return false;
-    active_[s.get()] = s;
-    pending_.push_back(s);
-    pending_count_.fetch_add(1);
-    // The spinner will take the first call; wake a sleeper only for calls beyond it.
-    wake = sleepers_ > 0 && (!spinner_ || pending_.size() > 1);
+    if (limit_ >= 0 && static_cast<int>(active_.size()) + admitted_ >= limit_) {
+      over_limit_.push_back(s);
+      wake = false;
+      tell = true;
+    } else {
+      active_[s.get()] = s;
+      pending_.push_back(s);
+      pending_count_.fetch_add(1);
+      // The spinner will take the first call; wake a sleeper only for calls beyond it.
+      wake = sleepers_ > 0 && (!spinner_ || pending_.size() > 1);
+      tell = starved_locked() > 0;
+    }
   }
   if (wake) cv_.notify_one();
+  if (tell) events_cv_.notify_one();
   return true;
 }
 
 std::shared_ptr<Stream> Server::accept(const Deadline& dl) {
   std::unique_lock<std::mutex> lk(mu_);
+  acceptors_.fetch_add(1, std::memory_order_relaxed);
+  auto s = accept_locked(lk, dl);
+  acceptors_.fetch_sub(1, std::memory_order_relaxed);
+  // Leaving with a call may leave other work (calls, wake-ups) with nobody to take it.
+  const bool tell = s && starved_locked() > 0;
+  lk.unlock();
+  if (tell) events_cv_.notify_one();
+  return s;
+}
+
+std::shared_ptr<Stream> Server::accept_locked(std::unique_lock<std::mutex>& lk, const Deadline& dl) {
   for (;;) {
     if (shutdown_) return nullptr;
     if (!pending_.empty()) {
@@ -64,23 +91,71 @@ std::shared_ptr<Stream> Server::accept(const Deadline& dl) {
 }
 
 void Server::wakeup(int n) {
+  bool tell;
   {
     std::lock_guard<std::mutex> g(mu_);
     wakeups_ += n;
     wakeup_count_.fetch_add(n);
+    tell = starved_locked() > 0;
   }
   cv_.notify_all();
+  if (tell) events_cv_.notify_one();
 }
 
-std::shared_ptr<Stream> Server::next_cancelled(const Deadline& dl) {
+void Server::worker_started() {
+  std::lock_guard<std::mutex> g(mu_);
+  if (requested_ > 0) --requested_;
+}
+
+ServerEvent Server::next_event(const Deadline& dl) {
   std::unique_lock<std::mutex> lk(mu_);
-  while (cancelled_.empty()) {
-    if (shutdown_ || dl.expired()) return nullptr;
-    cancelled_cv_.wait_until(lk, std::min(dl.at(), Clock::now() + std::chrono::milliseconds(100)));
+  ServerEvent ev;
+  for (;;) {
+    if (shutdown_) return ev;
+    if (!cancelled_.empty()) {
+      ev.kind = ServerEvent::Kind::kCancelled;
+      ev.stream = std::move(cancelled_.front());
+      cancelled_.pop_front();
+      return ev;
+    }
+    if (!over_limit_.empty()) {
+      ev.kind = ServerEvent::Kind::kOverLimit;
+      ev.stream = std::move(over_limit_.front());
+      over_limit_.pop_front();
+      return ev;
+    }
+    if (const int n = starved_locked(); n > 0) {
+      requested_ += n;
+      ev.kind = ServerEvent::Kind::kStarved;
+      ev.workers = n;
+      return ev;
+    }
+    if (dl.expired()) return ev;
+    events_cv_.wait_until(lk, std::min(dl.at(), Clock::now() + std::chrono::milliseconds(100)));
   }
-  auto s = std::move(cancelled_.front());
-  cancelled_.pop_front();
-  return s;
+}
+
+bool Server::admit() {
+  std::lock_guard<std::mutex> g(mu_);
+  if (limit_ >= 0 && static_cast<int>(active_.size()) + admitted_ >= limit_) return false;
+  ++admitted_;
+  return true;
+}
+
+void Server::release() {
+  std::lock_guard<std::mutex> g(mu_);
+  if (admitted_ > 0) --admitted_;
+}
+
+void Server::cancel_pending(uint32_t code, const std::string& details) {
+  std::deque<std::shared_ptr<Stream>> pending;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    pending.swap(pending_);
+    pending_count_.store(0);
+    requested_ = 0;
+  }
+  for (auto& st : pending) st->conn->cancel(st, code, details);
 }
 
 void Server::report_cancelled(const std::shared_ptr<Stream>& s) {
@@ -89,7 +164,7 @@ void Server::report_cancelled(const std::shared_ptr<Stream>& s) {
     if (shutdown_) return;
     cancelled_.push_back(s);
   }
-  cancelled_cv_.notify_one();
+  events_cv_.notify_one();
 }
 
 void Server::remove_active(const Stream* s) {
@@ -103,7 +178,7 @@ int Server::active() {
 }
 
 void Server::shutdown() {
-  std::deque<std::shared_ptr<Stream>> pending, cancelled;
+  std::deque<std::shared_ptr<Stream>> pending, cancelled, over;
   {
     std::lock_guard<std::mutex> g(mu_);
     shutdown_ = true;
@@ -111,11 +186,13 @@ void Server::shutdown() {
     // server: dropping them here is what lets both go.
     pending.swap(pending_);
     cancelled.swap(cancelled_);
+    over.swap(over_limit_);
     pending_count_.store(0);
   }
   cv_.notify_all();
-  cancelled_cv_.notify_all();
+  events_cv_.notify_all();
   for (auto& st : pending) st->conn->cancel(st, kUnavailable, "server is shutting down");
+  for (auto& st : over) st->conn->cancel(st, kUnavailable, "server is shutting down");
 }
 
 bool Server::is_shutdown() {

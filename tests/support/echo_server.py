@@ -27,7 +27,8 @@ from typing import Any, Callable
 import grpc
 
 from tests.support import resources, stubs
-from tests.support.servicer import EchoServicer, hold_handler, raw_handler
+from tests.support.servicer import (EchoServicer, hold_handler, nonblocking_handler,
+                                    raw_handler)
 
 REJECT_DETAILS = "rejected by interceptor"
 
@@ -136,13 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     stub_dir = args.stubs or stubs.generate(tempfile.mkdtemp(prefix="echo-stubs-"))
     pb2, pb2_grpc = stubs.load(stub_dir)
     before = resources.snapshot()
-    executor = futures.ThreadPoolExecutor(max_workers=args.workers)
+    executor = futures.ThreadPoolExecutor(max_workers=args.workers,
+                                          thread_name_prefix=resources.SERVER_POOL_PREFIX)
     try:
         server = _make_server(args, executor)
         servicer = EchoServicer(pb2)
         pb2_grpc.add_EchoServicer_to_server(servicer, server)
         server.add_generic_rpc_handlers((raw_handler(args.stack == "argrpc"),))
         server.add_generic_rpc_handlers((hold_handler(),))
+        server.add_generic_rpc_handlers((nonblocking_handler(),))
         address = f"{args.host}:{args.port}"
         if args.tls_cert:
             with open(args.tls_key, "rb") as f:

@@ -254,3 +254,132 @@ def hold_handler() -> grpc.GenericRpcHandler:
         "Digest": grpc.unary_unary_rpc_method_handler(
             digest, request_deserializer=lambda buf: buf, response_serializer=None),
     })
+
+
+NONBLOCKING_SERVICE = "argrpc.test.NonBlocking"
+
+
+def nonblocking_handler() -> grpc.GenericRpcHandler:
+    """A protobuf-free service whose behaviours carry grpc's `experimental_non_blocking`
+    flag. grpc calls a response-streaming behaviour with the flag as
+    `behavior(request_or_iterator, context, send_response)`: `send_response(msg)` sends a
+    message, `send_response(None)` ends the call with the context's status (code,
+    details, trailing metadata); the behaviour may return before the call has ended.
+    A unary-response behaviour with the flag is called normally.
+
+    Methods (requests and responses are bytes):
+      Stream (unary-stream)  answers x-count messages b"<request>:<i>", i = 0.. ;
+      Bidi (stream-stream)   answers every request r with b"echo:" + r as it arrives;
+      Unary (unary-unary)    answers b"unary:" + request (called the normal way), or
+                             b"released" to x-release (see x-hold-tag).
+    Controlled by invocation metadata:
+      x-thread   "1": the behaviour starts a thread that does the sending and returns at
+                 once; otherwise the behaviour sends itself before it returns;
+      x-count    Stream: number of messages (default 3);
+      x-gap-ms   sleep this long before every message (default 0);
+      x-mode     how the call ends after the messages:
+                   "ok" (default)  send_response(None);
+                   "set_code"      context.set_code(x-code)/set_details(x-details), then
+                                   send_response(None) (Unary: return the response);
+                   "abort"         context.abort(x-code, x-details); the sender catches
+                                   the exception and then calls send_response(None);
+                   "raise"         the behaviour raises RuntimeError(EXCEPTION_TEXT)
+                                   before sending anything;
+                   "never"         never calls send_response(None);
+      x-code     status code number for set_code/abort;
+      x-details  status details for set_code/abort;
+      x-trailer  set as trailing metadata ("x-trailer", value) before the call ends;
+      x-hold-tag Stream/Bidi: wait (at most 20 s) before sending anything until a Unary
+                 call with x-release=<the same tag> arrives (with x-thread=1 the wait is
+                 on the sending thread, so the server's worker is free meanwhile).
+    """
+    lock = threading.Lock()
+    releases: dict[str, threading.Event] = {}
+
+    def event(tag: str) -> threading.Event:
+        with lock:
+            return releases.setdefault(tag, threading.Event())
+
+    def settings(context: grpc.ServicerContext) -> dict[str, str]:
+        return {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
+
+    def finish(md: dict[str, str], context: grpc.ServicerContext,
+               send_response: Callable[[Any], None]) -> None:
+        if "x-trailer" in md:
+            context.set_trailing_metadata((("x-trailer", md["x-trailer"]),))
+        mode = md.get("x-mode", "ok")
+        if mode == "never":
+            return
+        if mode == "set_code":
+            context.set_code(CODES[int(md["x-code"])])
+            context.set_details(md.get("x-details", ""))
+        elif mode == "abort":
+            try:
+                context.abort(CODES[int(md["x-code"])], md.get("x-details", ""))
+            except Exception:  # abort raises to end a blocking handler; here we go on
+                pass
+        send_response(None)
+
+    def gap(md: dict[str, str]) -> None:
+        if int(md.get("x-gap-ms", "0")):
+            time.sleep(int(md["x-gap-ms"]) / 1000)
+
+    def start(md: dict[str, str], work: Callable[[], None]) -> None:
+        if md.get("x-mode") == "raise":
+            raise RuntimeError(EXCEPTION_TEXT)
+        if md.get("x-thread") == "1":
+            threading.Thread(target=work, daemon=True).start()
+        else:
+            work()
+
+    def stream(request: bytes, context: grpc.ServicerContext,
+               send_response: Callable[[Any], None]) -> None:
+        md = settings(context)
+
+        def work() -> None:
+            if "x-hold-tag" in md:
+                event(md["x-hold-tag"]).wait(20)
+            for index in range(int(md.get("x-count", "3"))):
+                gap(md)
+                send_response(request + b":%d" % index)
+            finish(md, context, send_response)
+
+        start(md, work)
+
+    def bidi(requests: Iterator[bytes], context: grpc.ServicerContext,
+             send_response: Callable[[Any], None]) -> None:
+        md = settings(context)
+
+        def work() -> None:
+            if "x-hold-tag" in md:
+                event(md["x-hold-tag"]).wait(20)
+            for request in requests:
+                gap(md)
+                send_response(b"echo:" + request)
+            finish(md, context, send_response)
+
+        start(md, work)
+
+    def unary(request: bytes, context: grpc.ServicerContext) -> bytes:
+        md = settings(context)
+        if "x-release" in md:
+            event(md["x-release"]).set()
+            return b"released"
+        if md.get("x-mode") == "raise":
+            raise RuntimeError(EXCEPTION_TEXT)
+        if "x-trailer" in md:
+            context.set_trailing_metadata((("x-trailer", md["x-trailer"]),))
+        if md.get("x-mode") == "set_code":
+            context.set_code(CODES[int(md["x-code"])])
+            context.set_details(md.get("x-details", ""))
+        elif md.get("x-mode") == "abort":
+            context.abort(CODES[int(md["x-code"])], md.get("x-details", ""))
+        return b"unary:" + request
+
+    for behavior in (stream, bidi, unary):
+        setattr(behavior, "experimental_non_blocking", True)
+    return grpc.method_handlers_generic_handler(NONBLOCKING_SERVICE, {
+        "Stream": grpc.unary_stream_rpc_method_handler(stream),
+        "Bidi": grpc.stream_stream_rpc_method_handler(bidi),
+        "Unary": grpc.unary_unary_rpc_method_handler(unary),
+    })

@@ -1,0 +1,42 @@
+// A blocking wait of the engine can be cut short by the thread that waits. The engine
+// knows nothing of Python: the bindings install a check on a thread that must stay
+// responsive (the one that runs Python's signal handlers), and the stream waits call it
+// every kInterruptPoll once they sleep. A check that says stop makes the wait throw
+// Interrupted, which the bindings catch before it reaches Python.
+#pragma once
+#include <chrono>
+#include <exception>
+
+namespace argrpc {
+
+constexpr auto kInterruptPoll = std::chrono::milliseconds(50);
+
+class WaitInterrupt {
+ public:
+  virtual ~WaitInterrupt() = default;
+  // True: stop waiting. Called with no engine lock held.
+  virtual bool interrupted() = 0;
+};
+
+struct Interrupted : std::exception {
+  const char* what() const noexcept override { return "argrpc: wait interrupted"; }
+};
+
+// The calling thread's check, or null.
+WaitInterrupt*& current_interrupt();
+
+// Installs `check` on this thread for its lifetime.
+class InterruptScope {
+ public:
+  explicit InterruptScope(WaitInterrupt* check) : prev_(current_interrupt()) {
+    current_interrupt() = check;
+  }
+  ~InterruptScope() { current_interrupt() = prev_; }
+  InterruptScope(const InterruptScope&) = delete;
+  InterruptScope& operator=(const InterruptScope&) = delete;
+
+ private:
+  WaitInterrupt* prev_;
+};
+
+}  // namespace argrpc
