@@ -215,7 +215,7 @@ def _send_one(state: _CallState, response: Any, serializer: Optional[Callable],
 
 def _run_non_blocking(state: _CallState, behavior: Callable, argument: Any,
                       context: _ServicerContext, serializer: Optional[Callable],
-                      max_send: int, on_end: Callable[[], None]) -> bool:
+                      max_send: int, on_end: Callable[[_CallState], None]) -> bool:
     """grpc's experimental non-blocking response-streaming handler: it is given a
     `send_response` to call, from any thread, with each response and then with None
     (the status). True when the call goes on after the behaviour returned."""
@@ -229,7 +229,7 @@ def _run_non_blocking(state: _CallState, behavior: Callable, argument: Any,
                 _finish_ok(state, None)
             elif _send_one(state, response, serializer, max_send):
                 return
-        on_end()
+        on_end(state)
 
     try:
         behavior(argument, context, send_response)
@@ -240,7 +240,7 @@ def _run_non_blocking(state: _CallState, behavior: Callable, argument: Any,
 
 
 def run(state: _CallState, context: _ServicerContext, handler: grpc.RpcMethodHandler,
-        max_send: int, on_end: Callable[[], None]) -> bool:
+        max_send: int, on_end: Callable[[_CallState], None]) -> bool:
     """Serve the call to its end (status sent, or the call found dead), or, for a
     non-blocking handler, until its behaviour returns: True then when the call goes on,
     and `on_end` is called once it ends."""

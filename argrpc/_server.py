@@ -214,7 +214,8 @@ class _GrpcExecutor(concurrent.futures.Executor):
 
     def __init__(self, pool: concurrent.futures.Executor, idle_workers: Callable[[], int],
                  wake: Callable[[], None], admission: Optional[_Admission]) -> None:
-        self._queue: collections.deque = collections.deque()
+        # Work for a worker; workers look at it (truthiness) before every accept().
+        self.queue: collections.deque = collections.deque()
         self._pool = pool
         self._idle_workers = idle_workers
         self._wake = wake
@@ -240,7 +241,7 @@ class _GrpcExecutor(concurrent.futures.Executor):
             queued = not self._closed and self._idle_workers() > 0
             if queued:
                 future: concurrent.futures.Future = concurrent.futures.Future()
-                self._queue.append((future, fn, args, kwargs))
+                self.queue.append((future, fn, args, kwargs))
         if queued:
             self._wake()
             return future
@@ -248,7 +249,7 @@ class _GrpcExecutor(concurrent.futures.Executor):
 
     def run_one(self) -> bool:
         try:
-            future, fn, args, kwargs = self._queue.popleft()
+            future, fn, args, kwargs = self.queue.popleft()
         except IndexError:
             return False
         if future.set_running_or_notify_cancel():
@@ -258,14 +259,14 @@ class _GrpcExecutor(concurrent.futures.Executor):
     def may_retire(self) -> bool:
         """True when a worker may leave: no work of ours is queued for it."""
         with self._lock:
-            return not self._queue
+            return not self.queue
 
     def close_and_drain(self) -> None:
         with self._lock:
             self._closed = True
         while True:
             try:
-                future, fn, args, kwargs = self._queue.popleft()
+                future, fn, args, kwargs = self.queue.popleft()
             except IndexError:
                 return
             _chain(self._pool.submit(fn, *args, **kwargs), future)
@@ -583,21 +584,29 @@ class _Server(grpc.Server):
                 self._serve(sc)
                 sc = None
         executor = self._executor
-        idle_since = time.monotonic()
+        queue = executor.queue
+        # When this worker ran out of work; None right after work, so the path from one
+        # call to the next reads no clock and asks the engine nothing more.
+        idle_since: Optional[float] = None
         while True:
-            if executor.run_one():
-                idle_since = time.monotonic()
+            if queue and executor.run_one():
+                idle_since = None
                 continue
             if not self._accepting or self._exit_workers or _interpreter_exiting():
                 return
-            limit = _SPARE_WORKER_IDLE if core.idle_workers > 0 else _LAST_WORKER_IDLE
-            remaining = idle_since + limit - time.monotonic()
-            if remaining <= 0:
-                if executor.may_retire():
-                    return
-                continue
+            if idle_since is None:
+                timeout = _SPARE_WORKER_IDLE
+            else:
+                limit = _SPARE_WORKER_IDLE if core.idle_workers > 0 else _LAST_WORKER_IDLE
+                remaining = idle_since + limit - time.monotonic()
+                if remaining <= 0:
+                    if executor.may_retire():
+                        return
+                    idle_since = None
+                    continue
+                timeout = min(remaining, _ACCEPT_TIMEOUT)
             try:
-                sc = core.accept(min(remaining, _ACCEPT_TIMEOUT))
+                sc = core.accept(timeout)
             except Exception:
                 # Not in the engine's contract; losing a worker silently would shrink
                 # the server, so log and keep the thread serving.
@@ -607,7 +616,10 @@ class _Server(grpc.Server):
             if sc is not None:
                 self._serve(sc)
                 sc = None  # not kept alive while the next accept() waits
-                idle_since = time.monotonic()
+                idle_since = None
+            elif idle_since is None:
+                # Timed out (a wake-up brings work, which resets this anyway).
+                idle_since = time.monotonic() - timeout
 
     def _run_cancel_callbacks(self, key: Any) -> None:
         state = self._calls.get(key)
@@ -632,65 +644,51 @@ class _Server(grpc.Server):
 
     # --- one fast-path call ----------------------------------------------------------
     def _serve(self, sc: Any) -> None:
-        key = sc.key
         state = _CallState(sc, sc.method)
-        self._calls[key] = state
+        self._calls[sc.key] = state
+        # A fresh contextvars.Context per call, as grpc does.
+        contextvars.Context().run(self._serve_state, state, None)
+
+    def _serve_state(self, state: _CallState, handler: Optional[grpc.RpcMethodHandler]) -> None:
         goes_on = False
         try:
-            # A fresh contextvars.Context per call, as grpc does.
-            goes_on = contextvars.Context().run(self._dispatch, state)
-        except Exception:  # a bug of ours must not kill the loop
-            _LOGGER.exception("argrpc: unexpected error serving %s", state.method)
-            if not state.finished:
-                state.finished = True
-                sc.finish(_UNKNOWN, "Unexpected server error", [], None)
-        finally:
-            if not goes_on:
-                self._end_call(key, state)
-
-    def _end_call(self, key: int, state: _CallState) -> None:
-        self._calls.pop(key, None)
-        state.run_callbacks()
-
-    def _dispatch(self, state: _CallState) -> bool:
-        """Runs the call; True when it goes on after its handler returned (a
-        non-blocking handler that streams from other threads)."""
-        try:
-            handler = self._lookup(state)
-        except Exception as exc:
-            _LOGGER.exception("Exception servicing handler: %s", exc)
-            self._reject(state, _UNKNOWN, "Error in service handler!")
-            return False
-        if handler is None:
-            self._reject(state, _UNIMPLEMENTED, "Method not found!")
-            return False
-        pool = getattr(_behavior(handler), "experimental_thread_pool", None)
-        if isinstance(pool, concurrent.futures.ThreadPoolExecutor):
-            # grpc runs such a method in its own pool: so do we (this worker goes on).
-            pool.submit(contextvars.copy_context().run, self._run_in_pool, state, handler)
-            return True
-        return self._run(state, handler)
-
-    def _run(self, state: _CallState, handler: grpc.RpcMethodHandler) -> bool:
-        key = state.sc.key
-        goes_on = _handlers.run(state, _ServicerContext(state), handler, self._max_send,
-                                lambda: self._end_call(key, state))
-        if goes_on:
-            state.detached = True  # its handler returned: a cancel ends it now
-        return goes_on
-
-    def _run_in_pool(self, state: _CallState, handler: grpc.RpcMethodHandler) -> None:
-        goes_on = False
-        try:
-            goes_on = self._run(state, handler)
-        except Exception:  # a bug of ours must not leave the call open
+            goes_on = self._dispatch(state, handler)
+        except Exception:  # a bug of ours must not kill the worker or leave the call open
             _LOGGER.exception("argrpc: unexpected error serving %s", state.method)
             if not state.finished:
                 state.finished = True
                 state.sc.finish(_UNKNOWN, "Unexpected server error", [], None)
         finally:
             if not goes_on:
-                self._end_call(state.sc.key, state)
+                self._end_call(state)
+
+    def _end_call(self, state: _CallState) -> None:
+        self._calls.pop(state.sc.key, None)
+        state.run_callbacks()
+
+    def _dispatch(self, state: _CallState, handler: Optional[grpc.RpcMethodHandler]) -> bool:
+        """Runs the call (`handler`: already looked up); True when it goes on after this
+        returns: in a method's own pool, or a non-blocking handler's call."""
+        if handler is None:
+            try:
+                handler = self._lookup(state)
+            except Exception as exc:
+                _LOGGER.exception("Exception servicing handler: %s", exc)
+                self._reject(state, _UNKNOWN, "Error in service handler!")
+                return False
+            if handler is None:
+                self._reject(state, _UNIMPLEMENTED, "Method not found!")
+                return False
+            pool = getattr(_behavior(handler), "experimental_thread_pool", None)
+            if isinstance(pool, concurrent.futures.ThreadPoolExecutor):
+                # grpc runs such a method in its own pool: so do we (this worker goes on).
+                pool.submit(contextvars.copy_context().run, self._serve_state, state, handler)
+                return True
+        goes_on = _handlers.run(state, _ServicerContext(state), handler, self._max_send,
+                                self._end_call)
+        if goes_on:
+            state.detached = True  # its handler returned: a cancel ends it now
+        return goes_on
 
     @staticmethod
     def _reject(state: _CallState, code: int, details: str) -> None:
