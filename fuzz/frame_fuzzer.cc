@@ -70,7 +70,7 @@ Pair make_pair() {
   ShmPeer for_server = peer_of(*ep_c, *eng);
   ShmPeer for_client = peer_of(*ep_s, *eng);
   Pair p;
-  p.server = std::make_shared<Server>(eng);
+  p.server = std::make_shared<Server>(eng, -1);  // no concurrency limit
   p.server_conn = eng->attach(std::make_unique<ShmFabric>(std::move(ep_s), std::move(for_server),
                                                           UniqueFd(sv[0]), eng->pool(), &eng->copier()),
                               cfg, p.server, "fuzz-client");
@@ -84,8 +84,8 @@ Pair make_pair() {
 // handler returned at once would), so a long run does not pile them up.
 void drain(Server& server) {
   while (auto s = server.accept(Deadline::after_seconds(0))) s->conn->abandon(s);
-  // The Python server's cancel watcher takes these: until then they hold their calls.
-  while (server.next_cancelled(Deadline::after_seconds(0))) {
+  // The Python server's dispatcher takes these: until then they hold their calls.
+  while (server.next_event(Deadline::after_seconds(0)).kind != ServerEvent::Kind::kNone) {
   }
 }
 
