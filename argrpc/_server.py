@@ -631,15 +631,7 @@ class _Server(grpc.Server):
     def _refuse(self, sc: Any) -> None:
         """A call over the limit: the interceptors see it, then grpc's status ends it."""
         state = _CallState(sc, sc.method)
-        try:
-            handler = contextvars.Context().run(self._lookup, state)
-        except Exception as exc:  # noqa: BLE001 - grpc's answer to a failing lookup
-            _LOGGER.exception("Exception servicing handler: %s", exc)
-            self._reject(state, _UNKNOWN, "Error in service handler!")
-            return
-        if handler is None:
-            self._reject(state, _UNIMPLEMENTED, "Method not found!")
-        else:
+        if contextvars.Context().run(self._find_handler, state) is not None:
             self._reject(state, _RESOURCE_EXHAUSTED, _OVER_LIMIT_DETAILS)
 
     # --- one fast-path call ----------------------------------------------------------
@@ -670,14 +662,8 @@ class _Server(grpc.Server):
         """Runs the call (`handler`: already looked up); True when it goes on after this
         returns: in a method's own pool, or a non-blocking handler's call."""
         if handler is None:
-            try:
-                handler = self._lookup(state)
-            except Exception as exc:
-                _LOGGER.exception("Exception servicing handler: %s", exc)
-                self._reject(state, _UNKNOWN, "Error in service handler!")
-                return False
+            handler = self._find_handler(state)
             if handler is None:
-                self._reject(state, _UNIMPLEMENTED, "Method not found!")
                 return False
             pool = getattr(_behavior(handler), "experimental_thread_pool", None)
             if isinstance(pool, concurrent.futures.ThreadPoolExecutor):
@@ -689,6 +675,19 @@ class _Server(grpc.Server):
         if goes_on:
             state.detached = True  # its handler returned: a cancel ends it now
         return goes_on
+
+    def _find_handler(self, state: _CallState) -> Optional[grpc.RpcMethodHandler]:
+        """The call's handler through the interceptors; None once the call was ended
+        with grpc's status for a failing lookup or an unknown method."""
+        try:
+            handler = self._lookup(state)
+        except Exception as exc:  # noqa: BLE001 - grpc's answer to a failing lookup
+            _LOGGER.exception("Exception servicing handler: %s", exc)
+            self._reject(state, _UNKNOWN, "Error in service handler!")
+            return None
+        if handler is None:
+            self._reject(state, _UNIMPLEMENTED, "Method not found!")
+        return handler
 
     @staticmethod
     def _reject(state: _CallState, code: int, details: str) -> None:
