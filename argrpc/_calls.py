@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import grpc
 
+from ._config import LIMITS
 from ._errors import (_RpcError, code_from_int, local_error, rpc_state_string,
                       status_error)
 from ._metadata import InvalidMetadataError, from_core, to_core
@@ -176,7 +177,7 @@ class DoneWatcher:
     so the hot paths never touch this.
     """
 
-    _IDLE_EXIT_S = 10.0
+    _IDLE_EXIT_S = LIMITS.call_thread_idle_s
 
     def __init__(self) -> None:
         self._cv = threading.Condition(threading.Lock())

@@ -11,16 +11,23 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Literal, Mapping
 
 __all__ = [
     "Config",
     "ConfigError",
+    "FIXED",
+    "LIMITS",
     "KNOBS",
+    "Knob",
+    "TABLE",
+    "fmt_size",
+    "knob",
     "PREFIX",
     "conn_config",
     "engine_config",
     "knob_table_markdown",
+    "limits_table_markdown",
     "load",
     "max_receive_length",
     "max_send_length",
@@ -46,35 +53,17 @@ class ConfigError(ValueError):
     """A TF_RDMA_* value is invalid; the message names the variable, the value and what is accepted."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Config:
-    enabled: bool = True
-    transport: str = "auto"
-    dev_name: str | None = None
-    port_num: int | None = None      # None: the device's first ACTIVE port
-    gid_index: int | None = None     # None: chosen automatically (see verbs_select)
-    qps: int = 2
-    chunk_size: int = 4 * MiB
-    acc_size: int = 8 * KiB
-    buf_size: int = 1 * GiB
-    ring_size: int = 1 * MiB
-    spin_us: int = 50
-    reads_in_flight: int = 4
-    stream_window: int = 1 * MiB
-    zero_copy_min: int = 1 * MiB
-    over_tls: bool = False
-    malloc_tuning: bool = True
-
-
 # --------------------------------------------------------------------------- parsing
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([kmg]?)(?:i?b)?\s*$", re.IGNORECASE)
 _SIZE_MULT = {"": 1, "k": KiB, "m": MiB, "g": GiB}
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
+_BOOL_ACCEPTED = "true/false/1/0/yes/no/on/off"
 
 
-def _fmt_size(n: int) -> str:
+def fmt_size(n: int) -> str:
+    """4194304 -> '4M': the shortest exact K/M/G form (binary units), as the knobs accept."""
     for unit, mult in (("G", GiB), ("M", MiB), ("K", KiB)):
         if n >= mult and n % mult == 0:
             return f"{n // mult}{unit}"
@@ -89,216 +78,380 @@ def parse_size(text: str) -> int:
     return int(m.group(1)) * _SIZE_MULT[m.group(2).lower()]
 
 
+def _text(value: Any) -> str | None:
+    if isinstance(value, bytes):
+        return value.decode()
+    return value if isinstance(value, str) else None
+
+
+# ----------------------------------------------------------------------- the knob table
+
+Kind = Literal["bool", "choice", "name", "int", "size"]
+Scope = Literal["process", "connection"]
+
+
 @dataclasses.dataclass(frozen=True)
-class _Knob:
+class Knob:
+    """One TF_RDMA_* variable: everything argrpc and its engine know about it.
+
+    Declared once, as the metadata of its `Config` field. The README table, the
+    validation and its messages, and the engine's header `csrc/knobs.h` (defaults and
+    bounds the C++ side uses) are all generated from these records.
+    """
+
     name: str
-    field: str
-    default_text: str
-    accepted: str
+    kind: Kind
+    default: Any
     meaning: str
-    parse: Callable[[Any], Any]  # raises ValueError with no variable name; load() adds it
-    process_wide: bool = False
+    lo: int = 0
+    hi: int = 0
+    scope: Scope = "connection"   # "process": one engine per process, environment only
+    engine: str = ""              # the C++ config struct that carries it; "": Python only
+    auto: str = ""                # `auto` is accepted (None: argrpc picks) and picks this
+    choices: tuple[str, ...] = ()
+    what: str = ""                # what an int or a name is ("port number")
+    power_of_two: bool = False
+    zero_off: bool = False        # 0 is accepted too and means off
+    also: str = ""                # a limit that depends on another knob, checked by load()
+    default_text: str = ""        # when the default is decided at run time
+    field: str = ""               # the Config field (set from the dataclass)
 
+    @property
+    def process_wide(self) -> bool:
+        return self.scope == "process"
 
-def _bad(accepted: str) -> ValueError:
-    return ValueError(accepted)
+    def accepted(self) -> str:
+        """What the value may be, as error messages say it."""
+        if self.kind == "bool":
+            return _BOOL_ACCEPTED
+        if self.kind == "choice":
+            return "one of " + ", ".join(self.choices)
+        if self.kind == "name":
+            return _article(self.what)
+        if self.kind == "int":
+            text = f"{_article(self.what or 'integer')} from {self.lo} to {self.hi}"
+        else:
+            text = (f"a size in bytes or with a K/M/G suffix (KiB/MiB/GiB) from "
+                    f"{fmt_size(self.lo)} to {fmt_size(self.hi)}")
+            if self.power_of_two:
+                text += ", a power of two"
+        if self.also:
+            text += ", " + self.also
+        return ("auto or " if self.auto else "") + ("0 (off) or " if self.zero_off else "") + text
 
+    def accepted_short(self) -> str:
+        """What the value may be, as the README table says it."""
+        if self.kind in ("bool", "name"):
+            return self.accepted()
+        if self.kind == "choice":
+            return ", ".join(self.choices)
+        fmt = fmt_size if self.kind == "size" else str
+        text = f"{fmt(self.lo)}..{fmt(self.hi)}"
+        if self.power_of_two:
+            text += ", power of two"
+        if self.also:
+            text += ", " + self.also
+        return ("auto, " if self.auto else "") + ("0 (off) or " if self.zero_off else "") + text
 
-def _bool_parser(accepted: str) -> Callable[[Any], bool]:
-    def parse(value: Any) -> bool:
+    def default_shown(self) -> str:
+        if self.default_text:
+            return self.default_text
+        if self.auto and self.default is None:
+            return "auto: " + self.auto
+        if self.kind == "bool":
+            return "true" if self.default else "false"
+        if self.kind == "size":
+            return fmt_size(self.default)
+        return str(self.default)
+
+    def parse(self, value: Any) -> Any:
+        """The typed value of `value` (a string from the environment, or an option's
+        value); raises ValueError whose text is `accepted()`."""
+        if self.kind == "bool":
+            return self._parse_bool(value)
+        text = _text(value)
+        if self.kind == "choice":
+            if text is None or text.strip().lower() not in self.choices:
+                raise ValueError(self.accepted())
+            return text.strip().lower()
+        if self.kind == "name":
+            if text is None or not text.strip():
+                raise ValueError(self.accepted())
+            return text.strip()
+        if self.auto and text is not None and text.strip().lower() == "auto":
+            return None
+        n = self._parse_number(value, text)
+        if self.zero_off and n == 0:
+            return 0
+        if not self.lo <= n <= self.hi or (self.power_of_two and n & (n - 1)):
+            raise ValueError(self.accepted())
+        return n
+
+    def _parse_bool(self, value: Any) -> bool:
         if isinstance(value, bool):
             return value
         if isinstance(value, int) and value in (0, 1):
             return bool(value)
-        if isinstance(value, (str, bytes)):
-            text = value.decode() if isinstance(value, bytes) else value
-            low = text.strip().lower()
-            if low in _TRUE:
-                return True
-            if low in _FALSE:
-                return False
-        raise _bad(accepted)
+        low = (_text(value) or "").strip().lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise ValueError(self.accepted())
 
-    return parse
-
-
-def _size_parser(lo: int, hi: int, accepted: str, power_of_two: bool = False,
-                 zero_or_min: int = 0) -> Callable[[Any], int]:
-    def parse(value: Any) -> int:
+    def _parse_number(self, value: Any, text: str | None) -> int:
         if isinstance(value, bool):
-            raise _bad(accepted)
+            raise ValueError(self.accepted())
         if isinstance(value, int):
-            n = value
-        elif isinstance(value, (str, bytes)):
+            return value
+        if text is None:
+            raise ValueError(self.accepted())
+        if self.kind == "size":
             try:
-                n = parse_size(value.decode() if isinstance(value, bytes) else value)
+                return parse_size(text)
             except ValueError:
-                raise _bad(accepted) from None
-        else:
-            raise _bad(accepted)
-        if not lo <= n <= hi or (power_of_two and n & (n - 1)) or 0 < n < zero_or_min:
-            raise _bad(accepted)
-        return n
-
-    return parse
+                raise ValueError(self.accepted()) from None
+        if not re.fullmatch(r"\d+", text.strip()):
+            raise ValueError(self.accepted())
+        return int(text.strip())
 
 
-def _int_parser(lo: int, hi: int, accepted: str) -> Callable[[Any], int]:
-    def parse(value: Any) -> int:
-        if isinstance(value, bool):
-            raise _bad(accepted)
-        if isinstance(value, int):
-            n = value
-        elif isinstance(value, (str, bytes)):
-            text = (value.decode() if isinstance(value, bytes) else value).strip()
-            if not re.fullmatch(r"\d+", text):
-                raise _bad(accepted)
-            n = int(text)
-        else:
-            raise _bad(accepted)
-        if not lo <= n <= hi:
-            raise _bad(accepted)
-        return n
+def _article(noun: str) -> str:
+    return ("an " if noun[:1] in "aeiou" else "a ") + noun
 
-    return parse
+
+def _knob(name: str, kind: Kind, default: Any, meaning: str, **kw: Any) -> Any:
+    return dataclasses.field(default=default, metadata={
+        "knob": Knob(name=name, kind=kind, default=default, meaning=meaning, **kw)})
 
 
 TRANSPORTS = ("auto", "verbs", "shm", "grpc")
-_TRANSPORT_ACCEPTED = "one of " + ", ".join(TRANSPORTS)
 
 
-def _parse_transport(value: Any) -> str:
-    if not isinstance(value, (str, bytes)):
-        raise _bad(_TRANSPORT_ACCEPTED)
-    low = (value.decode() if isinstance(value, bytes) else value).strip().lower()
-    if low not in TRANSPORTS:
-        raise _bad(_TRANSPORT_ACCEPTED)
-    return low
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The TF_RDMA_* knobs of one channel or server: each field declares its knob."""
+
+    enabled: bool = _knob(
+        "TF_RDMA_ENABLED", "bool", True,
+        "`false`: every channel and server is plain gRPC")
+    transport: str = _knob(
+        "TF_RDMA_TRANSPORT", "choice", "auto",
+        "`auto`: shared memory on one host, RDMA verbs across hosts when both ends have "
+        "a usable device, else gRPC; `verbs`/`shm`: require that transport, also on one "
+        "host (calls fail UNAVAILABLE with the reason instead of falling back); `grpc`: "
+        "never use a fast path. `argrpc doctor --target HOST:PORT` tells which one a "
+        "channel gets and why", choices=TRANSPORTS)
+    dev_name: str | None = _knob(
+        "TF_RDMA_DEV_NAME", "name", None,
+        "RDMA device used by the verbs fabric; a named device that is missing or has no "
+        "ACTIVE port is an error, not a fallback",
+        what="non-empty RDMA device name such as mlx5_0",
+        default_text="`mlx5_0` if present, else the first device with an ACTIVE port")
+    port_num: int | None = _knob(
+        "TF_RDMA_PORT_NUM", "int", None,
+        "port of the RDMA device (verbs only); a named port that is not ACTIVE is an error",
+        lo=1, hi=255, auto="the device's first ACTIVE port", what="port number")
+    gid_index: int | None = _knob(
+        "TF_RDMA_GID_INDEX", "int", None,
+        "GID table index used as the source address of the verbs queue pairs",
+        lo=0, hi=65535, what="GID table index",
+        auto="RoCEv2 with an IPv4-mapped address, else RoCEv2, else RoCEv1, else "
+             "InfiniBand (LID)")
+    qps: int = _knob(
+        "TF_RDMA_QPS", "int", 2,
+        "RC queue pairs per verbs connection: rendezvous reads are spread over them "
+        "(1, 2 and 4 measured equal on Soft-RoCE: docs/benchmarks.md; 2 keeps the "
+        "spreading in use at half the queue pairs of 4)",
+        lo=1, hi=16, engine="VerbsConfig")
+    qp_timeout: int = _knob(
+        "TF_RDMA_QP_TIMEOUT", "int", 14,
+        "verbs local ACK timeout exponent: a queue pair waits 4.096 µs × 2^value for an "
+        "acknowledgement before it retries (14: 67 ms); raise it on a slow or lossy link",
+        lo=1, hi=31, engine="VerbsConfig")
+    qp_retry: int = _knob(
+        "TF_RDMA_QP_RETRY", "int", 6,
+        "verbs transport and RNR retries before a send fails; with the timeout they bound "
+        "how long a dead peer's connection takes to fail (7 × 67 ms at the defaults; 7 "
+        "makes RNR retries endless, leaving it to the keepalive)",
+        lo=0, hi=7, engine="VerbsConfig")
+    cq_depth: int = _knob(
+        "TF_RDMA_CQ_DEPTH", "int", 8192,
+        "completion queue entries per verbs connection, shared by its receive slots "
+        "(1024) and its queue pairs' send queues (capped at the device's max_cqe; too "
+        "few for 16 sends per queue pair is an error that names this variable)",
+        lo=256, hi=4194304, engine="VerbsConfig")
+    chunk_size: int = _knob(
+        "TF_RDMA_CHUNK_SIZE", "size", 4 * MiB,
+        "rendezvous chunk size: large messages are pulled in chunks of this size",
+        lo=64 * KiB, hi=1 * GiB, engine="ConnConfig")
+    acc_size: int = _knob(
+        "TF_RDMA_ACC_SIZE", "size", 8 * KiB,
+        "eager/coalescing size: smaller messages are batched into one write, larger "
+        "ones go rendezvous",
+        lo=1 * KiB, hi=1 * MiB, also="at most TF_RDMA_RING_SIZE/4", engine="ConnConfig")
+    buf_size: int = _knob(
+        "TF_RDMA_BUF_SIZE", "size", 1 * GiB,
+        "registered, pre-faulted buffer pool of the process (any size in range, not only "
+        "whole GiB); process-wide: environment only",
+        lo=64 * MiB, hi=64 * GiB, scope="process", engine="EngineConfig")
+    ring_size: int = _knob(
+        "TF_RDMA_RING_SIZE", "size", 1 * MiB,
+        "receive ring per connection and direction",
+        lo=64 * KiB, hi=256 * MiB, power_of_two=True, engine="ConnConfig")
+    spin_us: int = _knob(
+        "TF_RDMA_SPIN_US", "int", 50,
+        "how long a waiting thread spins (yielding) before it blocks; process-wide: "
+        "environment only",
+        lo=0, hi=100000, what="integer number of microseconds", scope="process",
+        engine="EngineConfig")
+    reads_in_flight: int = _knob(
+        "TF_RDMA_READS_IN_FLIGHT", "int", 4,
+        "rendezvous chunks pulled concurrently per message",
+        lo=1, hi=64, engine="ConnConfig")
+    stream_window: int = _knob(
+        "TF_RDMA_STREAM_WINDOW", "size", 1 * MiB,
+        "eager bytes one stream may have unread at the receiver (flow control)",
+        lo=64 * KiB, hi=1 * GiB, engine="ConnConfig")
+    zero_copy_min: int = _knob(
+        "TF_RDMA_ZERO_COPY_MIN", "size", 1 * MiB,
+        "shm only: a received message at least this big is handed to the deserializer "
+        "as a read-only view of the sender's pool block (one copy fewer); the sender's "
+        "block returns when the view is released. At most 1/4 of the sender's pool is "
+        "lent per connection, beyond that messages are copied",
+        lo=4 * KiB, hi=64 * GiB, zero_off=True, engine="ConnConfig")
+    over_tls: bool = _knob(
+        "TF_RDMA_OVER_TLS", "bool", False,
+        "`true`: allow the fast path for `secure_channel`/`add_secure_port` (the "
+        "shared-memory data path is not encrypted)")
+    malloc_tuning: bool = _knob(
+        "TF_RDMA_MALLOC_TUNING", "bool", True,
+        "`true`: when the fast path starts, keep freed heap memory for reuse (glibc "
+        "`M_MMAP_THRESHOLD`=32M, `M_TRIM_THRESHOLD`=256M) so protobuf's fresh multi-MiB "
+        "buffers do not page-fault on every message; `false`: leave malloc alone; "
+        "process-wide: environment only",
+        scope="process", engine="EngineConfig")
 
 
-def _auto_or_int(lo: int, hi: int, accepted: str) -> Callable[[Any], int | None]:
-    """An integer in [lo, hi], or `auto` (None: argrpc chooses)."""
-    parse_int = _int_parser(lo, hi, accepted)
-
-    def parse(value: Any) -> int | None:
-        if isinstance(value, (str, bytes)):
-            text = value.decode() if isinstance(value, bytes) else value
-            if text.strip().lower() == "auto":
-                return None
-        return parse_int(value)
-
-    return parse
+def _table() -> tuple[Knob, ...]:
+    return tuple(dataclasses.replace(f.metadata["knob"], field=f.name)
+                 for f in dataclasses.fields(Config))
 
 
-_DEV_ACCEPTED = "a non-empty RDMA device name such as mlx5_0"
-
-
-def _parse_dev(value: Any) -> str:
-    if isinstance(value, bytes):
-        value = value.decode()
-    if not isinstance(value, str) or not value.strip():
-        raise _bad(_DEV_ACCEPTED)
-    return value.strip()
-
-
-def _size_accepted(lo: int, hi: int, extra: str = "") -> str:
-    return (f"a size in bytes or with a K/M/G suffix (KiB/MiB/GiB) from "
-            f"{_fmt_size(lo)} to {_fmt_size(hi)}{extra}")
-
-
-_BOOL_ACCEPTED = "true/false/1/0/yes/no/on/off"
-_CHUNK_ACC = _size_accepted(64 * KiB, 1 * GiB)
-_ACC_ACC = _size_accepted(1 * KiB, 1 * MiB, ", at most TF_RDMA_RING_SIZE/4")
-_BUF_ACC = _size_accepted(64 * MiB, 64 * GiB)
-_RING_ACC = _size_accepted(64 * KiB, 256 * MiB, ", a power of two")
-_SPIN_ACC = "an integer number of microseconds from 0 to 100000"
-_READS_ACC = "an integer from 1 to 64"
-_WINDOW_ACC = _size_accepted(64 * KiB, 1 * GiB)
-_ZC_ACC = "0 (off) or " + _size_accepted(4 * KiB, 64 * GiB)
-_PORT_ACC = "auto or a port number from 1 to 255"
-_GID_ACC = "auto or a GID table index from 0 to 65535"
-_QPS_ACC = "an integer from 1 to 16"
-
-_KNOBS: tuple[_Knob, ...] = (
-    _Knob("TF_RDMA_ENABLED", "enabled", "true", _BOOL_ACCEPTED,
-          "`false`: every channel and server is plain gRPC",
-          _bool_parser(_BOOL_ACCEPTED)),
-    _Knob("TF_RDMA_TRANSPORT", "transport", "auto", "auto, verbs, shm, grpc",
-          "`auto`: shared memory on one host, RDMA verbs across hosts when both ends have "
-          "a usable device, else gRPC; `verbs`/`shm`: require that transport, also on one "
-          "host (calls fail UNAVAILABLE with the reason instead of falling back); `grpc`: "
-          "never use a fast path. `argrpc doctor --target HOST:PORT` tells which one a "
-          "channel gets and why",
-          _parse_transport),
-    _Knob("TF_RDMA_DEV_NAME", "dev_name", "`mlx5_0` if present, else the first device with "
-          "an ACTIVE port", _DEV_ACCEPTED,
-          "RDMA device used by the verbs fabric; a named device that is missing or has no "
-          "ACTIVE port is an error, not a fallback", _parse_dev),
-    _Knob("TF_RDMA_PORT_NUM", "port_num", "auto: the device's first ACTIVE port", "auto, 1..255",
-          "port of the RDMA device (verbs only); a named port that is not ACTIVE is an error",
-          _auto_or_int(1, 255, _PORT_ACC)),
-    _Knob("TF_RDMA_GID_INDEX", "gid_index", "auto: RoCEv2 with an IPv4-mapped address, else "
-          "RoCEv2, else RoCEv1, else InfiniBand (LID)", "auto, 0..65535",
-          "GID table index used as the source address of the verbs queue pairs",
-          _auto_or_int(0, 65535, _GID_ACC)),
-    _Knob("TF_RDMA_QPS", "qps", "2", "1..16",
-          "RC queue pairs per verbs connection: rendezvous reads are spread over them "
-          "(1, 2 and 4 measured equal on Soft-RoCE: docs/benchmarks.md; 2 keeps the "
-          "spreading in use at half the queue pairs of 4)",
-          _int_parser(1, 16, _QPS_ACC)),
-    _Knob("TF_RDMA_CHUNK_SIZE", "chunk_size", "4M", "64K..1G",
-          "rendezvous chunk size: large messages are pulled in chunks of this size",
-          _size_parser(64 * KiB, 1 * GiB, _CHUNK_ACC)),
-    _Knob("TF_RDMA_ACC_SIZE", "acc_size", "8K", "1K..1M, ≤ TF_RDMA_RING_SIZE/4",
-          "eager/coalescing size: smaller messages are batched into one write, larger "
-          "ones go rendezvous",
-          _size_parser(1 * KiB, 1 * MiB, _ACC_ACC)),
-    _Knob("TF_RDMA_BUF_SIZE", "buf_size", "1G", "64M..64G (any size, not only whole GiB)",
-          "registered, pre-faulted buffer pool of the process; process-wide: environment "
-          "only",
-          _size_parser(64 * MiB, 64 * GiB, _BUF_ACC), process_wide=True),
-    _Knob("TF_RDMA_RING_SIZE", "ring_size", "1M", "64K..256M, power of two",
-          "receive ring per connection and direction", _size_parser(
-              64 * KiB, 256 * MiB, _RING_ACC, power_of_two=True)),
-    _Knob("TF_RDMA_SPIN_US", "spin_us", "50", "0..100000",
-          "how long a waiting thread spins (yielding) before it blocks; process-wide: "
-          "environment only",
-          _int_parser(0, 100000, _SPIN_ACC), process_wide=True),
-    _Knob("TF_RDMA_READS_IN_FLIGHT", "reads_in_flight", "4", "1..64",
-          "rendezvous chunks pulled concurrently per message",
-          _int_parser(1, 64, _READS_ACC)),
-    _Knob("TF_RDMA_STREAM_WINDOW", "stream_window", "1M", "64K..1G",
-          "eager bytes one stream may have unread at the receiver (flow control)",
-          _size_parser(64 * KiB, 1 * GiB, _WINDOW_ACC)),
-    _Knob("TF_RDMA_ZERO_COPY_MIN", "zero_copy_min", "1M", "0 (off) or 4K..64G",
-          "shm only: a received message at least this big is handed to the deserializer "
-          "as a read-only view of the sender's pool block (one copy fewer); the sender's "
-          "block returns when the view is released. At most 1/4 of the sender's pool is "
-          "lent per connection, beyond that messages are copied",
-          _size_parser(0, 64 * GiB, _ZC_ACC, zero_or_min=4 * KiB)),
-    _Knob("TF_RDMA_OVER_TLS", "over_tls", "false", _BOOL_ACCEPTED,
-          "`true`: allow the fast path for `secure_channel`/`add_secure_port` (the "
-          "shared-memory data path is not encrypted)",
-          _bool_parser(_BOOL_ACCEPTED)),
-    _Knob("TF_RDMA_MALLOC_TUNING", "malloc_tuning", "true", _BOOL_ACCEPTED,
-          "`true`: when the fast path starts, keep freed heap memory for reuse (glibc "
-          "`M_MMAP_THRESHOLD`=32M, `M_TRIM_THRESHOLD`=256M) so protobuf's fresh multi-MiB "
-          "buffers do not page-fault on every message; `false`: leave malloc alone; "
-          "process-wide: environment only",
-          _bool_parser(_BOOL_ACCEPTED), process_wide=True),
-)
-
-_BY_NAME: dict[str, _Knob] = {k.name: k for k in _KNOBS}
+TABLE: tuple[Knob, ...] = _table()
+_BY_NAME: dict[str, Knob] = {k.name: k for k in TABLE}
 
 # (name, default_text, meaning): what the README table is generated and checked from.
-KNOBS: list[tuple[str, str, str]] = [(k.name, k.default_text, k.meaning) for k in _KNOBS]
+KNOBS: list[tuple[str, str, str]] = [(k.name, k.default_shown(), k.meaning) for k in TABLE]
+
+
+def knob(name: str) -> Knob:
+    """The knob called `name` (TF_RDMA_...); KeyError if there is none."""
+    return _BY_NAME[name]
 
 
 def knob_table_markdown() -> str:
     """The README's knob table (Markdown), one row per TF_RDMA_* variable."""
     rows = ["| variable | default | accepted | meaning |", "|---|---|---|---|"]
-    for k in _KNOBS:
-        rows.append(f"| `{k.name}` | {k.default_text} | {k.accepted} | {k.meaning} |")
+    for k in TABLE:
+        rows.append(f"| `{k.name}` | {k.default_shown()} | {k.accepted_short()} | {k.meaning} |")
+    return "\n".join(rows) + "\n"
+
+
+# ------------------------------------------------------------------ fixed values
+
+@dataclasses.dataclass(frozen=True)
+class Fixed:
+    """A limit or timeout argrpc does not let users set, declared with its reason."""
+
+    value: int | float
+    meaning: str
+    engine: bool = False   # the C++ engine uses it (generated into csrc/knobs.h)
+    field: str = ""
+
+
+def _fixed(value: int | float, meaning: str, engine: bool = False) -> Any:
+    return dataclasses.field(default=value, metadata={
+        "fixed": Fixed(value=value, meaning=meaning, engine=engine)})
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Every fixed limit and timeout of argrpc, Python's and the engine's (`LIMITS`)."""
+
+    negotiation_timeout_s: float = _fixed(
+        5.0, "a channel's negotiation (the Negotiate call plus the fabric's handshake) "
+        "when the call that triggers it has no shorter deadline")
+    renegotiate_interval_s: float = _fixed(
+        1.0, "how soon a channel whose fast path failed or was refused for a retryable "
+        "reason asks again")
+    handshake_io_timeout_s: float = _fixed(
+        5.0, "each read or write of the shared-memory handshake on its unix socket")
+    handshake_secret_ttl_s: float = _fixed(
+        30.0, "how long a secret granted by Negotiate may wait for its handshake")
+    server_poll_s: float = _fixed(
+        0.25, "longest sleep of a server's dispatcher and workers between checks of "
+        "stop() and the pool")
+    spare_worker_idle_s: float = _fixed(
+        0.05, "an idle server worker beyond the first gives its pool thread back after this")
+    last_worker_idle_s: float = _fixed(
+        1.0, "the last idle server worker gives its pool thread back after this")
+    call_thread_idle_s: float = _fixed(
+        10.0, "a client's thread that runs done-callbacks of fast-path calls exits after "
+        "this long with none to watch")
+    credit_stall_seconds: float = _fixed(
+        10.0, "a sender waiting this long for ring credits from a peer that does answer "
+        "keepalives fails the connection (the peer stopped reading)", engine=True)
+    keepalive_ms: int = _fixed(
+        1000, "a connection with calls in flight that heard nothing from its peer for "
+        "this long sends a PING", engine=True)
+    idle_keepalive_ms: int = _fixed(
+        2000, "the same for an idle connection on a fabric without a liveness fd (verbs), "
+        "so a peer that died between calls is found before the next call", engine=True)
+    keepalive_timeout_ms: int = _fixed(
+        10000, "a PING unanswered this long fails the connection and its calls "
+        "(UNAVAILABLE): the peer died where the fabric cannot tell, or it hangs",
+        engine=True)
+    interrupt_poll_ms: int = _fixed(
+        50, "a sleeping wait on the main thread runs Python's signal handlers this often",
+        engine=True)
+    cq_slots: int = _fixed(
+        1024, "eager batches a connection may have in flight before the receiver "
+        "consumes them", engine=True)
+    pull_ahead: int = _fixed(
+        2, "large messages pulled ahead of the reader per stream", engine=True)
+    slab_size: int = _fixed(
+        16 * MiB, "the buffer pool's first growth step (pre-faulted); later steps double",
+        engine=True)
+    parallel_copy_min: int = _fixed(
+        2 * MiB, "copies at least this big use two threads", engine=True)
+    malloc_mmap_threshold: int = _fixed(
+        32 * MiB, "glibc M_MMAP_THRESHOLD under TF_RDMA_MALLOC_TUNING (glibc's maximum)",
+        engine=True)
+    malloc_trim_threshold: int = _fixed(
+        256 * MiB, "glibc M_TRIM_THRESHOLD under TF_RDMA_MALLOC_TUNING", engine=True)
+
+
+LIMITS = Limits()
+FIXED: tuple[Fixed, ...] = tuple(dataclasses.replace(f.metadata["fixed"], field=f.name)
+                                 for f in dataclasses.fields(Limits))
+
+
+def _fixed_shown(f: Fixed) -> str:
+    if f.field.endswith("_s") or f.field.endswith("_seconds"):
+        return f"{f.value:g} s"
+    if f.field.endswith("_ms"):
+        return f"{f.value} ms"
+    if isinstance(f.value, int) and f.value >= MiB:
+        return fmt_size(f.value)
+    return str(f.value)
+
+
+def limits_table_markdown() -> str:
+    """The README's table of fixed limits and timeouts (Markdown)."""
+    rows = ["| limit | value | meaning |", "|---|---|---|"]
+    for f in FIXED:
+        rows.append(f"| `{f.field}` | {_fixed_shown(f)} | {f.meaning} |")
     return "\n".join(rows) + "\n"
 
 
@@ -341,38 +494,38 @@ def load(options: Any = None, environ: Mapping[str, str] | None = None) -> Confi
     """
     env = os.environ if environ is None else environ
     values: dict[str, Any] = {}
-    for knob in _KNOBS:
-        raw = env.get(knob.name)
+    for k in TABLE:
+        raw = env.get(k.name)
         if raw is None or raw == "":
             continue  # `VAR=` in a shell or container spec conventionally means unset
-        values[knob.field] = _parse_one(knob, raw, "environment variable")
+        values[k.field] = _parse_one(k, raw, "environment variable")
     for key, value in _iter_options(options):
         if not _is_argrpc_key(key):
             continue
-        knob = _BY_NAME.get(key.upper())
-        if knob is None:
+        k = _BY_NAME.get(key.upper())
+        if k is None:
             raise ConfigError(
                 f"unknown option {key!r}: argrpc options are "
-                + ", ".join(k.name for k in _KNOBS))
-        if knob.process_wide:
+                + ", ".join(k.name for k in TABLE))
+        if k.process_wide:
             raise ConfigError(
-                f"{knob.name} is process-wide (one engine per process): set it in the "
+                f"{k.name} is process-wide (one engine per process): set it in the "
                 f"environment, not as a channel/server option (got option value {value!r})")
-        values[knob.field] = _parse_one(knob, value, "option")
+        values[k.field] = _parse_one(k, value, "option")
     cfg = Config(**values)
     if cfg.acc_size > cfg.ring_size // 4:
         raise ConfigError(
-            f"TF_RDMA_ACC_SIZE={_fmt_size(cfg.acc_size)} is invalid: accepted is "
-            f"{_ACC_ACC} (TF_RDMA_RING_SIZE is {_fmt_size(cfg.ring_size)}, so at most "
-            f"{_fmt_size(cfg.ring_size // 4)})")
+            f"TF_RDMA_ACC_SIZE={fmt_size(cfg.acc_size)} is invalid: accepted is "
+            f"{knob('TF_RDMA_ACC_SIZE').accepted()} (TF_RDMA_RING_SIZE is "
+            f"{fmt_size(cfg.ring_size)}, so at most {fmt_size(cfg.ring_size // 4)})")
     return cfg
 
 
-def _parse_one(knob: _Knob, raw: Any, source: str) -> Any:
+def _parse_one(k: Knob, raw: Any, source: str) -> Any:
     try:
-        return knob.parse(raw)
+        return k.parse(raw)
     except ValueError as e:
-        raise ConfigError(f"{knob.name}={raw!r} ({source}) is invalid: accepted is {e}") from None
+        raise ConfigError(f"{k.name}={raw!r} ({source}) is invalid: accepted is {e}") from None
 
 
 # --------------------------------------------------------------------------- derived
@@ -399,20 +552,19 @@ def max_send_length(grpc_options: Any) -> int:
     return _grpc_int_option(grpc_options, _MAX_SEND_KEY, GRPC_DEFAULT_MAX_SEND)
 
 
+def _struct_values(cfg: Config, struct: str) -> dict[str, int]:
+    return {k.field: int(getattr(cfg, k.field)) for k in TABLE if k.engine == struct}
+
+
 def engine_config(cfg: Config) -> dict[str, int]:
     """Config dict for `_core.Engine(...)` (process-wide knobs only)."""
-    return {"buf_size": cfg.buf_size, "spin_us": cfg.spin_us,
-            "malloc_tuning": int(cfg.malloc_tuning)}
+    return _struct_values(cfg, "EngineConfig")
 
 
 def conn_config(cfg: Config, max_recv: int) -> dict[str, int]:
-    """Config dict for `Engine.new_shm_endpoint(...)`/`new_verbs_endpoint(...)` (per-connection knobs)."""
-    return {
-        "ring_size": cfg.ring_size,
-        "acc_size": cfg.acc_size,
-        "chunk_size": cfg.chunk_size,
-        "reads_in_flight": cfg.reads_in_flight,
-        "stream_window": cfg.stream_window,
-        "zero_copy_min": cfg.zero_copy_min,
-        "max_recv": -1 if max_recv is None or max_recv < 0 else int(max_recv),
-    }
+    """Config dict for `Engine.new_shm_endpoint(...)`/`new_verbs_endpoint(...)`: the
+    per-connection knobs, the verbs ones included (the shm fabric has no use for them)."""
+    out = _struct_values(cfg, "ConnConfig")
+    out.update(_struct_values(cfg, "VerbsConfig"))
+    out["max_recv"] = -1 if max_recv is None or max_recv < 0 else int(max_recv)
+    return out

@@ -37,14 +37,11 @@ from ._context import _CallState, _ServicerContext
 
 _LOGGER = logging.getLogger(__name__)
 
-# How long a worker or the dispatcher waits in the engine before it re-checks for stop
-# and interpreter exit.
-_ACCEPT_TIMEOUT = 0.25
-# An idle worker gives its pool thread back after this long when another worker is idle
-# too, and the last idle one after _LAST_WORKER_IDLE: a burst's extra threads return to
-# the pool at once, while steady traffic keeps a worker waiting (no hand-off per call).
-_SPARE_WORKER_IDLE = 0.05
-_LAST_WORKER_IDLE = 1.0
+# A burst's extra workers give their threads back to the pool at once, while steady
+# traffic keeps one worker waiting in the engine (no hand-off per call).
+_ACCEPT_TIMEOUT = _config.LIMITS.server_poll_s
+_SPARE_WORKER_IDLE = _config.LIMITS.spare_worker_idle_s
+_LAST_WORKER_IDLE = _config.LIMITS.last_worker_idle_s
 _UNKNOWN = grpc.StatusCode.UNKNOWN.value[0]
 _UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
 _RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]

@@ -18,22 +18,13 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(key)
 
 
-def test_defaults() -> None:
+def test_defaults_are_the_tables() -> None:
     cfg = load()
     assert cfg == Config()
-    assert cfg.enabled is True
-    assert cfg.transport == "auto"
-    assert cfg.dev_name is None
-    assert cfg.port_num is None and cfg.gid_index is None  # chosen from the device
-    assert cfg.qps == 2
-    assert cfg.chunk_size == 4 * MiB
-    assert cfg.acc_size == 8 * KiB
-    assert cfg.buf_size == 1 * GiB
-    assert cfg.ring_size == 1 * MiB
-    assert cfg.spin_us == 50
-    assert cfg.reads_in_flight == 4
-    assert cfg.stream_window == 1 * MiB
-    assert cfg.over_tls is False
+    for k in _config.TABLE:
+        assert getattr(cfg, k.field) == k.default, k.name
+    # run-time choices are None ("auto"), never a guess written down here
+    assert cfg.dev_name is None and cfg.port_num is None and cfg.gid_index is None
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -94,6 +85,12 @@ BAD_VALUES = [
     ("TF_RDMA_GID_INDEX", "65536", "auto or a GID table index from 0 to 65535"),
     ("TF_RDMA_QPS", "0", "an integer from 1 to 16"),
     ("TF_RDMA_QPS", "17", "an integer from 1 to 16"),
+    ("TF_RDMA_QP_TIMEOUT", "0", "an integer from 1 to 31"),
+    ("TF_RDMA_QP_TIMEOUT", "32", "an integer from 1 to 31"),
+    ("TF_RDMA_QP_RETRY", "8", "an integer from 0 to 7"),
+    ("TF_RDMA_QP_RETRY", "-1", "an integer from 0 to 7"),
+    ("TF_RDMA_CQ_DEPTH", "255", "an integer from 256 to 4194304"),
+    ("TF_RDMA_CQ_DEPTH", "8K", "an integer from 256 to 4194304"),
     ("TF_RDMA_DEV_NAME", "   ", "non-empty"),
     ("TF_RDMA_CHUNK_SIZE", "abc", "from 64K to 1G"),
     ("TF_RDMA_CHUNK_SIZE", "32K", "from 64K to 1G"),
@@ -200,8 +197,12 @@ def test_verbs_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TF_RDMA_PORT_NUM", "2")
     monkeypatch.setenv("TF_RDMA_GID_INDEX", "3")
     monkeypatch.setenv("TF_RDMA_QPS", "8")
+    monkeypatch.setenv("TF_RDMA_QP_TIMEOUT", "18")
+    monkeypatch.setenv("TF_RDMA_QP_RETRY", "7")
+    monkeypatch.setenv("TF_RDMA_CQ_DEPTH", "65536")
     cfg = load()
     assert (cfg.transport, cfg.port_num, cfg.gid_index, cfg.qps) == ("verbs", 2, 3, 8)
+    assert (cfg.qp_timeout, cfg.qp_retry, cfg.cq_depth) == (18, 7, 65536)
     # `auto` (and an option) gives the choice back to argrpc
     cfg = load([("TF_RDMA_PORT_NUM", "auto"), ("TF_RDMA_GID_INDEX", "AUTO"), ("TF_RDMA_QPS", 1)])
     assert (cfg.port_num, cfg.gid_index, cfg.qps) == (None, None, 1)
@@ -234,11 +235,13 @@ def test_message_lengths() -> None:
 
 
 def test_engine_and_conn_config() -> None:
-    cfg = load()
-    assert _config.engine_config(cfg) == {"buf_size": GiB, "spin_us": 50, "malloc_tuning": 1}
-    assert _config.conn_config(cfg, 4 * MiB) == {
-        "ring_size": MiB, "acc_size": 8 * KiB, "chunk_size": 4 * MiB, "reads_in_flight": 4,
-        "stream_window": MiB, "zero_copy_min": MiB, "max_recv": 4 * MiB}
+    cfg = load([("TF_RDMA_QP_RETRY", "3"), ("TF_RDMA_CHUNK_SIZE", "1M")])
+    assert _config.engine_config(cfg) == {
+        "buf_size": cfg.buf_size, "spin_us": cfg.spin_us, "malloc_tuning": 1}
+    conn = _config.conn_config(cfg, 4 * MiB)
+    assert conn["chunk_size"] == MiB and conn["qp_retry"] == 3 and conn["max_recv"] == 4 * MiB
+    assert set(conn) == {k.field for k in _config.TABLE
+                         if k.engine in ("ConnConfig", "VerbsConfig")} | {"max_recv"}
     assert _config.conn_config(cfg, -1)["max_recv"] == -1
 
 
@@ -246,6 +249,7 @@ def test_knob_table() -> None:
     names = [k[0] for k in _config.KNOBS]
     assert names == ["TF_RDMA_ENABLED", "TF_RDMA_TRANSPORT", "TF_RDMA_DEV_NAME",
                      "TF_RDMA_PORT_NUM", "TF_RDMA_GID_INDEX", "TF_RDMA_QPS",
+                     "TF_RDMA_QP_TIMEOUT", "TF_RDMA_QP_RETRY", "TF_RDMA_CQ_DEPTH",
                      "TF_RDMA_CHUNK_SIZE", "TF_RDMA_ACC_SIZE", "TF_RDMA_BUF_SIZE",
                      "TF_RDMA_RING_SIZE", "TF_RDMA_SPIN_US", "TF_RDMA_READS_IN_FLIGHT",
                      "TF_RDMA_STREAM_WINDOW", "TF_RDMA_ZERO_COPY_MIN", "TF_RDMA_OVER_TLS", "TF_RDMA_MALLOC_TUNING"]

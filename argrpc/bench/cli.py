@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2, help="ps worker processes (default 2)")
     p.add_argument("--seed", type=int, default=0, help="payload/scheme seed (default 0)")
     p.add_argument("--sweep", type=parse_sweep, action="append", default=[],
-                   metavar="TF_RDMA_VAR=v1,v2,...",
+                   metavar="TF_RDMA_*=v1,v2,...",
                    help="rerun per value, the value given only to the measured processes; "
                         "repeatable (cartesian product)")
     p.add_argument("--out", default=DEFAULT_OUT,

@@ -7,9 +7,11 @@
 #include <chrono>
 #include <exception>
 
+#include "knobs.h"
+
 namespace argrpc {
 
-constexpr auto kInterruptPoll = std::chrono::milliseconds(50);
+constexpr auto kInterruptPoll = std::chrono::milliseconds(knobs::kInterruptPollMs);
 
 class WaitInterrupt {
  public:

@@ -5,12 +5,14 @@ import hashlib
 
 import numpy as np
 
+from argrpc._config import knob
+
 # A period that is not a divisor of any power of two, so a chunk copied to the wrong
 # offset (chunks are powers of two) never lands on identical bytes.
 _PERIOD = (1 << 20) + 7
 
-ACC_SIZE = 8192
-CHUNK_SIZE = 4 << 20
+ACC_SIZE: int = knob("TF_RDMA_ACC_SIZE").default
+CHUNK_SIZE: int = knob("TF_RDMA_CHUNK_SIZE").default
 MiB = 1 << 20
 
 

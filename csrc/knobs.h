@@ -1,0 +1,112 @@
+// Generated from the knob table in argrpc/_config.py by `python3 -m argrpc._knob_header`.
+// Do not edit: change the table and regenerate (the test suite compares the two).
+#pragma once
+#include <cstdint>
+
+namespace argrpc::knobs {
+
+// A TF_RDMA_* variable the engine uses: its name (for error messages), default and
+// inclusive bounds. Python validates user input against the same bounds.
+struct Knob {
+  const char* name;
+  int64_t def, lo, hi;
+};
+
+// VerbsConfig::qps: RC queue pairs per verbs connection: rendezvous reads are spread over
+// them (1, 2 and 4 measured equal on Soft-RoCE: docs/benchmarks.md; 2 keeps the spreading
+// in use at half the queue pairs of 4)
+inline constexpr Knob kQps{"TF_RDMA_QPS", 2, 1, 16};
+
+// VerbsConfig::qp_timeout: verbs local ACK timeout exponent: a queue pair waits 4.096 µs
+// × 2^value for an acknowledgement before it retries (14: 67 ms); raise it on a slow or
+// lossy link
+inline constexpr Knob kQpTimeout{"TF_RDMA_QP_TIMEOUT", 14, 1, 31};
+
+// VerbsConfig::qp_retry: verbs transport and RNR retries before a send fails; with the
+// timeout they bound how long a dead peer's connection takes to fail (7 × 67 ms at the
+// defaults; 7 makes RNR retries endless, leaving it to the keepalive)
+inline constexpr Knob kQpRetry{"TF_RDMA_QP_RETRY", 6, 0, 7};
+
+// VerbsConfig::cq_depth: completion queue entries per verbs connection, shared by its
+// receive slots (1024) and its queue pairs' send queues (capped at the device's max_cqe;
+// too few for 16 sends per queue pair is an error that names this variable)
+inline constexpr Knob kCqDepth{"TF_RDMA_CQ_DEPTH", 8192, 256, 4194304};
+
+// ConnConfig::chunk_size: rendezvous chunk size: large messages are pulled in chunks of
+// this size
+inline constexpr Knob kChunkSize{"TF_RDMA_CHUNK_SIZE", 4194304, 65536, 1073741824};
+
+// ConnConfig::acc_size: eager/coalescing size: smaller messages are batched into one
+// write, larger ones go rendezvous
+inline constexpr Knob kAccSize{"TF_RDMA_ACC_SIZE", 8192, 1024, 1048576};
+
+// EngineConfig::buf_size: registered, pre-faulted buffer pool of the process (any size in
+// range, not only whole GiB); process-wide: environment only
+inline constexpr Knob kBufSize{"TF_RDMA_BUF_SIZE", 1073741824, 67108864, 68719476736};
+
+// ConnConfig::ring_size: receive ring per connection and direction
+inline constexpr Knob kRingSize{"TF_RDMA_RING_SIZE", 1048576, 65536, 268435456};
+
+// EngineConfig::spin_us: how long a waiting thread spins (yielding) before it blocks;
+// process-wide: environment only
+inline constexpr Knob kSpinUs{"TF_RDMA_SPIN_US", 50, 0, 100000};
+
+// ConnConfig::reads_in_flight: rendezvous chunks pulled concurrently per message
+inline constexpr Knob kReadsInFlight{"TF_RDMA_READS_IN_FLIGHT", 4, 1, 64};
+
+// ConnConfig::stream_window: eager bytes one stream may have unread at the receiver (flow
+// control)
+inline constexpr Knob kStreamWindow{"TF_RDMA_STREAM_WINDOW", 1048576, 65536, 1073741824};
+
+// ConnConfig::zero_copy_min: shm only: a received message at least this big is handed to
+// the deserializer as a read-only view of the sender's pool block (one copy fewer); the
+// sender's block returns when the view is released. At most 1/4 of the sender's pool is
+// lent per connection, beyond that messages are copied
+inline constexpr Knob kZeroCopyMin{"TF_RDMA_ZERO_COPY_MIN", 1048576, 4096, 68719476736};
+
+// EngineConfig::malloc_tuning: `true`: when the fast path starts, keep freed heap memory
+// for reuse (glibc `M_MMAP_THRESHOLD`=32M, `M_TRIM_THRESHOLD`=256M) so protobuf's fresh
+// multi-MiB buffers do not page-fault on every message; `false`: leave malloc alone;
+// process-wide: environment only
+inline constexpr Knob kMallocTuning{"TF_RDMA_MALLOC_TUNING", 1, 0, 1};
+
+// Fixed limits and timeouts: not settable, each with its reason.
+
+// a sender waiting this long for ring credits from a peer that does answer keepalives
+// fails the connection (the peer stopped reading)
+inline constexpr double kCreditStallSeconds = 10.0;
+
+// a connection with calls in flight that heard nothing from its peer for this long sends
+// a PING
+inline constexpr int64_t kKeepaliveMs = 1000;
+
+// the same for an idle connection on a fabric without a liveness fd (verbs), so a peer
+// that died between calls is found before the next call
+inline constexpr int64_t kIdleKeepaliveMs = 2000;
+
+// a PING unanswered this long fails the connection and its calls (UNAVAILABLE): the peer
+// died where the fabric cannot tell, or it hangs
+inline constexpr int64_t kKeepaliveTimeoutMs = 10000;
+
+// a sleeping wait on the main thread runs Python's signal handlers this often
+inline constexpr int64_t kInterruptPollMs = 50;
+
+// eager batches a connection may have in flight before the receiver consumes them
+inline constexpr int64_t kCqSlots = 1024;
+
+// large messages pulled ahead of the reader per stream
+inline constexpr int64_t kPullAhead = 2;
+
+// the buffer pool's first growth step (pre-faulted); later steps double
+inline constexpr int64_t kSlabSize = 16777216;
+
+// copies at least this big use two threads
+inline constexpr int64_t kParallelCopyMin = 2097152;
+
+// glibc M_MMAP_THRESHOLD under TF_RDMA_MALLOC_TUNING (glibc's maximum)
+inline constexpr int64_t kMallocMmapThreshold = 33554432;
+
+// glibc M_TRIM_THRESHOLD under TF_RDMA_MALLOC_TUNING
+inline constexpr int64_t kMallocTrimThreshold = 268435456;
+
+}  // namespace argrpc::knobs

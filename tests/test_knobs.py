@@ -1,0 +1,50 @@
+"""Each knob and fixed limit is declared once (argrpc/_config.py): the engine's header is
+generated from that table, and no other file names a TF_RDMA_* variable the table lacks."""
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from argrpc import _config, _knob_header
+
+ROOT = Path(__file__).resolve().parent.parent
+# Files a user or the engine reads; tests name unknown variables on purpose.
+_SCANNED = ("argrpc", "csrc", "docs", "examples", "scripts", "bench", "fuzz", "README.md")
+
+
+def test_engine_header_is_generated_from_the_table() -> None:
+    assert _knob_header.HEADER_PATH.read_text() == _knob_header.render(), (
+        "csrc/knobs.h is stale: run python3 -m argrpc._knob_header")
+
+
+def test_every_engine_knob_and_limit_is_in_the_header() -> None:
+    text = _knob_header.render()
+    for k in _config.TABLE:
+        assert (f'"{k.name}"' in text) == bool(k.engine), k.name
+    for f in _config.FIXED:
+        assert (f" = {f.value!r};" in text) or not f.engine, f.field
+
+
+def test_no_file_names_a_variable_the_table_lacks() -> None:
+    known = {k.name for k in _config.TABLE}
+    files = subprocess.run(["git", "ls-files", *_SCANNED], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.split()
+    unknown: dict[str, str] = {}
+    for name in files:
+        path = ROOT / name
+        if not path.is_file() or path.suffix in (".png", ".so"):
+            continue
+        for var in re.findall(r"TF_RDMA_[A-Z0-9_]*[A-Z0-9]", path.read_text(errors="replace")):
+            if var not in known:
+                unknown.setdefault(var, name)
+    assert not unknown, f"TF_RDMA_* names with no knob behind them: {unknown}"
+
+
+def test_bounds_are_consistent() -> None:
+    for k in _config.TABLE:
+        if k.kind in ("int", "size"):
+            assert k.lo <= k.hi, k.name
+            if k.default is not None:
+                assert k.lo <= k.default <= k.hi or (k.zero_off and k.default == 0), k.name
+                k.parse(str(k.default))  # the default is itself an accepted value
