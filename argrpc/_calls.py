@@ -1,11 +1,11 @@
 """Client multicallables and call objects.
 
 Every multicallable decides per call (after the channel negotiated) whether the call
-goes over the shm ``_core.Connection`` or to the real grpc multicallable it wraps. On the
-shm path:
+goes over the fast path's ``_core.Connection`` (shm or verbs) or to the real grpc
+multicallable it wraps. On the fast path:
 
-* blocking unary-unary is one ``conn.unary(...)``: no thread, queue or lock (DESIGN.md:
-  every Python hand-off costs 15-100 us here);
+* blocking unary-unary is one ``conn.unary(...)``: no thread, queue or lock (every Python
+  hand-off costs 15-100 us here: docs/design.md, "What measurements ... say");
 * everything else uses a ``_core.ClientCall`` wrapped in ``_Call``, which is an iterator,
   a ``grpc.Call`` and a ``grpc.Future`` like grpc's ``_MultiThreadedRendezvous``. Waits
   happen inside the engine with the GIL released.
@@ -226,7 +226,7 @@ class DoneWatcher:
 
 
 class _Call(grpc.RpcError, grpc.Call, grpc.Future):
-    """A shm call in progress: iterator + ``grpc.Call`` + ``grpc.Future``."""
+    """A fast-path call in progress: iterator + ``grpc.Call`` + ``grpc.Future``."""
 
     def __init__(self, channel: "Channel", core: Any, deserializer: Optional[Callable],
                  unary_response: bool, deadline: Optional[float]) -> None:

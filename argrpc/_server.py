@@ -1,4 +1,4 @@
-"""`argrpc.server()`: a real grpc server on its port, plus the fast-path (shm) server.
+"""`argrpc.server()`: a real grpc server on its port, plus the fast-path (shm, verbs) server.
 
 Threading (README, "How it works"; docs/core-api.md, "Server side"): a fast-path call
 is run by a worker, a long-lived loop in a thread of the user's pool that waits inside

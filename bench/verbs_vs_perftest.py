@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """argrpc over verbs vs perftest (``ib_write_bw`` / ``ib_write_lat``) on Soft-RoCE, in one
-guest boot. Issue 4, "Speed".
+guest boot.
 
 Run it INSIDE one Soft-RoCE guest boot, from the repository root:
 

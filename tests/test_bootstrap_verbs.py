@@ -1,4 +1,4 @@
-"""Verbs negotiation (issue 4 point 4) with an engine and device stand-in, so the choice
+"""Verbs negotiation with an engine and device stand-in, so the choice
 table and the endpoint exchange are tested on any host; tests/verbs/ runs the real thing
 in the Soft-RoCE guest.
 

@@ -30,7 +30,7 @@ from tests.support.payload import MiB
 from tests.support.procs import ServerProcess
 from tests.support.servicer import HOLD_METHOD
 
-DEAD_PEER_BOUND_S = 2.0   # issue 5: in-flight calls end within this of the peer's death
+DEAD_PEER_BOUND_S = 2.0   # in-flight calls end within this of the peer's death
 SETTLE_S = 10.0           # the server's resources are back within this
 ENV = {"TF_RDMA_BUF_SIZE": "512M"}
 

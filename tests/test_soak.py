@@ -1,4 +1,4 @@
-"""The soak (issue 5, point 7) as a test: ``argrpc-bench soak`` for ARGRPC_SOAK_SECONDS
+"""The soak as a test: ``argrpc-bench soak`` for ARGRPC_SOAK_SECONDS
 (default 30) in a fresh process, which must exit 0 — no unprovoked error, fds, pool use
 and live heap flat, private RSS within the tolerance — and report every arity and every
 provocation.

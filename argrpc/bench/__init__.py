@@ -1,4 +1,4 @@
-"""argrpc-bench: TF-gRPC-Bench-style microbenchmarks (issue 3).
+"""argrpc-bench: TF-gRPC-Bench-style microbenchmarks.
 
 Point-to-point latency, point-to-point bandwidth and parameter-server throughput over
 plain grpcio, argrpc's shared-memory path and argrpc-verbs where a device exists, with

@@ -35,7 +35,7 @@ KNOB_NAMES = tuple(k[0] for k in KNOBS)
 @dataclass(frozen=True)
 class Defaults:
     """Per-benchmark defaults; ``QUICK`` keeps ``all --quick`` well under two minutes on
-    2 vCPUs while still covering every speed target of issue 3 (64 B latency, raw 64 MiB
+    2 vCPUs while still covering every speed target (64 B latency, raw 64 MiB
     and serialized 4 MiB bandwidth, PS with the skew scheme)."""
     sizes: tuple[int, ...]
     scheme: str
@@ -221,7 +221,7 @@ def build_soak_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(
         prog="argrpc-bench soak",
-        description="Soak (issue 5): one argrpc echo server process and CALLERS threads of\n"
+        description="Soak: one argrpc echo server process and CALLERS threads of\n"
                     "this process on one shared-memory channel; every arity, sizes 0 B..64 "
                     "MiB,\ncancels, deadlines and handler errors mixed in, every payload "
                     "checked by\nsha256. Progress and the start/end resource lines go to "

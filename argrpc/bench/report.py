@@ -16,7 +16,7 @@ from argrpc.bench import BENCHMARKS, MODES, SCHEMES, TRANSPORTS
 from argrpc.bench.results import Measurement, to_json
 
 BASELINE = "grpc"
-TARGET_TRANSPORT = "shm"  # issue 3's targets are argrpc-shm against plain grpcio
+TARGET_TRANSPORT = "shm"  # the speed targets compare argrpc-shm with plain grpcio
 
 MiB = 1 << 20
 
@@ -258,7 +258,7 @@ def sweep_table(ms: Sequence[Measurement], benchmark: str) -> Table | None:
 
 @dataclass(frozen=True)
 class Target:
-    """A speed target of issue 3: TARGET_TRANSPORT at least ``min_ratio``× better."""
+    """A speed target: TARGET_TRANSPORT at least ``min_ratio``× better."""
     benchmark: str
     metric: str
     min_ratio: float
@@ -368,7 +368,7 @@ def terminal_report(ms: Sequence[Measurement]) -> str:
         parts.append("")
     results = evaluate_targets(ms)
     if results:
-        parts.append("== speed targets (issue 3: argrpc-shm vs plain grpcio, same run)")
+        parts.append("== speed targets (argrpc-shm vs plain grpcio, same run)")
         parts.extend(r.line() for r in results)
     return "\n".join(parts).rstrip() + "\n"
 

@@ -1,4 +1,4 @@
-"""Soak: a long mixed workload over argrpc's shared-memory path (issue 5, point 7).
+"""Soak: a long mixed workload over argrpc's shared-memory path.
 
     argrpc-bench soak [--duration 600] [--callers 16] [--seed N] [--json PATH]
     python -m argrpc.bench.soak --serve --seed N [--threads T]   (the server process)

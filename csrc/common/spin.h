@@ -1,4 +1,4 @@
-// Spin-then-block support. Measurements on 2-vCPU machines (DESIGN.md): a waiter that
+// Spin-then-block support. Measurements on 2-vCPU machines (docs/design.md): a waiter that
 // spins ~50 us calling sched_yield() gets woken in a few us, a futex wake-up costs
 // 60-90 us, and a PAUSE-only spin starves the thread it waits for. So every wait in the
 // engine first spins with sched_yield() for spin_us, then blocks.

@@ -1,4 +1,4 @@
-"""The transport choice with a real device (issue 4 point 4), seen through `argrpc doctor
+"""The transport choice with a real device, seen through `argrpc doctor
 --target` as a user would: on one host shm wins unless an end forces verbs; forcing
 verbs against a server that will not do it is an error with the reason."""
 from __future__ import annotations

@@ -247,7 +247,7 @@ def test_peer_qp_gone_fails_calls_with_unavailable(rdma: SimpleNamespace) -> Non
 @pytest.mark.parametrize("windows", [True, False], ids=["windows", "no-windows"])
 def test_remote_read_only_of_announced_blocks(rdma: SimpleNamespace, windows: bool,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 4, point 5: the peer may READ a block only while it is announced. After a
+    """The peer may READ a block only while it is announced. After a
     rendezvous is over (FIN), the receiving side replays the READ of the block its RTS
     named, as a hostile peer would; it must end in a remote access error that fails that
     connection. Without memory windows

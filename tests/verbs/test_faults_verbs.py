@@ -1,4 +1,4 @@
-"""Failure handling of the verbs fabric (issue 4, point 5) with real processes in the
+"""Failure handling of the verbs fabric with real processes in the
 Soft-RoCE guest, both ends forced onto verbs (TF_RDMA_TRANSPORT=verbs):
 
 1. `kill -9` of the server while a large rendezvous is in flight (client->server request,

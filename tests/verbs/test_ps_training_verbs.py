@@ -1,4 +1,4 @@
-"""examples/ps_training over verbs (issue 6): the PS cluster with every argrpc channel forced
+"""examples/ps_training over verbs: the PS cluster with every argrpc channel forced
 onto the RDMA device, against plain grpc in the same guest boot, synchronous and
 asynchronous. A synchronous run must end in the same variables to the last bit, whichever
 transport carried them."""
