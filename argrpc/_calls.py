@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 import grpc
 
 from ._config import LIMITS
-from ._errors import (_RpcError, code_from_int, local_error, rpc_state_string,
-                      status_error)
+from ._errors import (USER_CODE_FAILED, DoneFuture, _RpcError, code_from_int, local_error,
+                      rpc_state_string, status_error, user_codec)
 from ._metadata import InvalidMetadataError, from_core, to_core
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def _status_exception(channel: "Channel", code: int, details: str, imd: Any, tmd
     return status_error(code, details, imd, tmd)
 
 
-class _CompletedCall(grpc.Call, grpc.Future):
+class _CompletedCall(DoneFuture, grpc.Call):
     """The ``grpc.Call`` that ``with_call`` returns next to an OK response. Its details
     and debug string are empty whatever the handler set, as grpc's are for OK."""
 
@@ -127,28 +127,10 @@ class _CompletedCall(grpc.Call, grpc.Future):
     def debug_error_string(self) -> Optional[str]:
         return ""
 
-    def is_active(self) -> bool:
-        return False
-
     def time_remaining(self) -> Optional[float]:
         if self._deadline is None:
             return None
         return max(self._deadline - time.time(), 0)
-
-    def add_callback(self, callback: Callable[[], None]) -> bool:
-        return False
-
-    def cancel(self) -> bool:
-        return False
-
-    def cancelled(self) -> bool:
-        return False
-
-    def running(self) -> bool:
-        return False
-
-    def done(self) -> bool:
-        return True
 
     def result(self, timeout: Optional[float] = None) -> Any:
         return self._response
@@ -158,9 +140,6 @@ class _CompletedCall(grpc.Call, grpc.Future):
 
     def traceback(self, timeout: Optional[float] = None) -> None:
         return None
-
-    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
-        fn(self)
 
     def __repr__(self) -> str:
         return rpc_state_string("_MultiThreadedRendezvous", _OK, "", None)
@@ -273,10 +252,8 @@ class _Call(grpc.RpcError, grpc.Call, grpc.Future):
             if code is _OK and self._unary:
                 message = self._core.recv()  # buffered: the call has ended
                 if message is not None and self._deser is not None:
-                    try:
-                        message = self._deser(message)
-                    except Exception:  # noqa: BLE001 - user code: any failure is a status
-                        _LOGGER.exception("Exception deserializing message!")
+                    message = user_codec(self._deser, message, "deserializing")
+                    if message is USER_CODE_FAILED:
                         code, details, self._debug = _INTERNAL, _DESERIALIZE_FAILED, None
                         message = None
                 self._response = message
@@ -469,10 +446,9 @@ class _Call(grpc.RpcError, grpc.Call, grpc.Future):
             raise self
         if self._deser is None:
             return message
-        try:
-            return self._deser(message)
-        except Exception:  # noqa: BLE001 - user code: any failure is a status
-            _LOGGER.exception("Exception deserializing message!")
+        message = user_codec(self._deser, message, "deserializing")
+        if message is not USER_CODE_FAILED:
+            return message
         self._core.cancel(_INTERNAL.value[0], _DESERIALIZE_FAILED)
         self._complete_locally(_INTERNAL, _DESERIALIZE_FAILED, cancelled=False, force=True)
         raise self
@@ -524,10 +500,9 @@ def _consume_requests(core: Any, request_iterator: Any, serializer: Optional[Cal
                 return
             if core.done():
                 return
-            try:
-                payload = request if serializer is None else serializer(request)
-            except Exception:  # noqa: BLE001 - user code
-                _LOGGER.exception("Exception serializing message!")
+            payload = request if serializer is None else user_codec(serializer, request,
+                                                                     "serializing")
+            if payload is USER_CODE_FAILED:
                 fail(_INTERNAL, _SERIALIZE_FAILED)
                 return
             if max_send >= 0:
@@ -566,21 +541,45 @@ class _MultiCallable:
         self._raw_send = serializer is None and self._max_send < 0
 
     def _serialize(self, request: Any) -> Any:
-        if self._ser is None:
-            payload = request
-        else:
-            try:
-                payload = self._ser(request)
-            except Exception:  # noqa: BLE001 - user code: any failure is a status
-                _LOGGER.exception("Exception serializing message!")
-                payload = _SERIALIZE_ERROR
-            if payload is _SERIALIZE_ERROR:
-                raise local_error(_INTERNAL, _SERIALIZE_FAILED)
+        payload = request if self._ser is None else user_codec(self._ser, request, "serializing")
+        if payload is USER_CODE_FAILED:
+            raise local_error(_INTERNAL, _SERIALIZE_FAILED)
         if self._max_send >= 0:
             n = _nbytes(payload)
             if n > self._max_send:
                 raise _too_large(n, self._max_send)
         return payload
+
+    def _routed(self, grpc_fn: Callable[..., Any], arg: Any, timeout: Optional[float],
+                metadata: Any, credentials: Optional[grpc.CallCredentials],
+                wait_for_ready: Optional[bool],
+                compression: Optional[grpc.Compression]) -> tuple[Any, Optional[float], Any]:
+        """Where a call goes: ``(conn, timeout, None)`` for the fast path, or
+        ``(None, None, result)`` with what grpc's own `grpc_fn` returned for it."""
+        conn, timeout = self._channel._route(timeout, wait_for_ready, credentials)
+        if conn is not None:
+            return conn, timeout, None
+        return None, None, grpc_fn(arg, timeout=timeout, metadata=metadata,
+                                   credentials=credentials, wait_for_ready=wait_for_ready,
+                                   compression=compression)
+
+    def _call_object(self, grpc_fn: Callable[..., Any], arg: Any, unary_request: bool,
+                     unary_response: bool, timeout: Optional[float], metadata: Any,
+                     credentials: Optional[grpc.CallCredentials],
+                     wait_for_ready: Optional[bool],
+                     compression: Optional[grpc.Compression]) -> Any:
+        """A call object (future or response iterator): grpc's own on a gRPC channel;
+        a routing failure comes back as the finished call, as grpc returns it."""
+        try:
+            conn, timeout, result = self._routed(grpc_fn, arg, timeout, metadata, credentials,
+                                                 wait_for_ready, compression)
+        except _RpcError as e:
+            return e
+        if conn is None:
+            return result
+        if unary_request:
+            return self._start_unary_request(conn, arg, metadata, timeout, unary_response)
+        return self._start_stream_request(conn, arg, metadata, timeout, unary_response)
 
     def _start(self, conn: Any, metadata: Any, timeout: Optional[float],
                unary_response: bool) -> _Call:
@@ -605,9 +604,6 @@ class _MultiCallable:
         return call
 
 
-_SERIALIZE_ERROR = object()
-
-
 class UnaryUnary(_MultiCallable, grpc.UnaryUnaryMultiCallable):
     __slots__ = ()
 
@@ -615,73 +611,50 @@ class UnaryUnary(_MultiCallable, grpc.UnaryUnaryMultiCallable):
                  credentials: Optional[grpc.CallCredentials] = None,
                  wait_for_ready: Optional[bool] = None,
                  compression: Optional[grpc.Compression] = None) -> Any:
-        channel = self._channel
-        conn = channel._fast
+        conn = self._channel._fast
         if conn is None or credentials is not None or not conn.alive:
-            conn, timeout = channel._route(timeout, wait_for_ready, credentials)
+            conn, timeout, result = self._routed(self._grpc, request, timeout, metadata,
+                                                 credentials, wait_for_ready, compression)
             if conn is None:
-                return self._grpc(request, timeout=timeout, metadata=metadata,
-                                  credentials=credentials, wait_for_ready=wait_for_ready,
-                                  compression=compression)
+                return result
+        return self._blocking(conn, request, timeout, metadata)[0]
+
+    def with_call(self, request: Any, timeout: Optional[float] = None, metadata: Any = None,
+                  credentials: Optional[grpc.CallCredentials] = None,
+                  wait_for_ready: Optional[bool] = None,
+                  compression: Optional[grpc.Compression] = None) -> tuple[Any, grpc.Call]:
+        conn = self._channel._fast
+        if conn is None or credentials is not None or not conn.alive:
+            conn, timeout, result = self._routed(self._grpc.with_call, request, timeout,
+                                                 metadata, credentials, wait_for_ready,
+                                                 compression)
+            if conn is None:
+                return result
+        response, imd, tmd, timeout = self._blocking(conn, request, timeout, metadata)
+        return response, _CompletedCall(imd, tmd, response, _deadline(timeout))
+
+    def _blocking(self, conn: Any, request: Any, timeout: Optional[float],
+                  metadata: Any) -> tuple[Any, Any, Any, Optional[float]]:
+        """One blocking call in the engine: (response, initial md, trailing md, timeout)."""
         if timeout is not None and timeout < 0:
             timeout = 0.0  # grpc: already expired; the engine reads negative as "none"
         payload = request if self._raw_send else self._serialize(request)
         code, details, imd, tmd, response = conn.unary(
             self._method, _core_metadata(metadata) if metadata else [], timeout, payload)
         if code != 0:
-            raise _status_exception(channel, code, details, imd, tmd)
-        if self._deser is None or response is None:
-            return response
-        try:
-            return self._deser(response)
-        except Exception:  # noqa: BLE001 - user code: any failure is a status
-            _LOGGER.exception("Exception deserializing message!")
-        raise local_error(_INTERNAL, _DESERIALIZE_FAILED)
-
-    def with_call(self, request: Any, timeout: Optional[float] = None, metadata: Any = None,
-                  credentials: Optional[grpc.CallCredentials] = None,
-                  wait_for_ready: Optional[bool] = None,
-                  compression: Optional[grpc.Compression] = None) -> tuple[Any, grpc.Call]:
-        channel = self._channel
-        conn = channel._fast
-        if conn is None or credentials is not None or not conn.alive:
-            conn, timeout = channel._route(timeout, wait_for_ready, credentials)
-            if conn is None:
-                return self._grpc.with_call(request, timeout=timeout, metadata=metadata,
-                                            credentials=credentials,
-                                            wait_for_ready=wait_for_ready,
-                                            compression=compression)
-        if timeout is not None and timeout < 0:
-            timeout = 0.0  # grpc: already expired; the engine reads negative as "none"
-        payload = self._serialize(request)
-        code, details, imd, tmd, response = conn.unary(
-            self._method, _core_metadata(metadata), timeout, payload)
-        if code != 0:
-            raise _status_exception(channel, code, details, imd, tmd)
+            raise _status_exception(self._channel, code, details, imd, tmd)
         if self._deser is not None and response is not None:
-            try:
-                response = self._deser(response)
-            except Exception:  # noqa: BLE001 - user code: any failure is a status
-                _LOGGER.exception("Exception deserializing message!")
-                response = _SERIALIZE_ERROR
-            if response is _SERIALIZE_ERROR:
+            response = user_codec(self._deser, response, "deserializing")
+            if response is USER_CODE_FAILED:
                 raise local_error(_INTERNAL, _DESERIALIZE_FAILED)
-        return response, _CompletedCall(imd, tmd, response, _deadline(timeout))
+        return response, imd, tmd, timeout
 
     def future(self, request: Any, timeout: Optional[float] = None, metadata: Any = None,
                credentials: Optional[grpc.CallCredentials] = None,
                wait_for_ready: Optional[bool] = None,
                compression: Optional[grpc.Compression] = None) -> Any:
-        channel = self._channel
-        try:
-            conn, timeout = channel._route(timeout, wait_for_ready, credentials)
-        except _RpcError as e:
-            return e
-        if conn is None:
-            return self._grpc.future(request, timeout=timeout, metadata=metadata,
-                                     credentials=credentials, wait_for_ready=wait_for_ready,
-                                     compression=compression)
-        return self._start_unary_request(conn, request, metadata, timeout, True)
+        return self._call_object(self._grpc.future, request, True, True, timeout, metadata,
+                                 credentials, wait_for_ready, compression)
 
 
 class UnaryStream(_MultiCallable, grpc.UnaryStreamMultiCallable):
@@ -691,15 +664,8 @@ class UnaryStream(_MultiCallable, grpc.UnaryStreamMultiCallable):
                  credentials: Optional[grpc.CallCredentials] = None,
                  wait_for_ready: Optional[bool] = None,
                  compression: Optional[grpc.Compression] = None) -> Any:
-        try:
-            conn, timeout = self._channel._route(timeout, wait_for_ready, credentials)
-        except _RpcError as e:
-            return e
-        if conn is None:
-            return self._grpc(request, timeout=timeout, metadata=metadata,
-                              credentials=credentials, wait_for_ready=wait_for_ready,
-                              compression=compression)
-        return self._start_unary_request(conn, request, metadata, timeout, False)
+        return self._call_object(self._grpc, request, True, False, timeout, metadata,
+                                 credentials, wait_for_ready, compression)
 
 
 class StreamUnary(_MultiCallable, grpc.StreamUnaryMultiCallable):
@@ -717,38 +683,28 @@ class StreamUnary(_MultiCallable, grpc.StreamUnaryMultiCallable):
                  metadata: Any = None, credentials: Optional[grpc.CallCredentials] = None,
                  wait_for_ready: Optional[bool] = None,
                  compression: Optional[grpc.Compression] = None) -> Any:
-        conn, timeout = self._channel._route(timeout, wait_for_ready, credentials)
+        conn, timeout, result = self._routed(self._grpc, request_iterator, timeout, metadata,
+                                             credentials, wait_for_ready, compression)
         if conn is None:
-            return self._grpc(request_iterator, timeout=timeout, metadata=metadata,
-                              credentials=credentials, wait_for_ready=wait_for_ready,
-                              compression=compression)
+            return result
         return self._blocking(conn, request_iterator, timeout, metadata)[0]
 
     def with_call(self, request_iterator: Iterator[Any], timeout: Optional[float] = None,
                   metadata: Any = None, credentials: Optional[grpc.CallCredentials] = None,
                   wait_for_ready: Optional[bool] = None,
                   compression: Optional[grpc.Compression] = None) -> tuple[Any, grpc.Call]:
-        conn, timeout = self._channel._route(timeout, wait_for_ready, credentials)
+        conn, timeout, result = self._routed(self._grpc.with_call, request_iterator, timeout,
+                                             metadata, credentials, wait_for_ready, compression)
         if conn is None:
-            return self._grpc.with_call(request_iterator, timeout=timeout, metadata=metadata,
-                                        credentials=credentials,
-                                        wait_for_ready=wait_for_ready,
-                                        compression=compression)
+            return result
         return self._blocking(conn, request_iterator, timeout, metadata)
 
     def future(self, request_iterator: Iterator[Any], timeout: Optional[float] = None,
                metadata: Any = None, credentials: Optional[grpc.CallCredentials] = None,
                wait_for_ready: Optional[bool] = None,
                compression: Optional[grpc.Compression] = None) -> Any:
-        try:
-            conn, timeout = self._channel._route(timeout, wait_for_ready, credentials)
-        except _RpcError as e:
-            return e
-        if conn is None:
-            return self._grpc.future(request_iterator, timeout=timeout, metadata=metadata,
-                                     credentials=credentials, wait_for_ready=wait_for_ready,
-                                     compression=compression)
-        return self._start_stream_request(conn, request_iterator, metadata, timeout, True)
+        return self._call_object(self._grpc.future, request_iterator, False, True, timeout,
+                                 metadata, credentials, wait_for_ready, compression)
 
 
 class StreamStream(_MultiCallable, grpc.StreamStreamMultiCallable):
@@ -758,12 +714,5 @@ class StreamStream(_MultiCallable, grpc.StreamStreamMultiCallable):
                  metadata: Any = None, credentials: Optional[grpc.CallCredentials] = None,
                  wait_for_ready: Optional[bool] = None,
                  compression: Optional[grpc.Compression] = None) -> Any:
-        try:
-            conn, timeout = self._channel._route(timeout, wait_for_ready, credentials)
-        except _RpcError as e:
-            return e
-        if conn is None:
-            return self._grpc(request_iterator, timeout=timeout, metadata=metadata,
-                              credentials=credentials, wait_for_ready=wait_for_ready,
-                              compression=compression)
-        return self._start_stream_request(conn, request_iterator, metadata, timeout, False)
+        return self._call_object(self._grpc, request_iterator, False, False, timeout, metadata,
+                                 credentials, wait_for_ready, compression)

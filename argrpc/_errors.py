@@ -8,6 +8,7 @@ started can be handed back where an iterator-Call is expected, as grpc does.
 
 from __future__ import annotations
 
+import logging
 import sys
 import types
 from typing import Any, Callable, Optional, Sequence
@@ -15,6 +16,8 @@ from typing import Any, Callable, Optional, Sequence
 import grpc
 
 from ._metadata import from_core
+
+_LOGGER = logging.getLogger("argrpc")
 
 __all__ = ["CODE_BY_INT", "RpcError", "_RpcError", "code_from_int", "status_error"]
 
@@ -44,7 +47,50 @@ def rpc_state_string(class_name: str, code: Optional[grpc.StatusCode], details: 
     return _NON_OK_FORMAT.format(class_name, code, details, debug)
 
 
-class _RpcError(grpc.RpcError, grpc.Call, grpc.Future):
+USER_CODE_FAILED = object()
+
+
+def user_codec(fn: Callable[[Any], Any], value: Any, what: str) -> Any:
+    """`fn(value)` for a user's (de)serializer, or USER_CODE_FAILED after logging its
+    exception as grpc does (`what`: "serializing" or "deserializing"). Callers raise or
+    finish with their status outside any except block, so no user traceback chains on."""
+    try:
+        return fn(value)
+    except Exception:  # noqa: BLE001 - user code: any failure is a status
+        _LOGGER.exception("Exception %s message!", what)
+        return USER_CODE_FAILED
+
+
+class DoneFuture(grpc.Future):
+    """What every finished call answers as a ``grpc.Future`` and ``grpc.RpcContext``:
+    nothing to cancel, no callbacks to add, done. Subclasses give the outcome
+    (``result``, ``exception``, ``traceback``, ``time_remaining``)."""
+
+    __slots__ = ()
+
+    def is_active(self) -> bool:
+        return False
+
+    def add_callback(self, callback: Callable[[], None]) -> bool:
+        return False
+
+    def cancel(self) -> bool:
+        return False
+
+    def cancelled(self) -> bool:
+        return False
+
+    def running(self) -> bool:
+        return False
+
+    def done(self) -> bool:
+        return True
+
+    def add_done_callback(self, fn: Callable[[Any], None], timeout: Optional[float] = None) -> None:
+        fn(self)
+
+
+class _RpcError(grpc.RpcError, DoneFuture, grpc.Call):
     """A terminated RPC (non-OK status). Immutable once built."""
 
     def __init__(
@@ -78,28 +124,8 @@ class _RpcError(grpc.RpcError, grpc.Call, grpc.Future):
     def debug_error_string(self) -> Optional[str]:
         return self._debug_error_string
 
-    # grpc.RpcContext
-    def is_active(self) -> bool:
-        return False
-
     def time_remaining(self) -> Optional[float]:
         return None
-
-    def add_callback(self, callback: Callable[[], None]) -> bool:
-        return False
-
-    # grpc.Future
-    def cancel(self) -> bool:
-        return False
-
-    def cancelled(self) -> bool:
-        return False
-
-    def running(self) -> bool:
-        return False
-
-    def done(self) -> bool:
-        return True
 
     def result(self, timeout: Optional[float] = None) -> Any:
         raise self
@@ -112,9 +138,6 @@ class _RpcError(grpc.RpcError, grpc.Call, grpc.Future):
             raise self
         except grpc.RpcError:
             return sys.exc_info()[2]
-
-    def add_done_callback(self, fn: Callable[[Any], None], timeout: Optional[float] = None) -> None:
-        fn(self)
 
     # iterator form (a streaming call that failed up front)
     def __iter__(self) -> "_RpcError":

@@ -15,6 +15,7 @@ import grpc
 
 from . import _metadata
 from ._context import _CallState, _ServicerContext
+from ._errors import USER_CODE_FAILED, user_codec
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -86,12 +87,8 @@ def _on_exception(state: _CallState, exc: BaseException, what: str) -> None:
 def _deserialize(state: _CallState, raw: Any, deserializer: Optional[Callable]) -> Any:
     if deserializer is None:
         return raw
-    try:
-        request = deserializer(raw)
-    except Exception:
-        _LOGGER.exception("Exception deserializing message!")
-        request = None
-    if request is None:
+    request = user_codec(deserializer, raw, "deserializing")
+    if request is None or request is USER_CODE_FAILED:
         # grpc treats a None result like a failure too.
         _finish(state, _INTERNAL, "Exception deserializing request!")
         return _NO_REQUEST
@@ -102,15 +99,9 @@ def _serialize(state: _CallState, response: Any, serializer: Optional[Callable],
                max_send: int) -> Any:
     """Returns the wire form (bytes or any buffer: passed on as is), or None on failure
     (the call is then finished)."""
-    if serializer is None:
-        serialized = response
-    else:
-        try:
-            serialized = serializer(response)
-        except Exception:
-            _LOGGER.exception("Exception serializing message!")
-            serialized = None
-    if serialized is None:
+    serialized = (response if serializer is None
+                  else user_codec(serializer, response, "serializing"))
+    if serialized is None or serialized is USER_CODE_FAILED:
         _finish_with_state(state, _INTERNAL, "Failed to serialize response!")
         return None
     if max_send >= 0:
