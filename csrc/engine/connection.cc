@@ -258,11 +258,7 @@ bool Connection::handle_frame(const FrameHead& h, const uint8_t* p) {
       pull->len = b.length;
       pull->src = RemoteRef{b.addr, b.key};
       pull->stream = s;
-      {
-        std::lock_guard<std::mutex> g(probe_mu_);
-        last_rts_ = pull->src;
-        last_rts_len_ = b.length;
-      }
+      if (Probes* probes = probes_.get()) probes->record_rts(pull->src, b.length);
       bool start = false, refuse = false;
       {
         std::lock_guard<std::mutex> g(s->mu);
@@ -446,8 +442,7 @@ void Connection::post_reads(const std::shared_ptr<Pull>& p) {
 void Connection::on_read_done(uint64_t wr_id) {
   auto it = reads_.find(wr_id);
   if (it == reads_.end()) {
-    std::lock_guard<std::mutex> g(probe_mu_);
-    if (probe_reads_.erase(wr_id)) probe_done_.insert(wr_id);
+    if (Probes* probes = probes_.get()) probes->read_done(wr_id);
     return;
   }
   Read rd = std::move(it->second);
@@ -480,34 +475,23 @@ bool Connection::probe_raw_batch(const uint8_t* p, size_t len) {
   return flush_locked();
 }
 
-RemoteRef Connection::probe_last_rts(uint64_t* len) {
-  std::lock_guard<std::mutex> g(probe_mu_);
-  *len = last_rts_len_;
-  return last_rts_;
-}
+RemoteRef Connection::probe_last_rts(uint64_t* len) { return probes_.enable().last_rts(len); }
 
 std::string Connection::probe_read(const RemoteRef& src, size_t len, double timeout) {
+  Probes& probes = probes_.enable();
   uint64_t wr;
   {
+    // next_wr_ and the fabric's reads belong to the poll lock's holder.
     std::lock_guard<std::mutex> g(poll_mu_);
     if (!alive()) return error();
-    uint8_t* dst;
-    {
-      std::lock_guard<std::mutex> p(probe_mu_);
-      probe_bufs_.emplace_back(new uint8_t[len ? len : 1]);
-      dst = probe_bufs_.back().get();
-      wr = next_wr_++;
-      probe_reads_.insert(wr);
-    }
+    wr = next_wr_++;
+    uint8_t* dst = probes.start_read(wr, len);
     if (!fabric_->read(dst, src, len, wr)) return "refused locally: outside the peer's pool";
   }
   const Deadline dl = Deadline::after_seconds(timeout);
   while (!dl.expired()) {
     progress();
-    {
-      std::lock_guard<std::mutex> g(probe_mu_);
-      if (probe_done_.erase(wr)) return "";
-    }
+    if (probes.take_done(wr)) return "";
     if (!alive()) return error();
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

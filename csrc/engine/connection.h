@@ -6,7 +6,6 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -14,6 +13,7 @@
 #include "common/fork.h"
 #include "common/status.h"
 #include "engine/frame.h"
+#include "engine/probes.h"
 #include "engine/stream.h"
 #include "fabric/fabric.h"
 #include "tunables.h"
@@ -35,17 +35,6 @@ struct Outgoing {
   uint32_t code = 0;
   const std::string* details = nullptr;
   const Metadata* trailing = nullptr;
-};
-
-// Where a test can make a connection fail as if its peer had just hung up, to prove
-// that a failure at that exact point still ends every call (tests/test_fail_points.py).
-enum class FailPoint : int {
-  kNone = 0,
-  kSubmit,    // a call's submit() starts: the stream is not registered yet
-  kCopyIn,    // a large message was copied into the pool, the send lock not yet taken
-  kRegister,  // a new client stream was just registered, before it checks the connection
-  kFlush,     // a batch is about to be written to the peer
-  kPull,      // the first chunk of a rendezvous pull has arrived
 };
 
 // Why a connection failed, kept apart so that handles outliving the connection (a
@@ -123,16 +112,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Waits for the end of the call or `limit`; true if ended.
   bool wait_end(const std::shared_ptr<Stream>& s, const Deadline& limit);
 
-  // Probes for the hostile-peer tests: what the last RTS received announced, a READ of
-  // arbitrary peer memory, a raw batch, each as a hostile peer would issue it.
-  // "" when the read completed, else why it did not (the connection's error once the
-  // fabric failed it).
+  // Probes for the hostile-peer and fail-point tests, each acting as a hostile or
+  // vanishing peer would. All but probe_raw_batch() give the connection its Probes on
+  // first use; probe_enable() does only that, before the traffic a test inspects.
+  void probe_enable() { probes_.enable(); }
+  // What the last RTS received announced (zeros if none came since the probes exist).
   RemoteRef probe_last_rts(uint64_t* len);
   // Writes `p` as one batch, unframed, as a hostile peer could (tests/test_hostile_peer.py).
   bool probe_raw_batch(const uint8_t* p, size_t len);
+  // A READ of arbitrary peer memory: "" when it completed, else why it did not (the
+  // connection's error once the fabric failed it).
   std::string probe_read(const RemoteRef& src, size_t len, double timeout);
   // The next time this connection reaches `p`, it fails there (once).
-  void probe_fail_at(FailPoint p) { fail_at_.store(int(p), std::memory_order_relaxed); }
+  void probe_fail_at(FailPoint p) { probes_.enable().arm(p); }
 
  private:
   template <class Pred>
@@ -142,8 +134,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // changed the call's outcome.
   bool end_failed(const std::shared_ptr<Stream>& s);
   void fail_point(FailPoint p) {
-    if (fail_at_.load(std::memory_order_relaxed) == int(p) &&
-        fail_at_.exchange(0, std::memory_order_relaxed) == int(p))
+    Probes* const probes = probes_.get();
+    if (probes && probes->fire(p))
       fail(kUnavailable, "argrpc: connection failed at a test fail point");
   }
   // The stream's deadline passed: end it and tell the peer.
@@ -194,7 +186,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<bool> dead_{false};
   const uint64_t born_ = fork_generation();
   const std::shared_ptr<Epitaph> epitaph_ = std::make_shared<Epitaph>();
-  std::atomic<int> fail_at_{0};
+  ProbeSlot probes_;
 
   // Streams: by id while they run (what frames address), and all of them, ended or
   // not, while they exist (what fail() must reach). Nothing is destroyed under live_mu_.
@@ -236,12 +228,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<uint64_t> leased_bytes_{0};  // peer memory held through views
   std::mutex pullq_mu_;
   std::vector<std::shared_ptr<Pull>> pullq_;
-
-  std::mutex probe_mu_;
-  RemoteRef last_rts_;
-  uint64_t last_rts_len_ = 0;
-  std::set<uint64_t> probe_reads_, probe_done_;
-  std::vector<std::unique_ptr<uint8_t[]>> probe_bufs_;  // outlive the fabric's reads
 };
 
 }  // namespace argrpc
