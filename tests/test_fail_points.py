@@ -1,11 +1,11 @@
 """The invariant behind "a dead peer never leaves a call waiting", tested at the points
 where it is hardest to keep.
 
-Invariant (csrc/engine/connection.cc, ``new_stream`` and ``fail``): every stream of a
-connection is in the connection's registry from its creation to its destruction;
-``fail()`` first marks the connection dead, then ends every registered stream that still
-runs and fails every message a stream was still receiving; a stream created after the
-mark ends at birth. So whatever a call is doing when its connection fails, it ends
+Invariant (``new_stream`` in csrc/engine/connection_streams.cc, ``fail`` in
+csrc/engine/connection.cc): every stream of a connection is in the connection's registry
+from its creation to its destruction; ``fail()`` first marks the connection dead, then
+ends every registered stream that still runs and fails every message a stream was still
+receiving; a stream created after the mark ends at birth. So whatever a call is doing when its connection fails, it ends
 UNAVAILABLE at once, and once its last call is gone the connection's fds are too.
 
 ``Connection._probe_fail_at(point)`` makes the client's connection fail as if its peer

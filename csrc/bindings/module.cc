@@ -521,7 +521,9 @@ PYBIND11_MODULE(_core, m) {
         conn->flush_pending();
         conn->fail(kCancelled, "Channel closed!");
       })
-      // Remote-access probes for tests/verbs; not part of the facade.
+      // Remote-access probes for tests/verbs; not part of the facade. A connection
+      // records for them only once one was called: _probe_enable() before the traffic.
+      .def("_probe_enable", [](PyConnection& c) { c.need()->probe_enable(); })
       .def("_probe_last_rts", [](PyConnection& c) {
         uint64_t len = 0;
         const RemoteRef r = c.need()->probe_last_rts(&len);

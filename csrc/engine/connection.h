@@ -6,7 +6,6 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -14,6 +13,7 @@
 #include "common/fork.h"
 #include "common/status.h"
 #include "engine/frame.h"
+#include "engine/probes.h"
 #include "engine/stream.h"
 #include "fabric/fabric.h"
 #include "tunables.h"
@@ -37,17 +37,6 @@ struct Outgoing {
   const Metadata* trailing = nullptr;
 };
 
-// Where a test can make a connection fail as if its peer had just hung up, to prove
-// that a failure at that exact point still ends every call (tests/test_fail_points.py).
-enum class FailPoint : int {
-  kNone = 0,
-  kSubmit,    // a call's submit() starts: the stream is not registered yet
-  kCopyIn,    // a large message was copied into the pool, the send lock not yet taken
-  kRegister,  // a new client stream was just registered, before it checks the connection
-  kFlush,     // a batch is about to be written to the peer
-  kPull,      // the first chunk of a rendezvous pull has arrived
-};
-
 // Why a connection failed, kept apart so that handles outliving the connection (a
 // channel looking again later) can still say why.
 struct Epitaph {
@@ -67,6 +56,7 @@ struct CallEnd {
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
+  // connection.cc: construction, liveness, failure.
   Connection(Engine* engine, std::unique_ptr<Fabric> fabric, const ConnConfig& cfg,
              std::shared_ptr<Server> server, std::string peer_name,
              std::string peer_user_agent = "");
@@ -85,20 +75,35 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const std::shared_ptr<Epitaph>& epitaph() const { return epitaph_; }
   uint64_t serial = 0;  // the engine's id for it
 
-  // Non-blocking; returns whether it did any work.
-  bool progress();
-  // The peer hung up: reads everything it wrote before it did (its last answers and
-  // trailers), so those calls end as the peer ended them, not with the hang-up.
-  void drain();
-  // Before a deliberate close: writes the control frames still queued (the TRAILERS
-  // of calls just cancelled), so the peer learns how they ended.
-  void flush_pending();
-  void sweep_deadlines();
   // Called periodically by the engine: PINGs a silent peer while calls are in flight.
   void keepalive(uint64_t now_us);
   // Ends every stream with `code`/`why` and tears the connection down.
   void fail(uint32_t code, const std::string& why);
 
+  // connection_progress.cc: reading the peer's batches.
+  // Non-blocking; returns whether it did any work.
+  bool progress();
+  // The peer hung up: reads everything it wrote before it did (its last answers and
+  // trailers), so those calls end as the peer ended them, not with the hang-up.
+  void drain();
+
+  // connection_send.cc: the send side.
+  // Before a deliberate close: writes the control frames still queued (the TRAILERS
+  // of calls just cancelled), so the peer learns how they ended.
+  void flush_pending();
+
+  // connection_streams.cc: stream lifetimes.
+  void sweep_deadlines();
+  // Client: RST + local end. Server: TRAILERS with code to the client + cancelled.
+  bool cancel(const std::shared_ptr<Stream>& s, uint32_t code, const std::string& details);
+  // The application dropped its handle: cancel if still running, release held pulls.
+  void abandon(const std::shared_ptr<Stream>& s);
+
+  // connection_rendezvous.cc: large messages, read from the sender's pool.
+  // A view of peer memory was released: FIN it.
+  void release_view(uint64_t rdv_id, uint64_t len);
+
+  // connection_api.cc: the calls' own operations.
   // Client side. Headers go out now, or with the first message when !send_headers_now.
   std::shared_ptr<Stream> start_call(const std::string& method, const Metadata& md, double timeout,
                                      bool send_headers_now);
@@ -109,13 +114,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Both sides. A false return means the stream already ended.
   bool send(const std::shared_ptr<Stream>& s, const uint8_t* msg, size_t len, bool half_close);
   bool half_close(const std::shared_ptr<Stream>& s);
-  // Client: RST + local end. Server: TRAILERS with code to the client + cancelled.
-  bool cancel(const std::shared_ptr<Stream>& s, uint32_t code, const std::string& details);
-  // A view of peer memory was released: FIN it.
-  void release_view(uint64_t rdv_id, uint64_t len);
-  // The application dropped its handle: cancel if still running, release held pulls.
-  void abandon(const std::shared_ptr<Stream>& s);
-
   // Waits for the next message. False: no more (half-closed by peer, or ended).
   bool recv(const std::shared_ptr<Stream>& s, Payload* out);
   // Waits for the initial metadata (true) or the end of the call (false).
@@ -123,54 +121,84 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Waits for the end of the call or `limit`; true if ended.
   bool wait_end(const std::shared_ptr<Stream>& s, const Deadline& limit);
 
-  // Probes for the hostile-peer tests: what the last RTS received announced, a READ of
-  // arbitrary peer memory, a raw batch, each as a hostile peer would issue it.
-  // "" when the read completed, else why it did not (the connection's error once the
-  // fabric failed it).
+  // connection_probes.cc: probes for the hostile-peer and fail-point tests, each acting
+  // as a hostile or vanishing peer would. All but probe_raw_batch() give the connection
+  // its Probes on first use; probe_enable() does only that, before the traffic a test
+  // inspects.
+  void probe_enable() { probes_.enable(); }
+  // What the last RTS received announced (zeros if none came since the probes exist).
   RemoteRef probe_last_rts(uint64_t* len);
   // Writes `p` as one batch, unframed, as a hostile peer could (tests/test_hostile_peer.py).
   bool probe_raw_batch(const uint8_t* p, size_t len);
+  // A READ of arbitrary peer memory: "" when it completed, else why it did not (the
+  // connection's error once the fabric failed it).
   std::string probe_read(const RemoteRef& src, size_t len, double timeout);
   // The next time this connection reaches `p`, it fails there (once).
-  void probe_fail_at(FailPoint p) { fail_at_.store(int(p), std::memory_order_relaxed); }
+  void probe_fail_at(FailPoint p) { probes_.enable().arm(p); }
 
  private:
-  template <class Pred>
-  bool wait(const std::shared_ptr<Stream>& s, const Deadline& dl, Pred pred);
-  // After fail(): ends `s` with the connection's error if it still runs, and if it had
-  // ended with messages still arriving, fails it too (they never will). True if it
-  // changed the call's outcome.
-  bool end_failed(const std::shared_ptr<Stream>& s);
+  // connection.cc
+  void protocol_error(const std::string& what);
   void fail_point(FailPoint p) {
-    if (fail_at_.load(std::memory_order_relaxed) == int(p) &&
-        fail_at_.exchange(0, std::memory_order_relaxed) == int(p))
+    Probes* const probes = probes_.get();
+    if (probes && probes->fire(p))
       fail(kUnavailable, "argrpc: connection failed at a test fail point");
   }
-  // The stream's deadline passed: end it and tell the peer.
-  void expire(const std::shared_ptr<Stream>& s);
+
+  // connection_progress.cc
+  bool progress_locked();
+  bool handle_batch(uint32_t len);
+
+  // connection_frames.cc: what each frame kind received does. False: the connection
+  // failed (a protocol error), so the rest of the batch must not be read.
+  bool handle_frame(const FrameHead& h, const uint8_t* p);
+  bool on_headers(const FrameHead& h, Reader& r);
+  bool on_initial_metadata(const FrameHead& h, Reader& r);  // client
+  bool on_new_call(const FrameHead& h, Reader& r);          // server
+  bool on_message(const FrameHead& h, const uint8_t* p);
+  bool on_rts(const FrameHead& h, Reader& r);
+  bool on_fin(Reader& r);
+  bool on_half_close(const FrameHead& h);
+  bool on_trailers(const FrameHead& h, Reader& r);
+  bool on_rst(const FrameHead& h, Reader& r);
+  bool on_window(const FrameHead& h, Reader& r);
+  bool on_ping(const FrameHead& h);
+  bool malformed(const char* what);
   void oversize(const std::shared_ptr<Stream>& s, uint64_t n);
-  // Ends the stream here with code/why and tells the peer: a server sends TRAILERS with
-  // the same status, a client RST(rst_code). False if it had already ended.
-  bool abort_stream(const std::shared_ptr<Stream>& s, uint32_t code, const std::string& why,
-                    uint32_t rst_code);
+
+  // connection_send.cc. submit() puts one Outgoing on the wire in the steps that follow
+  // it here; the *_locked ones run under send_mu_.
+  struct SubmitPlan;
   bool submit(const std::shared_ptr<Stream>& s, const Outgoing& o);
+  bool may_submit(const std::shared_ptr<Stream>& s);
+  bool claim_headers(Stream& s, const Outgoing& o, SubmitPlan* plan);
   bool reserve_window(const std::shared_ptr<Stream>& s, size_t n);
+  bool append_and_flush(const std::shared_ptr<Stream>& s, const Outgoing& o, SubmitPlan* plan);
+  bool register_client_stream_locked(const std::shared_ptr<Stream>& s);
+  bool append_frames_locked(const Stream& s, const Outgoing& o, SubmitPlan* plan);
+  template <class Encode>
+  bool append_locked(uint8_t type, uint64_t stream, size_t len, Encode&& encode);
+  void submit_failed(const std::shared_ptr<Stream>& s);
+  bool room_locked(size_t n);
   bool flush_locked();
-  bool frame_begin_locked(uint8_t type, uint64_t stream, size_t len);
-  void frame_end_locked();
   void queue_ctrl(uint8_t type, uint64_t stream, const std::vector<uint8_t>& body,
                   uint8_t flags = 0);
   void flush_ctrl_locked();
   void try_flush_ctrl();
-  bool progress_locked();
-  bool handle_batch(uint32_t len);
-  bool handle_frame(const FrameHead& h, const uint8_t* p);
+
+  // connection_rendezvous.cc. Sender side: a message's pool block, announced until the
+  // peer's FIN. Receiver side: pulls, by views or fabric READs.
+  uint64_t expose_message(const std::shared_ptr<Stream>& s, const Outgoing& o,
+                          bool unknown_to_peer, RemoteRef* ref);
+  bool withdraw(uint64_t rdv_id);
   void on_read_done(uint64_t wr_id);
   void start_pull(const std::shared_ptr<Pull>& pull);
   bool try_view(const std::shared_ptr<Pull>& pull);
   void post_reads(const std::shared_ptr<Pull>& pull);
   void start_queued_pulls();
   void queue_fin(uint64_t rdv_id);
+
+  // connection_streams.cc
   std::shared_ptr<Stream> find(uint64_t id);
   // Every stream of this connection is made here and stays in live_ until destroyed,
   // so fail() reaches each one that anybody could wait on, registered by id or not.
@@ -182,7 +210,20 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool end_stream(const std::shared_ptr<Stream>& s, uint32_t code, const std::string& details,
                   bool cancelled, Metadata* trailing, bool keep_inbox);
   void release_inbox_locked(Stream& s, std::vector<uint64_t>* fins);
-  void protocol_error(const std::string& what);
+  // After fail(): ends `s` with the connection's error if it still runs, and if it had
+  // ended with messages still arriving, fails it too (they never will). True if it
+  // changed the call's outcome.
+  bool end_failed(const std::shared_ptr<Stream>& s);
+  // The stream's deadline passed: end it and tell the peer.
+  void expire(const std::shared_ptr<Stream>& s);
+  // Ends the stream here with code/why and tells the peer: a server sends TRAILERS with
+  // the same status, a client RST(rst_code). False if it had already ended.
+  bool abort_stream(const std::shared_ptr<Stream>& s, uint32_t code, const std::string& why,
+                    uint32_t rst_code);
+
+  // connection_wait.h: spins driving progress(), then sleeps on the stream.
+  template <class Pred>
+  bool wait(const std::shared_ptr<Stream>& s, const Deadline& dl, Pred pred);
 
   Engine* const engine_;
   std::unique_ptr<Fabric> fabric_;
@@ -194,7 +235,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<bool> dead_{false};
   const uint64_t born_ = fork_generation();
   const std::shared_ptr<Epitaph> epitaph_ = std::make_shared<Epitaph>();
-  std::atomic<int> fail_at_{0};
+  ProbeSlot probes_;
 
   // Streams: by id while they run (what frames address), and all of them, ended or
   // not, while they exist (what fail() must reach). Nothing is destroyed under live_mu_.
@@ -236,12 +277,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<uint64_t> leased_bytes_{0};  // peer memory held through views
   std::mutex pullq_mu_;
   std::vector<std::shared_ptr<Pull>> pullq_;
-
-  std::mutex probe_mu_;
-  RemoteRef last_rts_;
-  uint64_t last_rts_len_ = 0;
-  std::set<uint64_t> probe_reads_, probe_done_;
-  std::vector<std::unique_ptr<uint8_t[]>> probe_bufs_;  // outlive the fabric's reads
 };
 
 }  // namespace argrpc

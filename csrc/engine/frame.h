@@ -74,6 +74,20 @@ inline size_t metadata_size(const Metadata& md) {
   return n;
 }
 
+// An empty metadata list, where a frame must carry one.
+inline const Metadata kNoMetadata;
+
+// The body of TRAILERS (with `md`) or RST (md == nullptr: an RST has none).
+inline std::vector<uint8_t> status_body(uint32_t code, const std::string& details,
+                                        const Metadata* md) {
+  std::vector<uint8_t> b;
+  Writer w(&b);
+  w.u32(code);
+  w.str(details);
+  if (md) w.metadata(*md);
+  return b;
+}
+
 // Bounds-checked cursor over peer bytes. After any failed read ok() is false and every
 // later read returns zero values.
 class Reader {

@@ -256,6 +256,7 @@ def test_remote_read_only_of_announced_blocks(rdma: SimpleNamespace, windows: bo
     if not windows:
         monkeypatch.setenv("ARGRPC_VERBS_NO_WINDOWS", "1")
     with _own_pair(rdma) as (conn, server_conn):  # its new verbs domain reads the env
+        server_conn._probe_enable()  # it records RTSs only from here on
         size = 256 * KiB  # a rendezvous: the client announces its block, the server reads it
         code, details, _i, _t, resp = conn.unary(UNARY, [], 120, _data(size, 7))
         assert code == 0 and bytes(resp) == _data(size, 7), details
@@ -281,6 +282,7 @@ def test_remote_read_is_limited_to_the_announced_block(rdma: SimpleNamespace) ->
     ahead, the third stays announced; its block is readable, the bytes after it (same
     rkey) are not."""
     with _own_pair(rdma) as (conn, server_conn):
+        server_conn._probe_enable()  # it records RTSs only from here on
         call = conn.start_call(HOLD, [], 300)
         size = 256 * KiB
         for i in range(3):

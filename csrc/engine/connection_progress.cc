@@ -1,0 +1,105 @@
+// Reading the peer: whoever holds the poll lock polls the fabric, copies each batch out
+// of the receive ring, returns the ring credits and hands every frame to handle_frame().
+#include <cstring>
+#include <string>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "engine/connection.h"
+
+namespace argrpc {
+
+namespace {
+constexpr int kMaxCompletions = 64;
+}  // namespace
+
+bool Connection::progress() {
+  if (inherited()) return false;  // the parent's ring: only the parent reads it
+  bool did = false;
+  for (;;) {
+    if (!poll_mu_.try_lock()) return did;
+    kick_.store(false, std::memory_order_seq_cst);
+    if (alive()) did |= progress_locked();
+    poll_mu_.unlock();
+    // Someone asked for work while we held the lock and could not take it.
+    if (!kick_.load(std::memory_order_seq_cst)) return did;
+  }
+}
+
+void Connection::drain() {
+  if (inherited()) return;
+  std::lock_guard<std::mutex> g(poll_mu_);  // wait out a poller: it may hold the last batch
+  while (alive() && progress_locked()) {
+  }
+}
+
+bool Connection::progress_locked() {
+  Completion comps[kMaxCompletions];
+  bool did = false;
+  start_queued_pulls();
+  for (;;) {
+    const int n = fabric_->poll(comps, kMaxCompletions);
+    if (n <= 0) break;
+    did = true;
+    const uint64_t heard = now_us();
+    last_heard_us_.store(heard, std::memory_order_relaxed);
+    const uint64_t before = rbatches_;
+    for (int i = 0; i < n; ++i) {
+      switch (comps[i].kind) {
+        case Completion::kRecv:
+          last_recv_us_.store(heard, std::memory_order_relaxed);
+          if (!handle_batch(comps[i].len)) return true;
+          break;
+        case Completion::kReadDone:
+          on_read_done(comps[i].wr_id);
+          break;
+        case Completion::kError:
+          fail(kUnavailable, "argrpc: " + fabric_->error());
+          return true;
+      }
+      if (!alive()) return true;
+    }
+    // Ring space is free again as soon as batches are copied out.
+    if (rbatches_ != before) fabric_->publish_consumed(rpos_, rbatches_);
+    start_queued_pulls();
+  }
+  if (ctrl_pending_.load(std::memory_order_seq_cst)) try_flush_ctrl();
+  return did;
+}
+
+bool Connection::handle_batch(uint32_t len) {
+  const size_t ring = fabric_->ring_size();
+  if (len == 0 || len % 8 || len > ring / 2) {
+    protocol_error("batch length " + std::to_string(len) + " is invalid");
+    return false;
+  }
+  size_t off = rpos_ % ring;
+  if (ring - off < len) {
+    rpos_ += ring - off;
+    off = 0;
+  }
+  // Parse a private copy: the peer can write the ring while we read it.
+  const uint8_t* src = fabric_->ring() + off;
+  scratch_.assign(src, src + len);
+  rpos_ += len;
+  ++rbatches_;
+  const uint8_t* p = scratch_.data();
+  size_t at = 0;
+  while (at < len) {
+    if (len - at < kFrameHeader) {
+      protocol_error("truncated frame header");
+      return false;
+    }
+    FrameHead h;
+    std::memcpy(&h, p + at, kFrameHeader);
+    if (h.len > len - at - kFrameHeader) {
+      protocol_error("frame length " + std::to_string(h.len) + " runs past its batch");
+      return false;
+    }
+    if (!handle_frame(h, p + at + kFrameHeader)) return false;
+    at += pad8(kFrameHeader + h.len);
+  }
+  return true;
+}
+
+}  // namespace argrpc

@@ -1,0 +1,300 @@
+// The send side. Frames are appended to one batch under send_mu_, and a batch goes to
+// the peer's ring as one write once the ring has credits for it. Control frames (FIN,
+// WINDOW, PING, the TRAILERS of aborted calls) come from threads that must not wait for
+// that lock: they queue, and the next holder of the lock writes them.
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <string>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "engine/connection.h"
+#include "engine/connection_wait.h"
+
+namespace argrpc {
+
+namespace {
+constexpr double kCreditStallSeconds = 10.0;
+}  // namespace
+
+// What submit() settled before it takes the send lock.
+struct Connection::SubmitPlan {
+  bool eager = false;           // the message goes inline, else by rendezvous
+  bool client_headers = false;  // this submit carries the call's HEADERS
+  bool server_headers = false;  // this submit carries the server's initial metadata
+  uint64_t rdv = 0;             // the rendezvous of the exposed block (0: none)
+  RemoteRef ref;                // where the peer reads that block
+  bool rts_queued = false;
+};
+
+bool Connection::submit(const std::shared_ptr<Stream>& sp, const Outgoing& o) {
+  if (!may_submit(sp)) return false;
+  SubmitPlan plan;
+  // Eager only if the peer's stream window can ever hold it (the peers' knobs may
+  // differ); otherwise reserve_window() would wait forever.
+  plan.eager = o.has_msg && o.msg_len + kFrameHeader <= cfg_.acc_size &&
+               o.msg_len <= fabric_->peer_stream_window();
+  if (!claim_headers(*sp, o, &plan)) return false;
+  if (o.has_msg && plan.eager && !reserve_window(sp, o.msg_len)) return false;
+  if (o.has_msg && !plan.eager) {
+    // The copy into the pool happens here, outside the send lock other calls wait on.
+    plan.rdv = expose_message(sp, o, plan.client_headers, &plan.ref);
+    if (!plan.rdv) return false;
+  }
+  const bool ok = append_and_flush(sp, o, &plan);
+  // The RTS never went out, or fail() swept exposed_ before this block was added:
+  // nobody will FIN it.
+  if (plan.rdv && (!plan.rts_queued || !alive())) withdraw(plan.rdv);
+  if (ctrl_pending_.load(std::memory_order_seq_cst)) try_flush_ctrl();
+  if (ok) return true;
+  submit_failed(sp);
+  return false;
+}
+
+bool Connection::may_submit(const std::shared_ptr<Stream>& sp) {
+  fail_point(FailPoint::kSubmit);
+  if (!alive()) {
+    end_failed(sp);
+    return false;
+  }
+  // A handler that noticed the deadline (is_active() is false once it passes) may answer
+  // before the sweep has ended the call: the answer must not reach the client as OK.
+  if (!client_ && sp->deadline.expired()) {
+    expire(sp);
+    return false;
+  }
+  return true;
+}
+
+// Under the stream's lock, so that of several submits on one stream exactly one carries
+// its headers. False if the stream has ended.
+bool Connection::claim_headers(Stream& s, const Outgoing& o, SubmitPlan* plan) {
+  std::lock_guard<std::mutex> g(s.mu);
+  if (s.ended) return false;
+  if (client_) plan->client_headers = !s.headers_sent;
+  else plan->server_headers = !s.headers_sent && (o.initial_md || o.has_msg);
+  s.headers_sent = s.headers_sent || plan->client_headers || plan->server_headers;
+  return true;
+}
+
+bool Connection::reserve_window(const std::shared_ptr<Stream>& sp, size_t n) {
+  Stream& s = *sp;
+  const bool ok = wait(sp, s.deadline, [&] { return s.ended || s.send_window >= int64_t(n); });
+  {
+    std::lock_guard<std::mutex> g(s.mu);
+    if (s.ended) return false;
+    if (ok) {
+      s.send_window -= int64_t(n);
+      return true;
+    }
+  }
+  expire(sp);
+  return false;
+}
+
+bool Connection::append_and_flush(const std::shared_ptr<Stream>& sp, const Outgoing& o,
+                                  SubmitPlan* plan) {
+  appenders_.fetch_add(1, std::memory_order_seq_cst);
+  std::lock_guard<std::mutex> lk(send_mu_);
+  appenders_.fetch_sub(1, std::memory_order_seq_cst);
+  bool ok = alive();
+  if (ok && ctrl_pending_.load(std::memory_order_seq_cst)) flush_ctrl_locked();
+  if (ok && plan->client_headers) ok = register_client_stream_locked(sp);
+  if (ok) ok = append_frames_locked(*sp, o, plan);
+  // Coalescing across threads: if another sender is queued on the lock, leave the
+  // batch to it; the last one in line always flushes.
+  if (ok && appenders_.load(std::memory_order_seq_cst) == 0) ok = flush_locked();
+  // An oversized metadata frame was refused before it was appended: what is in the
+  // batch are whole frames, other senders' among them, and they still go out.
+  else if (!ok && alive()) flush_locked();
+  return ok;
+}
+
+// Under the send lock, so that ids reach the server in the order their HEADERS do,
+// increasing, whatever order the calls started in.
+bool Connection::register_client_stream_locked(const std::shared_ptr<Stream>& sp) {
+  {
+    std::lock_guard<std::mutex> g(streams_mu_);
+    sp->id = next_stream_id_;
+    next_stream_id_ += 2;
+    streams_[sp->id] = sp;
+  }
+  fail_point(FailPoint::kRegister);
+  // fail() may have swept the map just before the insert (submit_failed() ends it).
+  return alive();
+}
+
+template <class Encode>
+bool Connection::append_locked(uint8_t type, uint64_t stream, size_t len, Encode&& encode) {
+  if (!room_locked(pad8(kFrameHeader + len))) return false;
+  FrameHead h{type, 0, 0, static_cast<uint32_t>(len), stream};
+  Writer w(&batch_);
+  w.raw(&h, kFrameHeader);
+  encode(w);
+  batch_.resize(pad8(batch_.size()), 0);
+  return true;
+}
+
+bool Connection::append_frames_locked(const Stream& s, const Outgoing& o, SubmitPlan* plan) {
+  // Metadata is the peer's to size: a frame must fit the largest batch its ring takes.
+  const size_t frame_cap = fabric_->peer_ring_size() / 2 - kFrameHeader;
+  if (plan->client_headers) {
+    const int64_t timeout_us =
+        s.deadline.infinite() ? -1 : int64_t(std::max(0.0, s.deadline.remaining_seconds()) * 1e6);
+    const size_t n = 8 + str_size(s.method) + metadata_size(s.request_md);
+    if (n > frame_cap || !append_locked(kHeaders, s.id, n, [&](Writer& w) {
+          w.i64(timeout_us);
+          w.str(s.method);
+          w.metadata(s.request_md);
+        }))
+      return false;
+  }
+  if (plan->server_headers) {
+    const Metadata& md = o.initial_md ? *o.initial_md : kNoMetadata;
+    const size_t n = metadata_size(md);
+    if (n > frame_cap || !append_locked(kHeaders, s.id, n, [&](Writer& w) { w.metadata(md); }))
+      return false;
+  }
+  if (o.has_msg && plan->eager &&
+      !append_locked(kMessage, s.id, o.msg_len, [&](Writer& w) { w.raw(o.msg, o.msg_len); }))
+    return false;
+  if (o.has_msg && !plan->eager) {
+    plan->rts_queued = append_locked(kRts, s.id, 32, [&](Writer& w) {
+      w.u64(plan->rdv);
+      w.u64(o.msg_len);
+      w.u64(plan->ref.addr);
+      w.u32(plan->ref.key);
+      w.u32(0);
+    });
+    if (!plan->rts_queued) return false;
+  }
+  if (o.half_close && !append_locked(kHalfClose, s.id, 0, [](Writer&) {})) return false;
+  if (o.trailers) {
+    const auto body = status_body(o.code, o.details ? *o.details : std::string(),
+                                  o.trailing ? o.trailing : &kNoMetadata);
+    if (body.size() > frame_cap || !append_locked(kTrailers, s.id, body.size(), [&](Writer& w) {
+          w.raw(body.data(), body.size());
+        }))
+      return false;
+  }
+  return true;
+}
+
+void Connection::submit_failed(const std::shared_ptr<Stream>& sp) {
+  // fail() has ended this stream (live_); ending it here too costs nothing and keeps
+  // the failed path self-evidently complete.
+  if (!alive()) {
+    end_failed(sp);
+    return;
+  }
+  // Only an oversized header/trailer frame gets here with the connection alive.
+  cancel(sp, kResourceExhausted, "argrpc: metadata too large for the receive ring");
+}
+
+void Connection::flush_pending() {
+  if (!alive()) return;
+  std::lock_guard<std::mutex> g(send_mu_);
+  if (!alive()) return;
+  flush_ctrl_locked();
+  flush_locked();
+}
+
+void Connection::queue_ctrl(uint8_t type, uint64_t stream, const std::vector<uint8_t>& body,
+                            uint8_t flags) {
+  std::vector<uint8_t> f;
+  FrameHead h{type, flags, 0, static_cast<uint32_t>(body.size()), stream};
+  Writer w(&f);
+  w.raw(&h, kFrameHeader);
+  w.raw(body.data(), body.size());
+  f.resize(pad8(f.size()));
+  {
+    std::lock_guard<std::mutex> g(ctrl_mu_);
+    ctrl_.push_back(std::move(f));
+  }
+  ctrl_pending_.store(true, std::memory_order_seq_cst);
+}
+
+void Connection::try_flush_ctrl() {
+  while (ctrl_pending_.load(std::memory_order_seq_cst) && alive()) {
+    // If the lock is busy its holder flushes the queue when it lets go.
+    if (!send_mu_.try_lock()) return;
+    flush_ctrl_locked();
+    flush_locked();
+    send_mu_.unlock();
+  }
+}
+
+void Connection::flush_ctrl_locked() {
+  std::vector<std::vector<uint8_t>> frames;
+  {
+    std::lock_guard<std::mutex> g(ctrl_mu_);
+    frames.swap(ctrl_);
+    ctrl_pending_.store(false, std::memory_order_seq_cst);
+  }
+  for (auto& f : frames) {
+    if (!room_locked(f.size())) return;
+    Writer(&batch_).raw(f.data(), f.size());
+  }
+}
+
+// A batch never grows past acc_size: what is already in it goes out first.
+bool Connection::room_locked(size_t n) {
+  return batch_.empty() || batch_.size() + n <= cfg_.acc_size || flush_locked();
+}
+
+bool Connection::flush_locked() {
+  if (batch_.empty()) return true;
+  const size_t ring = fabric_->peer_ring_size();
+  const uint32_t len = static_cast<uint32_t>(batch_.size());
+  const size_t off = wpos_ % ring;
+  const size_t skip = ring - off < len ? ring - off : 0;
+  const Deadline stall = Deadline::after_seconds(kCreditStallSeconds);
+  for (int spins = 0;; ++spins) {
+    if (!alive()) {
+      batch_.clear();
+      return false;
+    }
+    uint64_t cb, cn;
+    fabric_->peer_consumed(&cb, &cn);
+    if (cb > wpos_ || cn > wbatches_) {
+      batch_.clear();
+      protocol_error("peer returned more ring credits than it was given");
+      return false;
+    }
+    if (wpos_ + skip + len - cb <= ring && wbatches_ - cn < fabric_->peer_slots()) break;
+    if (stall.expired()) {
+      batch_.clear();
+      fail(kUnavailable, "argrpc: peer " + peer_name_ + " stopped consuming its ring for 10 s");
+      return false;
+    }
+    // A dead peer never returns credits, and the thread stuck here may be the progress
+    // thread, the one that would otherwise learn of the hang-up.
+    if (spins >= 1000 && spins % 64 == 0 && fabric_->peer_gone()) {
+      batch_.clear();
+      fail(kUnavailable, "argrpc: connection to " + peer_name_ +
+                             " lost (the peer closed it or exited)");
+      return false;
+    }
+    if (spins < 1000) sched_yield();
+    else ::usleep(50);
+  }
+  fail_point(FailPoint::kFlush);
+  if (!alive()) {
+    batch_.clear();
+    return false;
+  }
+  wpos_ += skip;
+  if (!fabric_->write_imm(batch_.data(), len, wpos_ % ring)) {
+    batch_.clear();
+    fail(kUnavailable, "argrpc: write to peer " + peer_name_ + " failed");
+    return false;
+  }
+  wpos_ += len;
+  ++wbatches_;
+  batch_.clear();
+  return true;
+}
+
+}  // namespace argrpc

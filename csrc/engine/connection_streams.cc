@@ -1,0 +1,158 @@
+// Stream lifetimes on a connection: made (new_stream), found by id, and ended exactly
+// once, whether by the peer, the deadline, the application, or the connection's failure.
+#include <algorithm>
+#include <string>
+
+#include "common/status.h"
+#include "engine/connection.h"
+#include "engine/server.h"
+
+namespace argrpc {
+
+std::shared_ptr<Stream> Connection::find(uint64_t id) {
+  std::lock_guard<std::mutex> g(streams_mu_);
+  auto it = streams_.find(id);
+  return it == streams_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<Stream> Connection::new_stream(uint64_t id, const Deadline& dl) {
+  auto s = std::make_shared<Stream>(id, client_, shared_from_this(), dl);
+  s->send_window = static_cast<int64_t>(fabric_->peer_stream_window());
+  {
+    std::lock_guard<std::mutex> g(live_mu_);
+    live_.emplace(s.get(), s);
+  }
+  // After the insert: either fail()'s sweep sees it, or this sees dead_.
+  if (dead_.load(std::memory_order_acquire)) end_failed(s);
+  return s;
+}
+
+void Connection::forget_stream(Stream* s) {
+  std::lock_guard<std::mutex> g(live_mu_);
+  live_.erase(s);
+}
+
+Stream::~Stream() {
+  // A forked child's copy of the parent's stream: the parent's locks are not ours.
+  if (!conn->inherited()) conn->forget_stream(this);
+}
+
+void Connection::release_inbox_locked(Stream& s, std::vector<uint64_t>* fins) {
+  for (auto& in : s.inbox) {
+    if (!in.pull) continue;
+    if (!in.pull->started) fins->push_back(in.pull->rdv_id);
+    else in.pull->orphaned = true;
+  }
+  s.inbox.clear();
+  s.pulls_active = 0;
+}
+
+bool Connection::end_stream(const std::shared_ptr<Stream>& s, uint32_t code,
+                            const std::string& details, bool cancelled, Metadata* trailing,
+                            bool keep_inbox) {
+  {
+    std::lock_guard<std::mutex> g(streams_mu_);
+    auto it = streams_.find(s->id);
+    if (it != streams_.end() && it->second == s) streams_.erase(it);
+  }
+  std::vector<uint64_t> fins;
+  bool report = false;
+  {
+    std::lock_guard<std::mutex> g(s->mu);
+    if (s->ended) return false;
+    s->ended = true;
+    s->code = code;
+    s->details = details;
+    if (trailing) s->trailing_md = std::move(*trailing);
+    if (cancelled) {
+      s->cancelled = true;
+      report = !s->reported_cancel;
+      s->reported_cancel = true;
+    }
+    if (!keep_inbox) release_inbox_locked(*s, &fins);
+    s->notify_locked();
+  }
+  for (uint64_t f : fins) queue_fin(f);
+  if (server_) {
+    server_->remove_active(s.get());
+    if (report) server_->report_cancelled(s);
+  }
+  return true;
+}
+
+void Connection::abandon(const std::shared_ptr<Stream>& s) {
+  bool ended;
+  {
+    std::lock_guard<std::mutex> g(s->mu);
+    ended = s->ended;
+  }
+  if (!ended) cancel(s, kCancelled, "Cancelled");
+  std::vector<uint64_t> fins;
+  {
+    std::lock_guard<std::mutex> g(s->mu);
+    release_inbox_locked(*s, &fins);
+  }
+  for (uint64_t f : fins) queue_fin(f);
+  try_flush_ctrl();
+}
+
+void Connection::expire(const std::shared_ptr<Stream>& s) {
+  abort_stream(s, kDeadlineExceeded, "Deadline Exceeded", kDeadlineExceeded);
+  try_flush_ctrl();
+}
+
+bool Connection::abort_stream(const std::shared_ptr<Stream>& s, uint32_t code,
+                              const std::string& why, uint32_t rst_code) {
+  if (!end_stream(s, code, why, !client_, nullptr, false)) return false;
+  if (!client_) queue_ctrl(kTrailers, s->id, status_body(code, why, &kNoMetadata));
+  else if (s->id) queue_ctrl(kRst, s->id, status_body(rst_code, why, nullptr));
+  return true;
+}
+
+void Connection::sweep_deadlines() {
+  std::vector<std::shared_ptr<Stream>> due;
+  {
+    std::lock_guard<std::mutex> g(streams_mu_);
+    for (auto& kv : streams_)
+      if (kv.second->deadline.expired()) due.push_back(kv.second);
+  }
+  for (auto& s : due) expire(s);
+}
+
+bool Connection::cancel(const std::shared_ptr<Stream>& s, uint32_t code, const std::string& details) {
+  const bool ended = abort_stream(s, code, details, code);
+  try_flush_ctrl();
+  return ended;
+}
+
+bool Connection::end_failed(const std::shared_ptr<Stream>& s) {
+  // Only after fail() set dead_ and the error: a forked child's view of the parent's
+  // connection is not alive() either, and must not touch the parent's locks.
+  if (!dead_.load(std::memory_order_acquire) || inherited()) return false;
+  uint32_t code;
+  std::string why;
+  {
+    std::lock_guard<std::mutex> g(epitaph_->mu);
+    code = epitaph_->code;
+    why = epitaph_->why;
+  }
+  if (!client_) code = kCancelled;
+  if (end_stream(s, code, why, !client_, nullptr, false)) return true;
+  // It had ended (its trailers came) while a message was still being pulled or waited
+  // to be: the reader gets what arrived whole, then this error instead of the status.
+  std::lock_guard<std::mutex> g(s->mu);
+  auto lost = std::find_if(s->inbox.begin(), s->inbox.end(),
+                           [](const Incoming& in) { return !in.ready(); });
+  if (lost == s->inbox.end()) return false;
+  for (auto it = lost; it != s->inbox.end(); ++it)
+    if (it->pull) it->pull->orphaned = true;
+  s->inbox.erase(lost, s->inbox.end());
+  s->pulls_active = 0;
+  s->code = code;
+  s->details = why;
+  s->trailing_md.clear();
+  s->notify_locked();
+  return true;
+}
+
+}  // namespace argrpc
