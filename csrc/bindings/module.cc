@@ -16,7 +16,7 @@
 #include "engine/connection.h"
 #include "engine/engine.h"
 #include "engine/server.h"
-#include "fabric/shm_fabric.h"
+#include "fabric/shm/shm_fabric.h"
 #include "fabric/verbs/device.h"
 #include "fabric/verbs/ibv_api.h"
 #include "fabric/verbs/verbs_fabric.h"
