@@ -88,17 +88,39 @@ auto interruptible(const std::shared_ptr<Stream>& s, bool cancel, Wait&& wait) -
   throw py::error_already_set();
 }
 
+// What a Python object holds of the engine: the engine, a call, a received block. A
+// forked child inherits it as a copy of the parent's (common/fork.h), so there it is
+// never destroyed (that would wait for a progress thread the child lacks, or abandon a
+// call or FIN a block through the parent's ring), and inherited() tells its users to
+// refuse it.
+template <class T>
+class ForkLocal {
+ public:
+  explicit ForkLocal(T v) : v_(std::move(v)) {}
+  ForkLocal(const ForkLocal&) = default;
+  ForkLocal(ForkLocal&&) = default;
+  ~ForkLocal() {
+    if (inherited()) keep_forever(std::move(v_));
+  }
+  // Made before the fork() this process is the child of.
+  bool inherited() const { return born_ != fork_generation(); }
+  T& value() { return v_; }
+  const T& value() const { return v_; }
+  operator const T&() const { return v_; }
+  // For a pointer-like T.
+  auto operator->() const { return v_.operator->(); }
+  decltype(auto) operator*() const { return *v_; }
+
+ private:
+  T v_;
+  uint64_t born_ = fork_generation();
+};
+
 // A received large message. Exposes its bytes through the buffer protocol; the pool
 // block goes back to the pool when the last view of it is gone.
 struct RecvBuffer {
-  Payload payload;
-  const uint64_t born = fork_generation();
-  RecvBuffer() = default;
-  RecvBuffer(RecvBuffer&&) = default;
-  ~RecvBuffer() {
-    // A view of the parent's: releasing it would FIN through the parent's ring.
-    if (born != fork_generation()) keep_forever(std::move(payload));
-  }
+  explicit RecvBuffer(Payload p) : payload(std::move(p)) {}
+  ForkLocal<Payload> payload;
 };
 
 // Holds a Py_buffer for the duration of a send so no bytes copy is made of the object.
@@ -169,9 +191,7 @@ py::list from_metadata(const Metadata& md) {
 
 py::object to_python(Payload&& p) {
   if (p.is_inline) return py::bytes(p.inline_bytes.data(), p.inline_bytes.size());
-  auto rb = std::make_unique<RecvBuffer>();
-  rb->payload = std::move(p);
-  return py::memoryview(py::cast(std::move(rb)));
+  return py::memoryview(py::cast(std::make_unique<RecvBuffer>(std::move(p))));
 }
 
 double timeout_arg(const py::object& t) { return t.is_none() ? -1.0 : t.cast<double>(); }
@@ -191,40 +211,29 @@ struct PyShmEndpoint {
   }
 };
 
-// A client's connection is owned by its channel. A server's is owned by the engine
-// only: the listener keeps a weak handle, so a connection whose peer died is freed
-// (QPs, fds, pool blocks) as soon as the engine lets go of it, not at the next attach.
 // A handle on a connection. Weak: the engine owns every live connection (until it
 // fails or closes), and calls and zero-copy views own what they use, so a failed
 // connection's fds and mappings go as soon as its last call or view does, not when
 // the channel or listener that made it happens to look again.
 struct PyConnection {
-  PyConnection() = default;
-  std::shared_ptr<Engine> engine;
+  explicit PyConnection(std::shared_ptr<Engine> e) : engine(std::move(e)) {}
+  ForkLocal<std::shared_ptr<Engine>> engine;
   std::weak_ptr<Connection> weak;
   std::shared_ptr<Epitaph> epitaph;  // why it failed, once it is gone
   std::string transport;
   std::string peer;
 
   static PyConnection make(std::shared_ptr<Engine> e, std::shared_ptr<Connection> c) {
-    PyConnection pc;
-    pc.engine = std::move(e);
+    PyConnection pc(std::move(e));
     pc.weak = c;
     pc.epitaph = c->epitaph();
     pc.transport = c->fabric().name();
     pc.peer = c->peer_name();
     return pc;
   }
-  const uint64_t born = fork_generation();
-  PyConnection(const PyConnection&) = default;
-  PyConnection(PyConnection&&) = default;
-  ~PyConnection() {
-    // The parent's engine: destroying it here would join a thread this child lacks.
-    if (born != fork_generation()) keep_forever(std::move(engine));
-  }
   // Null once failed or closed, and in a forked child (which then negotiates its own).
   std::shared_ptr<Connection> get() const {
-    if (born != fork_generation()) return nullptr;
+    if (engine.inherited()) return nullptr;
     return weak.lock();
   }
   std::shared_ptr<Connection> need() const {
@@ -242,15 +251,10 @@ struct PyClientCall {
       : engine(std::move(e)), s(std::move(st)) {}
   PyClientCall(const PyClientCall&) = delete;
   std::shared_ptr<Engine> engine;
-  std::shared_ptr<Stream> s;
-  const uint64_t born = fork_generation();
-  bool inherited() const { return born != fork_generation(); }
+  ForkLocal<std::shared_ptr<Stream>> s;
+  bool inherited() const { return s.inherited(); }
   ~PyClientCall() {
-    if (!s) return;
-    if (born != fork_generation()) {
-      keep_forever(std::move(s));
-      return;
-    }
+    if (!s.value() || inherited()) return;
     NoGil nogil;
     s->conn->abandon(s);
   }
@@ -266,31 +270,18 @@ struct PyServerCall {
       : engine(std::move(e)), s(std::move(st)), owns(owner) {}
   PyServerCall(const PyServerCall&) = delete;
   std::shared_ptr<Engine> engine;
-  std::shared_ptr<Stream> s;
+  ForkLocal<std::shared_ptr<Stream>> s;
   bool owns;  // the accept() handle; next_event() gives a non-owning one for a cancel
-  const uint64_t born = fork_generation();
   ~PyServerCall() {
-    if (!s) return;
-    if (born != fork_generation()) {
-      keep_forever(std::move(s));
-      return;
-    }
-    if (!owns) return;
+    if (!s.value() || s.inherited() || !owns) return;
     NoGil nogil;
     s->conn->abandon(s);
   }
 };
 
 struct PyEngine {
-  std::shared_ptr<Engine> engine;
-  const uint64_t born = fork_generation();
-  PyEngine(std::shared_ptr<Engine> e) : engine(std::move(e)) {}
-  PyEngine(const PyEngine&) = default;
-  PyEngine(PyEngine&&) = default;
-  // The parent's progress thread does not exist here: the destructor would wait for it.
-  ~PyEngine() {
-    if (born != fork_generation()) keep_forever(std::move(engine));
-  }
+  explicit PyEngine(std::shared_ptr<Engine> e) : engine(std::move(e)) {}
+  ForkLocal<std::shared_ptr<Engine>> engine;
 };
 
 py::tuple status_tuple(Stream& s) {
@@ -441,10 +432,11 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<RecvBuffer>(m, "RecvBuffer", py::buffer_protocol())
       .def_buffer([](RecvBuffer& b) {
-        return py::buffer_info(b.payload.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
-                               {static_cast<py::ssize_t>(b.payload.len)}, {1}, true);
+        Payload& p = b.payload.value();
+        return py::buffer_info(p.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(p.len)}, {1}, true);
       })
-      .def("__len__", [](RecvBuffer& b) { return b.payload.len; });
+      .def("__len__", [](RecvBuffer& b) { return b.payload.value().len; });
 
   py::class_<PyShmEndpoint>(m, "ShmEndpoint")
       .def_property_readonly("ring_fd", [](PyShmEndpoint& e) { return e.get().ring_fd(); })
@@ -506,7 +498,7 @@ PYBIND11_MODULE(_core, m) {
         return conn && conn->alive();
       })
       .def_property_readonly("error", [](PyConnection& c) {
-        if (c.born != fork_generation())
+        if (c.engine.inherited())
           return std::string("argrpc: the connection belongs to the parent process (inherited "
                              "through fork()); this process negotiates its own");
         const std::string why = c.epitaph->text();
@@ -699,7 +691,7 @@ PYBIND11_MODULE(_core, m) {
   py::class_<PyServerCall>(m, "ServerCall")
       .def_property_readonly("id", [](PyServerCall& c) { return c.s->id; })
       // Identity of the call across handles (accept() and next_event()).
-      .def_property_readonly("key", [](PyServerCall& c) { return reinterpret_cast<uintptr_t>(c.s.get()); })
+      .def_property_readonly("key", [](PyServerCall& c) { return reinterpret_cast<uintptr_t>(c.s.value().get()); })
       .def_property_readonly("method", [](PyServerCall& c) { return c.s->method; })
       .def_property_readonly("metadata", [](PyServerCall& c) {
         // grpc lists the client's user-agent first; over the fast path it is the one the
