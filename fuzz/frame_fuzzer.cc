@@ -25,7 +25,7 @@
 #include "engine/engine.h"
 #include "engine/server.h"
 #include "engine/stream.h"
-#include "fabric/shm_fabric.h"
+#include "fabric/shm/shm_fabric.h"
 #include "pool/pool.h"
 
 using namespace argrpc;

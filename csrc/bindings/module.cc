@@ -1,14 +1,15 @@
-// The one pybind11 file: converts arguments, releases the GIL around every wait and
-// every copy, and turns CoreError into argrpc._core.CoreError. No call-path function
-// raises: calls end with a status the facade reads.
+// The module: the engine, connections, calls and the server, whatever the fabric; each
+// fabric's endpoint and attach are its own unit (bindings.h). Converts arguments,
+// releases the GIL around every wait and every copy, and turns CoreError into
+// argrpc._core.CoreError. No call-path function raises: calls end with a status the
+// facade reads.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-
-#include <unistd.h>
 
 #include <memory>
 #include <string>
 
+#include "bindings/bindings.h"
 #include "common/error.h"
 #include "common/fork.h"
 #include "common/interrupt.h"
@@ -16,39 +17,14 @@
 #include "engine/connection.h"
 #include "engine/engine.h"
 #include "engine/server.h"
-#include "fabric/shm_fabric.h"
-#include "fabric/verbs/device.h"
-#include "fabric/verbs/ibv_api.h"
-#include "fabric/verbs/verbs_fabric.h"
 #include "pool/pool.h"
 #include "tunables.h"
 
 namespace py = pybind11;
 using namespace argrpc;
+using namespace argrpc::bindings;
 
 namespace {
-
-// Releases the GIL for a wait or a copy. A thread that comes back while the
-// interpreter is finalizing must not retake the GIL: CPython would pthread_exit() it,
-// and that forced unwind through pybind11's noexcept frames aborts the process. Such
-// a thread (a daemon thread still in a call at exit) parks until the process ends.
-// The finalizing thread itself (a __del__ or atexit close at shutdown) is the one
-// thread that may keep running: it keeps the GIL, since no other thread can take it.
-class NoGil {
- public:
-  NoGil() : state_(_Py_IsFinalizing() ? nullptr : PyEval_SaveThread()) {}
-  NoGil(const NoGil&) = delete;
-  NoGil& operator=(const NoGil&) = delete;
-  ~NoGil() {
-    if (state_ == nullptr) return;
-    if (_Py_IsFinalizing())
-      for (;;) ::pause();
-    PyEval_RestoreThread(state_);
-  }
-
- private:
-  PyThreadState* state_;
-};
 
 // Python's signal handlers run while the main thread waits in a call, as grpc runs them:
 // once the wait sleeps, it takes the GIL every kInterruptPoll to run them. A handler that
@@ -91,14 +67,8 @@ auto interruptible(const std::shared_ptr<Stream>& s, bool cancel, Wait&& wait) -
 // A received large message. Exposes its bytes through the buffer protocol; the pool
 // block goes back to the pool when the last view of it is gone.
 struct RecvBuffer {
-  Payload payload;
-  const uint64_t born = fork_generation();
-  RecvBuffer() = default;
-  RecvBuffer(RecvBuffer&&) = default;
-  ~RecvBuffer() {
-    // A view of the parent's: releasing it would FIN through the parent's ring.
-    if (born != fork_generation()) keep_forever(std::move(payload));
-  }
+  explicit RecvBuffer(Payload p) : payload(std::move(p)) {}
+  ForkLocal<Payload> payload;
 };
 
 // Holds a Py_buffer for the duration of a send so no bytes copy is made of the object.
@@ -115,11 +85,6 @@ class BufferView {
   Py_buffer view_;
 };
 
-template <class T>
-T get_or(const py::dict& d, const char* key, T dflt) {
-  return d.contains(key) ? d[key].cast<T>() : dflt;
-}
-
 EngineConfig engine_config(const py::dict& d) {
   EngineConfig c;
   c.buf_size = get_or<size_t>(d, "buf_size", c.buf_size);
@@ -127,26 +92,6 @@ EngineConfig engine_config(const py::dict& d) {
   c.malloc_tuning = get_or<int>(d, "malloc_tuning", c.malloc_tuning) != 0;
   c.slab_size = get_or<size_t>(d, "slab_size", c.slab_size);
   c.parallel_copy_min = get_or<size_t>(d, "parallel_copy_min", c.parallel_copy_min);
-  return c;
-}
-
-ConnConfig conn_config(const py::dict& d) {
-  ConnConfig c;
-  c.ring_size = get_or<size_t>(d, "ring_size", c.ring_size);
-  c.acc_size = get_or<size_t>(d, "acc_size", c.acc_size);
-  c.chunk_size = get_or<size_t>(d, "chunk_size", c.chunk_size);
-  c.reads_in_flight = get_or<int>(d, "reads_in_flight", c.reads_in_flight);
-  c.stream_window = get_or<size_t>(d, "stream_window", c.stream_window);
-  c.max_recv = get_or<int64_t>(d, "max_recv", c.max_recv);
-  c.view_min = get_or<size_t>(d, "zero_copy_min", c.view_min);
-  if (c.view_min == 0) c.view_min = ~size_t(0);
-  if (c.ring_size < 64 * KiB || (c.ring_size & (c.ring_size - 1)))
-    throw CoreError("ring_size must be a power of two >= 64K");
-  if (c.acc_size < 1 * KiB || c.acc_size > c.ring_size / 4)
-    throw CoreError("acc_size must be in [1K, ring_size/4]");
-  if (c.chunk_size < 4 * KiB) throw CoreError("chunk_size must be >= 4K");
-  if (c.reads_in_flight < 1) throw CoreError("reads_in_flight must be >= 1");
-  if (c.stream_window < 4 * KiB) throw CoreError("stream_window must be >= 4K");
   return c;
 }
 
@@ -169,9 +114,7 @@ py::list from_metadata(const Metadata& md) {
 
 py::object to_python(Payload&& p) {
   if (p.is_inline) return py::bytes(p.inline_bytes.data(), p.inline_bytes.size());
-  auto rb = std::make_unique<RecvBuffer>();
-  rb->payload = std::move(p);
-  return py::memoryview(py::cast(std::move(rb)));
+  return py::memoryview(py::cast(std::make_unique<RecvBuffer>(std::move(p))));
 }
 
 double timeout_arg(const py::object& t) { return t.is_none() ? -1.0 : t.cast<double>(); }
@@ -179,60 +122,6 @@ double timeout_arg(const py::object& t) { return t.is_none() ? -1.0 : t.cast<dou
 Deadline deadline_arg(const py::object& t) {
   return t.is_none() ? Deadline::never() : Deadline::after_seconds(t.cast<double>());
 }
-
-struct PyEngine;
-
-struct PyShmEndpoint {
-  std::unique_ptr<ShmEndpoint> ep;
-  ConnConfig cfg;
-  ShmEndpoint& get() {
-    if (!ep) throw CoreError("this endpoint was already attached");
-    return *ep;
-  }
-};
-
-// A client's connection is owned by its channel. A server's is owned by the engine
-// only: the listener keeps a weak handle, so a connection whose peer died is freed
-// (QPs, fds, pool blocks) as soon as the engine lets go of it, not at the next attach.
-// A handle on a connection. Weak: the engine owns every live connection (until it
-// fails or closes), and calls and zero-copy views own what they use, so a failed
-// connection's fds and mappings go as soon as its last call or view does, not when
-// the channel or listener that made it happens to look again.
-struct PyConnection {
-  PyConnection() = default;
-  std::shared_ptr<Engine> engine;
-  std::weak_ptr<Connection> weak;
-  std::shared_ptr<Epitaph> epitaph;  // why it failed, once it is gone
-  std::string transport;
-  std::string peer;
-
-  static PyConnection make(std::shared_ptr<Engine> e, std::shared_ptr<Connection> c) {
-    PyConnection pc;
-    pc.engine = std::move(e);
-    pc.weak = c;
-    pc.epitaph = c->epitaph();
-    pc.transport = c->fabric().name();
-    pc.peer = c->peer_name();
-    return pc;
-  }
-  const uint64_t born = fork_generation();
-  PyConnection(const PyConnection&) = default;
-  PyConnection(PyConnection&&) = default;
-  ~PyConnection() {
-    // The parent's engine: destroying it here would join a thread this child lacks.
-    if (born != fork_generation()) keep_forever(std::move(engine));
-  }
-  // Null once failed or closed, and in a forked child (which then negotiates its own).
-  std::shared_ptr<Connection> get() const {
-    if (born != fork_generation()) return nullptr;
-    return weak.lock();
-  }
-  std::shared_ptr<Connection> need() const {
-    auto c = get();
-    if (!c) throw std::runtime_error("argrpc: connection is closed");
-    return c;
-  }
-};
 
 constexpr const char* kInheritedCall =
     "argrpc: this call belongs to the parent process (inherited through fork())";
@@ -242,23 +131,13 @@ struct PyClientCall {
       : engine(std::move(e)), s(std::move(st)) {}
   PyClientCall(const PyClientCall&) = delete;
   std::shared_ptr<Engine> engine;
-  std::shared_ptr<Stream> s;
-  const uint64_t born = fork_generation();
-  bool inherited() const { return born != fork_generation(); }
+  ForkLocal<std::shared_ptr<Stream>> s;
+  bool inherited() const { return s.inherited(); }
   ~PyClientCall() {
-    if (!s) return;
-    if (born != fork_generation()) {
-      keep_forever(std::move(s));
-      return;
-    }
+    if (!s.value() || inherited()) return;
     NoGil nogil;
     s->conn->abandon(s);
   }
-};
-
-struct PyServer {
-  std::shared_ptr<Engine> engine;
-  std::shared_ptr<Server> server;
 };
 
 struct PyServerCall {
@@ -266,30 +145,12 @@ struct PyServerCall {
       : engine(std::move(e)), s(std::move(st)), owns(owner) {}
   PyServerCall(const PyServerCall&) = delete;
   std::shared_ptr<Engine> engine;
-  std::shared_ptr<Stream> s;
+  ForkLocal<std::shared_ptr<Stream>> s;
   bool owns;  // the accept() handle; next_event() gives a non-owning one for a cancel
-  const uint64_t born = fork_generation();
   ~PyServerCall() {
-    if (!s) return;
-    if (born != fork_generation()) {
-      keep_forever(std::move(s));
-      return;
-    }
-    if (!owns) return;
+    if (!s.value() || s.inherited() || !owns) return;
     NoGil nogil;
     s->conn->abandon(s);
-  }
-};
-
-struct PyEngine {
-  std::shared_ptr<Engine> engine;
-  const uint64_t born = fork_generation();
-  PyEngine(std::shared_ptr<Engine> e) : engine(std::move(e)) {}
-  PyEngine(const PyEngine&) = default;
-  PyEngine(PyEngine&&) = default;
-  // The parent's progress thread does not exist here: the destructor would wait for it.
-  ~PyEngine() {
-    if (born != fork_generation()) keep_forever(std::move(engine));
   }
 };
 
@@ -298,135 +159,33 @@ py::tuple status_tuple(Stream& s) {
   return py::make_tuple(s.code, py::str(s.details), from_metadata(s.trailing_md));
 }
 
-// ---------------------------------------------------------------- verbs
-// The verbs fabric's bindings, kept apart: loader status, device discovery and
-// selection (what `argrpc doctor` prints), endpoints and attach. libibverbs is loaded
-// at run time, so all of this imports and answers on a host without rdma-core.
-
-py::dict selection_dict(const verbs::Selection& s) {
-  py::dict d;
-  d["device"] = s.device;
-  d["port"] = s.port;
-  d["gid_index"] = s.gid_index;
-  d["gid"] = s.gid;
-  d["gid_type"] = s.gid_type;
-  d["mtu"] = s.mtu;
-  d["link_layer"] = s.link_layer;
-  d["lid"] = s.lid;
-  d["why"] = s.why;
-  return d;
-}
-
-verbs::Selection selection_arg(const py::dict& d) {
-  // Re-selected from the names so the raw GID and port facts are current.
-  const std::string dev = d.contains("device") && !d["device"].is_none() ? d["device"].cast<std::string>() : "";
-  const int port = d.contains("port") && !d["port"].is_none() ? d["port"].cast<int>() : 0;
-  const int gid = d.contains("gid_index") && !d["gid_index"].is_none() ? d["gid_index"].cast<int>() : -1;
-  return verbs::select(dev, port, gid);
-}
-
-py::list devices_list() {
-  py::list out;
-  for (auto& dev : verbs::list_devices()) {
-    py::list ports;
-    for (auto& p : dev.ports) {
-      py::list gids;
-      for (auto& g : p.gids) {
-        py::dict gd;
-        gd["index"] = g.index;
-        gd["gid"] = g.gid;
-        gd["type"] = g.type;
-        gids.append(gd);
-      }
-      py::dict pd;
-      pd["port"] = p.port;
-      pd["state"] = p.state;
-      pd["state_num"] = p.state_num;
-      pd["mtu"] = p.mtu;
-      pd["active_mtu"] = p.active_mtu;
-      pd["link_layer"] = p.link_layer;
-      pd["lid"] = p.lid;
-      pd["gids"] = gids;
-      ports.append(pd);
-    }
-    py::dict d;
-    d["name"] = dev.name;
-    d["node_guid"] = dev.node_guid;
-    d["ports"] = ports;
-    out.append(d);
-  }
-  return out;
-}
-
-struct PyVerbsEndpoint {
-  std::unique_ptr<verbs::VerbsEndpoint> ep;
-  ConnConfig cfg;
-  std::string blob;
-};
-
-void add_verbs(py::module_& m) {
-  m.def("verbs_status", [] { return verbs::status(); });
-  m.def("verbs_devices", [] { return devices_list(); });
-  m.def("verbs_select",
-        [](py::object dev, py::object port, py::object gid_index) {
-          return selection_dict(verbs::select(dev.is_none() ? "" : dev.cast<std::string>(),
-                                              port.is_none() ? 0 : port.cast<int>(),
-                                              gid_index.is_none() ? -1 : gid_index.cast<int>()));
-        },
-        py::arg("dev_name") = py::none(), py::arg("port") = py::none(), py::arg("gid_index") = py::none());
-
-  py::class_<PyVerbsEndpoint>(m, "VerbsEndpoint")
-      .def_property_readonly("blob", [](PyVerbsEndpoint& e) { return py::bytes(e.blob); })
-      .def_property_readonly("qps", [](PyVerbsEndpoint& e) {
-        if (!e.ep) throw CoreError("this endpoint was already attached");
-        return e.ep->qps();
-      })
-      .def_property_readonly("selection", [](PyVerbsEndpoint& e) {
-        if (!e.ep) throw CoreError("this endpoint was already attached");
-        return selection_dict(e.ep->selection());
-      });
-
-  auto engine = py::reinterpret_borrow<py::class_<PyEngine>>(m.attr("Engine"));
-  engine
-      .def("new_verbs_endpoint",
-           [](PyEngine& e, py::dict cfg, py::dict select, int qps) {
-             PyVerbsEndpoint ep;
-             ep.cfg = conn_config(cfg);
-             VerbsConfig v;
-             v.qps = qps;
-             v.qp_timeout = get_or<int>(cfg, "qp_timeout", v.qp_timeout);
-             v.qp_retry = get_or<int>(cfg, "qp_retry", v.qp_retry);
-             v.cq_depth = get_or<int>(cfg, "cq_depth", v.cq_depth);
-             const verbs::Selection sel = selection_arg(select);
-             {
-               NoGil nogil;  // registration can take a while
-               ep.ep = verbs::VerbsEndpoint::create(ep.cfg, v, sel, e.engine->pool());
-             }
-             ep.blob = ep.ep->blob();
-             return ep;
-           },
-           py::arg("conn_config"), py::arg("select"), py::arg("qps") = VerbsConfig().qps)
-      .def("attach_verbs",
-           [](PyEngine& e, PyVerbsEndpoint& ep, py::bytes peer_blob, py::object server,
-              std::string peer_name, std::string user_agent) {
-             std::shared_ptr<Server> srv;
-             if (!server.is_none()) srv = server.cast<PyServer&>().server;
-             if (!ep.ep) throw CoreError("this endpoint was already attached");
-             const std::string blob = peer_blob;
-             std::shared_ptr<Connection> conn;
-             {
-               NoGil nogil;
-               auto fabric = std::make_unique<verbs::VerbsFabric>(std::move(ep.ep), blob);
-               conn = e.engine->attach(std::move(fabric), ep.cfg, srv, std::move(peer_name),
-                                       std::move(user_agent));
-             }
-             return PyConnection::make(e.engine, conn);
-           },
-           py::arg("endpoint"), py::arg("peer_blob"), py::arg("server"), py::arg("peer_name"),
-           py::arg("user_agent") = "");
-}
-
 }  // namespace
+
+namespace argrpc {
+namespace bindings {
+
+ConnConfig conn_config(const py::dict& d) {
+  ConnConfig c;
+  c.ring_size = get_or<size_t>(d, "ring_size", c.ring_size);
+  c.acc_size = get_or<size_t>(d, "acc_size", c.acc_size);
+  c.chunk_size = get_or<size_t>(d, "chunk_size", c.chunk_size);
+  c.reads_in_flight = get_or<int>(d, "reads_in_flight", c.reads_in_flight);
+  c.stream_window = get_or<size_t>(d, "stream_window", c.stream_window);
+  c.max_recv = get_or<int64_t>(d, "max_recv", c.max_recv);
+  c.view_min = get_or<size_t>(d, "zero_copy_min", c.view_min);
+  if (c.view_min == 0) c.view_min = ~size_t(0);
+  if (c.ring_size < 64 * KiB || (c.ring_size & (c.ring_size - 1)))
+    throw CoreError("ring_size must be a power of two >= 64K");
+  if (c.acc_size < 1 * KiB || c.acc_size > c.ring_size / 4)
+    throw CoreError("acc_size must be in [1K, ring_size/4]");
+  if (c.chunk_size < 4 * KiB) throw CoreError("chunk_size must be >= 4K");
+  if (c.reads_in_flight < 1) throw CoreError("reads_in_flight must be >= 1");
+  if (c.stream_window < 4 * KiB) throw CoreError("stream_window must be >= 4K");
+  return c;
+}
+
+}  // namespace bindings
+}  // namespace argrpc
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "argrpc engine: adaptive eager/rendezvous transport over a fabric (shm)";
@@ -441,17 +200,14 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<RecvBuffer>(m, "RecvBuffer", py::buffer_protocol())
       .def_buffer([](RecvBuffer& b) {
-        return py::buffer_info(b.payload.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
-                               {static_cast<py::ssize_t>(b.payload.len)}, {1}, true);
+        Payload& p = b.payload.value();
+        return py::buffer_info(p.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(p.len)}, {1}, true);
       })
-      .def("__len__", [](RecvBuffer& b) { return b.payload.len; });
+      .def("__len__", [](RecvBuffer& b) { return b.payload.value().len; });
 
-  py::class_<PyShmEndpoint>(m, "ShmEndpoint")
-      .def_property_readonly("ring_fd", [](PyShmEndpoint& e) { return e.get().ring_fd(); })
-      .def_property_readonly("event_fd", [](PyShmEndpoint& e) { return e.get().event_fd(); })
-      .def_property_readonly("ring_size", [](PyShmEndpoint& e) { return e.get().ring_size(); });
-
-  py::class_<PyEngine>(m, "Engine")
+  py::class_<PyEngine> engine(m, "Engine");
+  engine
       .def(py::init([](py::dict cfg) { return PyEngine(std::make_shared<Engine>(engine_config(cfg))); }),
            py::arg("config"))
       .def_property_readonly("pool_fd", [](PyEngine& e) { return e.engine->pool()->fd(); })
@@ -466,34 +222,6 @@ PYBIND11_MODULE(_core, m) {
         return d;
       })
       .def_property_readonly("connection_count", [](PyEngine& e) { return e.engine->connection_count(); })
-      .def("new_shm_endpoint", [](PyEngine&, py::dict cfg) {
-        PyShmEndpoint ep;
-        ep.cfg = conn_config(cfg);
-        ep.ep = ShmEndpoint::create(ep.cfg);
-        return ep;
-      })
-      .def("attach_shm",
-           [](PyEngine& e, PyShmEndpoint& ep, py::dict peer, int sock_fd, py::object server,
-              std::string peer_name, std::string user_agent) {
-             // Take ownership of every fd first so each one is closed on any failure.
-             UniqueFd sock(sock_fd);
-             ShmPeer p;
-             p.ring_fd = UniqueFd(peer["ring_fd"].cast<int>());
-             p.event_fd = UniqueFd(peer["event_fd"].cast<int>());
-             p.pool_fd = UniqueFd(peer["pool_fd"].cast<int>());
-             p.ring_size = peer["ring_size"].cast<size_t>();
-             p.pool_size = peer["pool_size"].cast<size_t>();
-             std::shared_ptr<Server> srv;
-             if (!server.is_none()) srv = server.cast<PyServer&>().server;
-             if (!ep.ep) throw CoreError("this endpoint was already attached");
-             auto fabric = std::make_unique<ShmFabric>(std::move(ep.ep), std::move(p), std::move(sock),
-                                                       e.engine->pool(), &e.engine->copier());
-             auto conn = e.engine->attach(std::move(fabric), ep.cfg, srv, std::move(peer_name),
-                                          std::move(user_agent));
-             return PyConnection::make(e.engine, conn);
-           },
-           py::arg("endpoint"), py::arg("peer"), py::arg("sock_fd"), py::arg("server"),
-           py::arg("peer_name"), py::arg("user_agent") = "")
       .def("shutdown", [](PyEngine& e) {
         NoGil nogil;
         e.engine->shutdown();
@@ -506,7 +234,7 @@ PYBIND11_MODULE(_core, m) {
         return conn && conn->alive();
       })
       .def_property_readonly("error", [](PyConnection& c) {
-        if (c.born != fork_generation())
+        if (c.engine.inherited())
           return std::string("argrpc: the connection belongs to the parent process (inherited "
                              "through fork()); this process negotiates its own");
         const std::string why = c.epitaph->text();
@@ -701,7 +429,7 @@ PYBIND11_MODULE(_core, m) {
   py::class_<PyServerCall>(m, "ServerCall")
       .def_property_readonly("id", [](PyServerCall& c) { return c.s->id; })
       // Identity of the call across handles (accept() and next_event()).
-      .def_property_readonly("key", [](PyServerCall& c) { return reinterpret_cast<uintptr_t>(c.s.get()); })
+      .def_property_readonly("key", [](PyServerCall& c) { return reinterpret_cast<uintptr_t>(c.s.value().get()); })
       .def_property_readonly("method", [](PyServerCall& c) { return c.s->method; })
       .def_property_readonly("metadata", [](PyServerCall& c) {
         // grpc lists the client's user-agent first; over the fast path it is the one the
@@ -759,5 +487,8 @@ PYBIND11_MODULE(_core, m) {
         return c.s->cancelled;
       });
 
-  add_verbs(m);  // last: it extends Engine
+  // Each fabric's endpoint and the Engine methods that make and attach one; after
+  // Connection, which attach returns.
+  add_shm(m, engine);
+  add_verbs(m, engine);
 }

@@ -1,7 +1,8 @@
 // The fabric interface: the only thing the engine knows about how bytes move. It is
 // verbs-shaped on purpose (write-with-immediate into the peer's receive ring, read from
 // announced remote memory, poll completions, a fd to block on), so the shm fabric and
-// the verbs fabric are interchangeable and a new one is one new file.
+// the verbs fabric are interchangeable, and a new one is a folder beside shm/ and verbs/
+// plus its unit in bindings/.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -14,6 +14,8 @@
 // RTS is written on QP 0 and unbound at the FIN; a failed connection deallocates its
 // windows. A device without memory windows falls back to a remote-readable pool, which
 // the set-up log and `argrpc doctor` say.
+// One .cc per concern (registration, QP set-up, data path, remote access); each group
+// below names the file that defines it.
 #pragma once
 #include <atomic>
 #include <deque>
@@ -53,6 +55,8 @@ using Chan = std::unique_ptr<ibv_comp_channel, ChanDel>;
 using Qp = std::unique_ptr<ibv_qp, QpDel>;
 using Mw = std::unique_ptr<ibv_mw, MwDel>;
 
+// ---------------------------------------------------------------- verbs_register.cc
+
 // "ibv_reg_mr(what, n bytes): <errno>; the locked-memory limit (ulimit -l) is ..."
 std::string reg_mr_error(const std::string& what, size_t len);
 
@@ -87,6 +91,8 @@ class VerbsDomain {
   std::vector<Mr> pool_mrs_;
 };
 
+// ---------------------------------------------------------------- verbs_endpoint.cc
+
 // The local half, created before the handshake so its blob can be sent to the peer.
 class VerbsEndpoint {
  public:
@@ -116,6 +122,7 @@ class VerbsEndpoint {
 
 class VerbsFabric final : public Fabric {
  public:
+  // verbs_endpoint.cc
   // Validates the peer's blob, brings the QPs to RTR/RTS; throws CoreError.
   VerbsFabric(std::unique_ptr<VerbsEndpoint> local, const std::string& peer_blob);
   ~VerbsFabric() override;
@@ -126,9 +133,11 @@ class VerbsFabric final : public Fabric {
   size_t peer_ring_size() const override { return peer_ring_size_; }
   uint32_t peer_slots() const override { return peer_slots_; }
   size_t peer_stream_window() const override { return peer_window_; }
+  // No socket of its own: a dead peer shows as a completion error (retry exceeded).
+  int liveness_fd() const override { return -1; }
+
+  // verbs_datapath.cc
   bool write_imm(const void* src, uint32_t len, size_t remote_off) override;
-  RemoteRef expose(const Block& b) override;
-  void unexpose(const Block& b) override;
   bool read(void* dst, const RemoteRef& src, size_t len, uint64_t wr_id) override;
   void publish_consumed(uint64_t bytes, uint64_t batches) override;
   void peer_consumed(uint64_t* bytes, uint64_t* batches) const override;
@@ -137,10 +146,12 @@ class VerbsFabric final : public Fabric {
   bool arm() override;
   void disarm() override {}  // verbs cannot un-request a notification; a spurious wake-up is harmless
   void ack_wakeup() override;
-  // No socket of its own: a dead peer shows as a completion error (retry exceeded).
-  int liveness_fd() const override { return -1; }
-  void shutdown() override;
   std::string error() const override;
+
+  // verbs_windows.cc
+  RemoteRef expose(const Block& b) override;
+  void unexpose(const Block& b) override;
+  void shutdown() override;
 
  private:
   struct Queued {  // a send WR (or a window bind, if mw) waiting for send-queue room
@@ -155,13 +166,15 @@ class VerbsFabric final : public Fabric {
     Mw mw;
     uint32_t rkey;  // after the last bind posted or queued
   };
+  // verbs_datapath.cc
   bool submit_locked(int qp, ibv_send_wr& wr, ibv_sge& sge);
-  bool bind_locked(Window& w, ibv_mr* mr, const void* addr, size_t len);
   void drain_locked();
   void post_credit_locked();
   bool translate(const ibv_wc& wc, Completion* out);
   int qp_index(uint32_t qpn) const;
   void set_error(const std::string& why);
+  // verbs_windows.cc
+  bool bind_locked(Window& w, ibv_mr* mr, const void* addr, size_t len);
 
   std::unique_ptr<VerbsEndpoint> ep_;
   int nqp_ = 1;  // QPs in use: the smaller count of the two sides

@@ -1,4 +1,4 @@
-#include "fabric/shm_fabric.h"
+#include "fabric/shm/shm_fabric.h"
 
 #include <fcntl.h>
 #include <poll.h>

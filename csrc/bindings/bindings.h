@@ -1,0 +1,148 @@
+// What the binding units share: module.cc binds the engine, connections, calls and the
+// server, and each fabric's unit (shm.cc, verbs.cc) binds its endpoint and extends
+// Engine with the methods that make one and attach a connection over it, so a fabric's
+// bindings are one unit plus one add_* call in the module init.
+#pragma once
+#include <pybind11/pybind11.h>
+
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "common/error.h"
+#include "common/fork.h"
+#include "engine/connection.h"
+#include "engine/engine.h"
+#include "engine/server.h"
+#include "tunables.h"
+
+namespace argrpc {
+namespace bindings {
+
+// Releases the GIL for a wait or a copy. A thread that comes back while the
+// interpreter is finalizing must not retake the GIL: CPython would pthread_exit() it,
+// and that forced unwind through pybind11's noexcept frames aborts the process. Such
+// a thread (a daemon thread still in a call at exit) parks until the process ends.
+// The finalizing thread itself (a __del__ or atexit close at shutdown) is the one
+// thread that may keep running: it keeps the GIL, since no other thread can take it.
+class NoGil {
+ public:
+  NoGil() : state_(_Py_IsFinalizing() ? nullptr : PyEval_SaveThread()) {}
+  NoGil(const NoGil&) = delete;
+  NoGil& operator=(const NoGil&) = delete;
+  ~NoGil() {
+    if (state_ == nullptr) return;
+    if (_Py_IsFinalizing())
+      for (;;) ::pause();
+    PyEval_RestoreThread(state_);
+  }
+
+ private:
+  PyThreadState* state_;
+};
+
+// What a Python object holds of the engine: the engine, a call, a received block. A
+// forked child inherits it as a copy of the parent's (common/fork.h), so there it is
+// never destroyed (that would wait for a progress thread the child lacks, or abandon a
+// call or FIN a block through the parent's ring), and inherited() tells its users to
+// refuse it.
+template <class T>
+class ForkLocal {
+ public:
+  explicit ForkLocal(T v) : v_(std::move(v)) {}
+  ForkLocal(const ForkLocal&) = default;
+  ForkLocal(ForkLocal&&) = default;
+  ~ForkLocal() {
+    if (inherited()) keep_forever(std::move(v_));
+  }
+  // Made before the fork() this process is the child of.
+  bool inherited() const { return born_ != fork_generation(); }
+  T& value() { return v_; }
+  const T& value() const { return v_; }
+  operator const T&() const { return v_; }
+  // For a pointer-like T.
+  auto operator->() const { return v_.operator->(); }
+  decltype(auto) operator*() const { return *v_; }
+
+ private:
+  T v_;
+  uint64_t born_ = fork_generation();
+};
+
+struct PyEngine {
+  explicit PyEngine(std::shared_ptr<Engine> e) : engine(std::move(e)) {}
+  ForkLocal<std::shared_ptr<Engine>> engine;
+};
+
+// A handle on a connection. Weak: the engine owns every live connection (until it
+// fails or closes), and calls and zero-copy views own what they use, so a failed
+// connection's fds and mappings go as soon as its last call or view does, not when
+// the channel or listener that made it happens to look again.
+struct PyConnection {
+  explicit PyConnection(std::shared_ptr<Engine> e) : engine(std::move(e)) {}
+  ForkLocal<std::shared_ptr<Engine>> engine;
+  std::weak_ptr<Connection> weak;
+  std::shared_ptr<Epitaph> epitaph;  // why it failed, once it is gone
+  std::string transport;
+  std::string peer;
+
+  static PyConnection make(std::shared_ptr<Engine> e, std::shared_ptr<Connection> c) {
+    PyConnection pc(std::move(e));
+    pc.weak = c;
+    pc.epitaph = c->epitaph();
+    pc.transport = c->fabric().name();
+    pc.peer = c->peer_name();
+    return pc;
+  }
+  // Null once failed or closed, and in a forked child (which then negotiates its own).
+  std::shared_ptr<Connection> get() const {
+    if (engine.inherited()) return nullptr;
+    return weak.lock();
+  }
+  std::shared_ptr<Connection> need() const {
+    auto c = get();
+    if (!c) throw std::runtime_error("argrpc: connection is closed");
+    return c;
+  }
+};
+
+struct PyServer {
+  std::shared_ptr<Engine> engine;
+  std::shared_ptr<Server> server;
+};
+
+// The server whose calls an attached connection carries (None: a client's connection).
+inline std::shared_ptr<Server> server_arg(const pybind11::object& server) {
+  return server.is_none() ? nullptr : server.cast<PyServer&>().server;
+}
+
+// A fabric's local half of a connection, from Engine.new_<fabric>_endpoint until
+// Engine.attach_<fabric> takes it.
+template <class Endpoint>
+struct PyEndpoint {
+  std::unique_ptr<Endpoint> ep;
+  ConnConfig cfg;
+  Endpoint& get() {
+    if (!ep) throw CoreError("this endpoint was already attached");
+    return *ep;
+  }
+  std::unique_ptr<Endpoint> take() {
+    get();
+    return std::move(ep);
+  }
+};
+
+template <class T>
+T get_or(const pybind11::dict& d, const char* key, T dflt) {
+  return d.contains(key) ? d[key].cast<T>() : dflt;
+}
+
+ConnConfig conn_config(const pybind11::dict& d);  // module.cc
+
+void add_shm(pybind11::module_& m, pybind11::class_<PyEngine>& engine);    // shm.cc
+void add_verbs(pybind11::module_& m, pybind11::class_<PyEngine>& engine);  // verbs.cc
+
+}  // namespace bindings
+}  // namespace argrpc

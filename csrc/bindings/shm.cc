@@ -1,0 +1,59 @@
+// The shm fabric's bindings: its endpoint, whose fds the facade sends to the peer over
+// the authenticated Unix socket, and attach with the peer's fds and that socket.
+#include <pybind11/pybind11.h>
+
+#include <memory>
+#include <string>
+
+#include "bindings/bindings.h"
+#include "common/error.h"
+#include "common/unique_fd.h"
+#include "fabric/shm/shm_fabric.h"
+#include "pool/pool.h"
+
+namespace py = pybind11;
+
+namespace argrpc {
+namespace bindings {
+
+namespace {
+using PyShmEndpoint = PyEndpoint<ShmEndpoint>;
+}  // namespace
+
+void add_shm(py::module_& m, py::class_<PyEngine>& engine) {
+  py::class_<PyShmEndpoint>(m, "ShmEndpoint")
+      .def_property_readonly("ring_fd", [](PyShmEndpoint& e) { return e.get().ring_fd(); })
+      .def_property_readonly("event_fd", [](PyShmEndpoint& e) { return e.get().event_fd(); })
+      .def_property_readonly("ring_size", [](PyShmEndpoint& e) { return e.get().ring_size(); });
+
+  engine
+      .def("new_shm_endpoint", [](PyEngine&, py::dict cfg) {
+        PyShmEndpoint ep;
+        ep.cfg = conn_config(cfg);
+        ep.ep = ShmEndpoint::create(ep.cfg);
+        return ep;
+      })
+      .def("attach_shm",
+           [](PyEngine& e, PyShmEndpoint& ep, py::dict peer, int sock_fd, py::object server,
+              std::string peer_name, std::string user_agent) {
+             // Take ownership of every fd first so each one is closed on any failure.
+             UniqueFd sock(sock_fd);
+             ShmPeer p;
+             p.ring_fd = UniqueFd(peer["ring_fd"].cast<int>());
+             p.event_fd = UniqueFd(peer["event_fd"].cast<int>());
+             p.pool_fd = UniqueFd(peer["pool_fd"].cast<int>());
+             p.ring_size = peer["ring_size"].cast<size_t>();
+             p.pool_size = peer["pool_size"].cast<size_t>();
+             std::shared_ptr<Server> srv = server_arg(server);
+             auto fabric = std::make_unique<ShmFabric>(ep.take(), std::move(p), std::move(sock),
+                                                       e.engine->pool(), &e.engine->copier());
+             auto conn = e.engine->attach(std::move(fabric), ep.cfg, srv, std::move(peer_name),
+                                          std::move(user_agent));
+             return PyConnection::make(e.engine, conn);
+           },
+           py::arg("endpoint"), py::arg("peer"), py::arg("sock_fd"), py::arg("server"),
+           py::arg("peer_name"), py::arg("user_agent") = "");
+}
+
+}  // namespace bindings
+}  // namespace argrpc

@@ -1,0 +1,117 @@
+// Remote access to the pool: a type 1 memory window bound over each announced block and
+// unbound at its FIN, and at shutdown the revocation of everything the peer could reach.
+#include <cstring>
+
+#include "common/error.h"
+#include "fabric/verbs/verbs_fabric.h"
+#include "fabric/verbs/verbs_internal.h"
+#include "pool/pool.h"
+
+namespace argrpc {
+namespace verbs {
+
+RemoteRef VerbsFabric::expose(const Block& b) {
+  uint32_t rkey = 0;
+  ibv_mr* mr = nullptr;
+  std::string why;
+  // The interface cannot fail here: on error the next poll() fails the connection.
+  if (!ep_->dom_->pool_keys(b.data(), b.size(), nullptr, &rkey, &why, &mr)) {
+    set_error(why);
+    fail_pending_.store(true);
+    return RemoteRef{0, 0};
+  }
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(b.data());
+  if (!ep_->dom_->windows()) return RemoteRef{addr, rkey};
+  std::lock_guard<std::mutex> g(sq_mu_);
+  if (shut_.load()) return RemoteRef{0, 0};
+  size_t idx;
+  if (!free_windows_.empty()) {
+    idx = free_windows_.back();
+    free_windows_.pop_back();
+  } else {
+    Mw mw(ibv_alloc_mw(ep_->dom_->pd(), IBV_MW_TYPE_1));
+    if (!mw) {
+      set_error(errno_text("ibv_alloc_mw(type 1) for an announced block"));
+      fail_pending_.store(true);
+      return RemoteRef{0, 0};
+    }
+    const uint32_t k = mw->rkey;
+    windows_.push_back(Window{std::move(mw), k});
+    idx = windows_.size() - 1;
+  }
+  if (!bind_locked(windows_[idx], mr, b.data(), b.size())) {
+    free_windows_.push_back(idx);
+    return RemoteRef{0, 0};
+  }
+  bound_[addr] = idx;
+  return RemoteRef{addr, windows_[idx].rkey};
+}
+
+void VerbsFabric::unexpose(const Block& b) {
+  if (!ep_->dom_->windows()) return;
+  std::lock_guard<std::mutex> g(sq_mu_);
+  auto it = bound_.find(reinterpret_cast<uintptr_t>(b.data()));
+  if (it == bound_.end() || shut_.load()) return;
+  const size_t idx = it->second;
+  bound_.erase(it);
+  // A zero-length bind invalidates the window (and its rkey); a later bind of the
+  // same window comes after it on QP 0's send queue.
+  ibv_mr* mr = nullptr;
+  if (ep_->dom_->pool_keys(b.data(), b.size(), nullptr, nullptr, nullptr, &mr) &&
+      bind_locked(windows_[idx], mr, b.data(), 0))
+    free_windows_.push_back(idx);
+}
+
+// Binds on QP 0, the queue that also carries the RTS: the send queue runs in order, so
+// the window is in place before the peer can learn its rkey.
+bool VerbsFabric::bind_locked(Window& w, ibv_mr* mr, const void* addr, size_t len) {
+  ibv_mw_bind mb{};
+  mb.wr_id = tag_id(kTagBind);
+  mb.send_flags = IBV_SEND_SIGNALED;
+  mb.bind_info.mr = mr;
+  mb.bind_info.addr = reinterpret_cast<uintptr_t>(addr);
+  mb.bind_info.length = len;
+  mb.bind_info.mw_access_flags = len ? IBV_ACCESS_REMOTE_READ : 0;
+  // Providers give each bind ibv_inc_rkey of the window's current rkey.
+  const uint32_t next = ibv_inc_rkey(w.rkey);
+  if (sq_free_[0] > 0 && queued_on_[0] == 0) {
+    if (int rc = ibv_bind_mw(ep_->qps_[0].get(), w.mw.get(), &mb)) {
+      set_error(std::string("ibv_bind_mw failed: ") + std::strerror(rc));
+      fail_pending_.store(true);
+      return false;
+    }
+    --sq_free_[0];
+    w.rkey = w.mw->rkey;
+    return true;
+  }
+  Queued q{};
+  q.qp = 0;
+  q.mw = w.mw.get();
+  q.bind = mb;
+  q.rkey = next;
+  queued_.push_back(q);
+  ++queued_on_[0];
+  w.rkey = next;
+  return true;
+}
+
+void VerbsFabric::shutdown() {
+  if (shut_.exchange(true)) return;
+  // ERR stops the peer's writes into our ring and reads of our pool at once and
+  // flushes our outstanding work requests.
+  for (auto& qp : ep_->qps_) {
+    ibv_qp_attr at{};
+    at.qp_state = IBV_QPS_ERR;
+    api()->modify_qp(qp.get(), &at, IBV_QP_STATE);
+  }
+  // Windows are per PD, not per QP: deallocating them is what ends remote access to
+  // blocks the engine is about to return to the pool.
+  std::lock_guard<std::mutex> g(sq_mu_);
+  queued_.clear();
+  bound_.clear();
+  free_windows_.clear();
+  windows_.clear();
+}
+
+}  // namespace verbs
+}  // namespace argrpc
