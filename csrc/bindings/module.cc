@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "bindings/sim.h"
 #include "common/error.h"
 #include "common/fork.h"
 #include "common/interrupt.h"
@@ -757,5 +758,6 @@ PYBIND11_MODULE(_core, m) {
         return c.s->cancelled;
       });
 
+  add_sim<PyEngine, PyServer, PyConnection>(m, conn_config);
   add_verbs(m);  // last: it extends Engine
 }
