@@ -2,14 +2,15 @@
 // frame headers, stream ids, metadata counts and string lengths, RTS addresses, keys and
 // lengths, FIN ids, window credits. Built with ASan and UBSan by fuzz/run.sh.
 //
-// Real parts, no stand-ins: one engine, a server connection and a client connection
-// over the shared-memory fabric (memfds, eventfds, a socketpair), wired in-process the
-// way the Python handshake wires two processes. Each input is split into batches that
-// the client writes raw into the server's receive ring (Connection::probe_raw_batch,
-// bypassing the engine's framing), as a hostile peer could. The server must either
-// accept the bytes or close the connection with a protocol error; anything else (a
-// crash, a sanitizer report, a hang) is a finding. A closed pair is replaced.
-#include <sys/socket.h>
+// One real engine with a server connection and a client connection over the test
+// fabric (fabric/sim, no faults planned): everything the peer's bytes reach is the
+// engine's own code, and a pair needs no memfds or sockets. Each input is split into
+// batches that the client writes raw into the server's receive ring
+// (Connection::probe_raw_batch, bypassing the engine's framing), as a hostile peer
+// could. The server must either accept the bytes or close the connection (a protocol
+// error, or the fabric refusing a READ outside what the client exposed, as a memory
+// window would); anything else (a crash, a sanitizer report, a hang) is a finding. A
+// closed pair is replaced.
 #include <unistd.h>
 
 #include <cstdint>
@@ -25,7 +26,7 @@
 #include "engine/engine.h"
 #include "engine/server.h"
 #include "engine/stream.h"
-#include "fabric/shm/shm_fabric.h"
+#include "fabric/sim/sim_fabric.h"
 #include "pool/pool.h"
 
 using namespace argrpc;
@@ -48,14 +49,20 @@ std::shared_ptr<Engine>& engine() {
   return e;
 }
 
-ShmPeer peer_of(const ShmEndpoint& ep, const Engine& eng) {
-  ShmPeer p;
-  p.ring_fd = UniqueFd(::dup(ep.ring_fd()));
-  p.event_fd = UniqueFd(::dup(ep.event_fd()));
-  p.pool_fd = UniqueFd(::dup(eng.pool()->fd()));
-  p.ring_size = ep.ring_size();
-  p.pool_size = eng.pool()->capacity();
-  return p;
+// A block every pair's client exposes before anything else, so it has the first key
+// (1) and, as the process's first block, pool offset 0: an RTS that names it (the
+// rts_fin seed does) is pulled for real, and the reads, chunking and FIN are fuzzed
+// too, not only the refusal of a made-up reference.
+constexpr size_t kBaitBytes = 256 * KiB;
+
+const Block& bait() {
+  static const Block b = [] {
+    Block blk = engine()->pool()->try_alloc(kBaitBytes);
+    if (!blk.valid()) std::abort();
+    for (size_t i = 0; i < kBaitBytes; ++i) blk.data()[i] = uint8_t(i * 131 + 7);
+    return blk;
+  }();
+  return b;
 }
 
 Pair make_pair() {
@@ -63,20 +70,12 @@ Pair make_pair() {
   ConnConfig cfg;
   cfg.ring_size = 256 * KiB;  // small: wrap-around is reached quickly
   cfg.max_recv = 1 * MiB;
-  auto ep_s = ShmEndpoint::create(cfg);
-  auto ep_c = ShmEndpoint::create(cfg);
-  int sv[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) std::abort();
-  ShmPeer for_server = peer_of(*ep_c, *eng);
-  ShmPeer for_client = peer_of(*ep_s, *eng);
+  SimPair sim = SimFabric::pair(cfg, cfg, SimPlan());
+  sim.a->expose(bait());
   Pair p;
   p.server = std::make_shared<Server>(eng, -1);  // no concurrency limit
-  p.server_conn = eng->attach(std::make_unique<ShmFabric>(std::move(ep_s), std::move(for_server),
-                                                          UniqueFd(sv[0]), eng->pool(), &eng->copier()),
-                              cfg, p.server, "fuzz-client");
-  p.client_conn = eng->attach(std::make_unique<ShmFabric>(std::move(ep_c), std::move(for_client),
-                                                          UniqueFd(sv[1]), eng->pool(), &eng->copier()),
-                              cfg, nullptr, "fuzz-server");
+  p.server_conn = eng->attach(std::move(sim.b), cfg, p.server, "fuzz-client");
+  p.client_conn = eng->attach(std::move(sim.a), cfg, nullptr, "fuzz-server");
   return p;
 }
 

@@ -27,7 +27,8 @@ SEEDS = {
     "stream_window_rst": record(headers(3, "/argrpc.test.Echo/Bidi", timeout_us=5_000_000)
                                 + frame(WINDOW, 3, struct.pack("<Q", 4096))
                                 + frame(RST, 3, status(1, b"cancelled")[:4] + b"\0" * 4)),
-    "rts_fin": record(headers(5) + rts(5, 1, 64 * 1024, 0, 0), frame(FIN, 0, struct.pack("<Q", 1))),
+    # Key 1 at offset 0: the block the fuzzer's client exposes first (frame_fuzzer.cc).
+    "rts_fin": record(headers(5) + rts(5, 1, 64 * 1024, 0, 1), frame(FIN, 0, struct.pack("<Q", 1))),
     "ping_trailers": record(frame(PING, 0) + frame(TRAILERS, 7, status(0, b"ok"))),
     "many_calls": record(*[headers(2 * i + 1) + frame(HALF_CLOSE, 2 * i + 1) for i in range(8)]),
 }

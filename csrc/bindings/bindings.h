@@ -143,6 +143,7 @@ ConnConfig conn_config(const pybind11::dict& d);  // module.cc
 
 void add_shm(pybind11::module_& m, pybind11::class_<PyEngine>& engine);    // shm.cc
 void add_verbs(pybind11::module_& m, pybind11::class_<PyEngine>& engine);  // verbs.cc
+void add_sim(pybind11::module_& m);  // sim.cc: test-only, _core._sim_pair
 
 }  // namespace bindings
 }  // namespace argrpc

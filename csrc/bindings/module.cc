@@ -491,4 +491,5 @@ PYBIND11_MODULE(_core, m) {
   // Connection, which attach returns.
   add_shm(m, engine);
   add_verbs(m, engine);
+  add_sim(m);  // the test fabric (docs/core-api.md, "Test fabric")
 }
