@@ -1,9 +1,10 @@
-"""``argrpc.Channel``: a ``grpc.Channel`` that uses shared memory when the server can.
+"""``argrpc.Channel``: a ``grpc.Channel`` that uses a fast transport (shared memory,
+RDMA verbs) when the server can.
 
 The channel always holds a real grpc channel: it carries the bootstrap RPC, every call
 when the fast path is not possible, and ``subscribe`` (so ``grpc.channel_ready_future``
 works). The transport is negotiated lazily on the first call; the multicallables read
-``_fast`` (the live shm connection, or None) without a lock on every call.
+``_fast`` (the live fast-path connection, or None) without a lock on every call.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ _NEGOTIATION_TIMEOUT_S = 5.0
 _RETRY_INTERVAL_S = 1.0
 
 # negotiation states
-_NEW = "new"          # not negotiated (or the shm connection died): negotiate on next call
-_SHM = "shm"          # _fast holds the connection (shm or verbs: see _fast.transport)
+_NEW = "new"          # not negotiated (or the fast connection died): negotiate on next call
+_FAST = "fast"        # _fast holds the connection of the transport named _fast_name
 _GRPC = "grpc"        # settled on grpc for the channel's lifetime
 _RETRY = "retry"      # server unreachable: grpc (or forced error) until _next_try
 _FORCED = "forced"    # TF_RDMA_TRANSPORT forces an impossible transport: calls fail
@@ -52,6 +53,7 @@ class Channel(grpc.Channel):
         self._max_send = _config.max_send_length(grpc_options)
         self._lock = threading.Lock()
         self._fast: Any = None
+        self._fast_name = ""
         self._state = _NEW
         self._reason = ""
         self._forced_error = ""
@@ -59,12 +61,12 @@ class Channel(grpc.Channel):
         self._logged = False
         self._closed = False
         self._watcher = DoneWatcher()
-        self._consumers: set[threading.Thread] = set()  # request-iterator threads (shm)
+        self._consumers: set[threading.Thread] = set()  # request-iterator threads (fast path)
 
     # ------------------------------------------------------------------ routing
     def _route(self, timeout: Optional[float], wait_for_ready: Optional[bool],
                credentials: Any = None) -> tuple[Any, Optional[float]]:
-        """Return (shm connection or None for grpc, the call's remaining timeout).
+        """Return (fast-path connection or None for grpc, the call's remaining timeout).
 
         Raises the UNAVAILABLE RpcError when a forced transport is impossible.
         """
@@ -81,7 +83,7 @@ class Channel(grpc.Channel):
                 self._fast = None
                 self._state = _NEW
                 _LOGGER.info("argrpc: %s connection to %s lost (%s); renegotiating",
-                             getattr(fast, "transport", "shm"), self._target,
+                             self._fast_name, self._target,
                              fast.error or "closed")
                 try:
                     fast.close()
@@ -107,6 +109,7 @@ class Channel(grpc.Channel):
         neg_timeout = _NEGOTIATION_TIMEOUT_S if timeout is None else timeout
         try:
             from . import _bootstrap  # late: needs the proto and engine modules
+            from ._transports import names
 
             neg = _bootstrap.negotiate(self._grpc, self._cfg, self._max_recv,
                                        timeout=neg_timeout, wait_for_ready=bool(wait_for_ready),
@@ -116,12 +119,13 @@ class Channel(grpc.Channel):
         except Exception as e:  # noqa: BLE001 - negotiation must never break a call
             _LOGGER.warning("argrpc: negotiation failed unexpectedly", exc_info=True)
             transport, conn, reason, retryable, forced = "grpc", None, f"negotiation failed: {e}", False, ""
-        if transport in ("shm", "verbs") and conn is not None:
+        if transport in names() and conn is not None:
             if self._closed:  # close() ran while we negotiated
                 conn.close()
                 return
             self._fast = conn
-            self._state = _SHM
+            self._fast_name = transport
+            self._state = _FAST
             self._reason = ""
             self._forced_error = ""
             return
@@ -152,10 +156,10 @@ class Channel(grpc.Channel):
 
     @property
     def transport(self) -> str:
-        """"shm", "verbs" or "grpc" (negotiates first if needed, at most 5 s)."""
+        """The fast transport's name ("shm", "verbs") or "grpc" (negotiates first if needed,
+        at most 5 s)."""
         self._ensure_negotiated()
-        fast = self._fast
-        return getattr(fast, "transport", "shm") if fast is not None else "grpc"
+        return self._fast_name if self._fast is not None else "grpc"
 
     @property
     def fallback_reason(self) -> str:
@@ -202,7 +206,7 @@ class Channel(grpc.Channel):
                                                      response_deserializer, _registered_method))
 
     def close(self) -> None:
-        """Close the shm connection (in-flight calls end CANCELLED) and the grpc channel."""
+        """Close the fast connection (in-flight calls end CANCELLED) and the grpc channel."""
         with self._lock:  # waits for a negotiation in progress, so nothing is left open
             self._closed = True
             fast, self._fast = self._fast, None

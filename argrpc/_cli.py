@@ -6,9 +6,9 @@ import argparse
 import sys
 from typing import Sequence
 
-__all__ = ["build_parser", "main"]
+from argrpc._config import TRANSPORTS
 
-_TRANSPORTS = ("auto", "verbs", "shm", "grpc")
+__all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--target", metavar="HOST:PORT",
                         help="an argrpc (or plain gRPC) server: negotiate with it as a channel "
                              "would and report the transport and the reason")
-    doctor.add_argument("--transport", choices=_TRANSPORTS,
+    doctor.add_argument("--transport", choices=TRANSPORTS,
                         help="TF_RDMA_TRANSPORT for the --target check (default: environment)")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     return parser

@@ -16,6 +16,7 @@ import resource
 from typing import Any
 
 from argrpc import _config
+from argrpc._transports import names
 
 __all__ = ["collect", "render", "run"]
 
@@ -146,7 +147,9 @@ def _target_report(target: str, transport: str | None) -> dict[str, Any]:
     out: dict[str, Any] = {"target": target}
     try:
         cfg = _config.load(options)
-        out["offered"], out["client_verbs_reason"] = _bootstrap.client_offer(cfg)
+        out["offered"], why_not = _bootstrap.client_offer(cfg)
+        for name in names():
+            out[f"client_{name}_reason"] = why_not.get(name, "")
         with Channel(target, None, options) as channel:
             out["transport"] = channel.transport
             out["reason"] = channel.fallback_reason
@@ -287,9 +290,10 @@ def render(report: dict[str, Any]) -> str:
         add("")
         add(f"target {t['target']}:")
         if "offered" in t:
+            why_not = "; ".join(f"no {name}: {t[f'client_{name}_reason']}" for name in names()
+                                if t.get(f"client_{name}_reason"))
             add(f"  this client offers: {', '.join(t['offered']) or 'nothing'}"
-                + (f" (no verbs: {t['client_verbs_reason']})" if t.get("client_verbs_reason")
-                   else ""))
+                + (f" ({why_not})" if why_not else ""))
         add(f"  transport: {t['transport']}")
         if t.get("reason"):
             add(f"  why not a fast transport: {t['reason']}")

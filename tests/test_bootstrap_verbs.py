@@ -13,9 +13,11 @@ from typing import Any, Iterator
 import grpc
 import pytest
 
-from argrpc import _bootstrap, _proto
-from argrpc._bootstrap import FastPathListener, VerbsUnavailable, negotiate
+from argrpc import _proto
+from argrpc._bootstrap import FastPathListener, negotiate
 from argrpc._config import Config
+from argrpc._transports import shm, verbs
+from argrpc._transports.verbs import VerbsUnavailable
 from argrpc._host import HostIdentity, local_identity, target_is_local
 
 MiB = 1 << 20
@@ -89,7 +91,8 @@ def make_listener() -> Iterator[Any]:
              select: Any = lambda cfg: dict(SEL)) -> tuple[FastPathListener, FakeVerbsEngine]:
         eng = engine or FakeVerbsEngine("server")
         lst = FastPathListener("core-server", cfg, 4 * MiB, host=host or local_identity(),
-                               engine_factory=lambda: eng, verbs_select=select)
+                               engine_factory=lambda: eng,
+                               transports=(shm.SHM, verbs.Verbs(select=select)))
         made.append(lst)
         return lst, eng
 
@@ -180,8 +183,8 @@ def served(make_listener: Any) -> Iterator[Any]:
 
 def _client_verbs(monkeypatch: pytest.MonkeyPatch, usable: bool = True) -> FakeVerbsEngine:
     eng = FakeVerbsEngine("client")
-    monkeypatch.setattr(_bootstrap, "get_engine", lambda cfg: eng)
-    monkeypatch.setattr(_bootstrap, "verbs_probe", (lambda cfg: dict(SEL)) if usable else no_device)
+    monkeypatch.setattr(verbs, "get_engine", lambda cfg: eng)
+    monkeypatch.setattr(verbs, "verbs_probe", (lambda cfg: dict(SEL)) if usable else no_device)
     return eng
 
 

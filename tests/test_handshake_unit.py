@@ -2,8 +2,8 @@
 
 Real sockets, real processes, real fds. Where an engine is needed, `FdEngine` stands in
 for `_core.Engine`: it hands out real memfds/eventfds and records what `attach_shm`
-received, so fd passing is checked end to end; the code under test (_handshake,
-_bootstrap, _host) is never replaced.
+received, so fd passing is checked end to end; the code under test (_bootstrap, _host,
+_transports.shm and its handshake) is never replaced.
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ import pytest
 from argrpc import _proto
 from argrpc._bootstrap import BOOTSTRAP_METHOD, FastPathListener, negotiate
 from argrpc._config import Config
-from argrpc._handshake import (HandshakeError, SecretStore, client_handshake, peer_credentials,
-                               recv_frame, send_frame)
+from argrpc._transports import verbs
+from argrpc._transports.shm import Shm
+from argrpc._transports.shm_handshake import (HandshakeError, SecretStore, client_handshake,
+                                              peer_credentials, recv_frame, send_frame)
 from argrpc._host import HostIdentity, local_identity, same_host_reason
 
 MiB = 1024 * 1024
@@ -251,7 +253,7 @@ def test_decision_none(listener_factory: Any, cfg: Config, req: Any, reason: str
     assert resp.transport == "none"
     assert reason in resp.reason
     assert not resp.HasField("shm")
-    assert lst.socket_name is None  # no socket opened for a "no"
+    assert lst.transport_server("shm").socket_name is None  # no socket opened for a "no"
 
 
 def test_decision_tls(listener_factory: Any) -> None:
@@ -269,7 +271,8 @@ def test_decision_shm(listener_factory: Any) -> None:
     lst = listener_factory(Config(transport="shm"))
     r1, r2 = lst.decide(request()), lst.decide(request(pid=77))
     assert r1.transport == r2.transport == "shm"
-    assert r1.shm.socket_name == r2.shm.socket_name == lst.socket_name  # one socket
+    socket_name = lst.transport_server("shm").socket_name
+    assert r1.shm.socket_name == r2.shm.socket_name == socket_name  # one socket
     assert r1.shm.socket_name.startswith(f"argrpc/{os.getpid()}/")
     assert len(r1.shm.socket_name.rsplit("/", 1)[1]) == 16
     assert len(r1.shm.secret) == 32 and r1.shm.secret != r2.shm.secret
@@ -392,7 +395,8 @@ def test_handshake_bad_hellos(listener_factory: Any) -> None:
 
 
 def test_handshake_secret_expiry(listener_factory: Any) -> None:
-    lst = listener_factory(secret_ttl=0.05, engine_factory=lambda: pytest.fail("unreachable"))
+    lst = listener_factory(transports=(Shm(secret_ttl=0.05), verbs.VERBS),
+                           engine_factory=lambda: pytest.fail("unreachable"))
     offer = lst.decide(request()).shm
     time.sleep(0.1)
     assert raw_hello(offer.socket_name, offer.secret) == (
@@ -516,7 +520,8 @@ def test_peer_uid_checked_and_secret_burned(listener_factory: Any) -> None:
     out, secret = run_child(lst, bind_to_child=True, user=65534)
     assert out == "peer uid 65534 is not the server's uid 0"
     # consumed on first use even though that use failed
-    assert raw_hello(lst.socket_name, secret) == (b"NO", b"unknown or already used handshake secret")
+    assert raw_hello(lst.transport_server("shm").socket_name, secret) == (
+        b"NO", b"unknown or already used handshake secret")
 
 
 # --------------------------------------------------------------------------- negotiate (client)

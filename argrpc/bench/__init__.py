@@ -13,9 +13,12 @@ targets), ``plots`` (PNG), ``progress`` (stderr progress), ``cli`` (argument par
 """
 from __future__ import annotations
 
+from argrpc._transports import names
+
 BENCHMARKS = ("latency", "bandwidth", "ps")
-TRANSPORTS = ("grpc", "shm", "verbs")
+FAST_TRANSPORTS = names()
+TRANSPORTS = ("grpc", *FAST_TRANSPORTS)
 MODES = ("raw", "serialized")
 SCHEMES = ("uniform", "random", "skew")
 
-__all__ = ["BENCHMARKS", "TRANSPORTS", "MODES", "SCHEMES"]
+__all__ = ["BENCHMARKS", "FAST_TRANSPORTS", "TRANSPORTS", "MODES", "SCHEMES"]

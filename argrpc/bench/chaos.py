@@ -52,6 +52,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import grpc
 
+from argrpc.bench import FAST_TRANSPORTS
+
 K, M = 1 << 10, 1 << 20
 SERVICE = "argrpc.bench.Chaos"
 ARITIES = ("unary", "server_stream", "client_stream", "bidi")
@@ -711,7 +713,7 @@ class Orchestrator:
 
     def _ready(self, peer: Peer, what: str) -> None:
         transport = peer.expect("READY", 120)
-        want = {"auto": ("shm", "verbs")}.get(self.cfg.transport, (self.cfg.transport,))
+        want = FAST_TRANSPORTS if self.cfg.transport == "auto" else (self.cfg.transport,)
         if transport not in want:
             raise RuntimeError(f"{what} is not on {'/'.join(want)} but {transport!r}:\n"
                                f"{peer.log_tail()}")

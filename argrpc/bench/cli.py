@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from argrpc._config import KNOBS, ConfigError, load as load_config, parse_size
-from argrpc.bench import BENCHMARKS, MODES, SCHEMES, TRANSPORTS
+from argrpc.bench import BENCHMARKS, FAST_TRANSPORTS, MODES, SCHEMES, TRANSPORTS
 from argrpc.bench.progress import Progress
 from argrpc.bench.report import (evaluate_targets, fmt_size, markdown_report,
                                  terminal_report, write_json, write_text)
@@ -328,7 +328,7 @@ def build_chaos_parser() -> argparse.ArgumentParser:
                    help="0B, eager (1000 B), over_acc (TF_RDMA_ACC_SIZE+1), chunks "
                         "(3 x TF_RDMA_CHUNK_SIZE + 1), 256M")
     p.add_argument("--only", type=int, default=None, help="run only the trial of this index")
-    p.add_argument("--transport", choices=("auto", "shm", "verbs"), default="auto",
+    p.add_argument("--transport", choices=("auto", *FAST_TRANSPORTS), default="auto",
                    help="TF_RDMA_TRANSPORT for the peers (default auto: shm here)")
     p.add_argument("--bound", type=_positive(float), default=None,
                    help=f"seconds from the fault to the survivor's calls' end (default "

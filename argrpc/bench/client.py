@@ -40,6 +40,7 @@ from typing import Any, Callable, Sequence
 
 import grpc
 
+from argrpc.bench import TRANSPORTS
 from argrpc.bench import messages as msg
 from argrpc.bench import schemes
 from argrpc.bench.server import BIG_OPTIONS, parse_raw_ack, tf_rdma_env
@@ -266,7 +267,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m argrpc.bench.client")
     p.add_argument("--target", required=True)
     p.add_argument("--stack", choices=("grpc", "argrpc"), required=True)
-    p.add_argument("--transport", choices=("grpc", "shm", "verbs"), required=True,
+    p.add_argument("--transport", choices=TRANSPORTS, required=True,
                    help="the transport the channel must be on")
     p.add_argument("--benchmark", choices=("latency", "bandwidth"), required=True)
     p.add_argument("--mode", choices=("raw", "serialized"), default="raw")

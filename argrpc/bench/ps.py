@@ -57,6 +57,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from argrpc.bench import TRANSPORTS
 from argrpc.bench import messages as msg
 from argrpc.bench import schemes
 from argrpc.bench.client import (CALL_TIMEOUT_S, EXIT_ERROR, check_transport, emit_outcome,
@@ -278,7 +279,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     w = sub.add_parser("worker")
     w.add_argument("--target", required=True)
     w.add_argument("--stack", choices=("grpc", "argrpc"), required=True)
-    w.add_argument("--transport", choices=("grpc", "shm", "verbs"), required=True)
+    w.add_argument("--transport", choices=TRANSPORTS, required=True)
     w.add_argument("--mode", choices=("raw", "serialized"), default="raw")
     w.add_argument("--warmup", type=int, default=1)
     w.add_argument("--iterations", type=int)

@@ -19,7 +19,7 @@ SCHEMA = "argrpc-bench/1"
 @dataclass
 class Measurement:
     benchmark: str            # "latency" | "bandwidth" | "ps"
-    transport: str            # "grpc" | "shm" | "verbs"
+    transport: str            # "grpc" or a fast transport's name (argrpc._transports)
     mode: str                 # "serialized" | "raw"
     scheme: str               # "uniform" | "random" | "skew"
     size: int                 # payload bytes per message (ps: bytes per step per worker, pull+push)

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from argrpc.bench import BENCHMARKS, MODES, SCHEMES, TRANSPORTS
+from argrpc import _config, _transports
+from argrpc.bench import BENCHMARKS, FAST_TRANSPORTS, MODES, SCHEMES, TRANSPORTS
 from argrpc.bench.results import Measurement
 
 ProgressFn = Callable[[str, float], None]
@@ -61,7 +62,7 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 @dataclass
 class RunSpec:
     benchmark: str                 # latency | bandwidth | ps
-    transports: list[str]          # subset of ["grpc", "shm", "verbs"]
+    transports: list[str]          # subset of TRANSPORTS
     mode: str = "raw"              # serialized | raw
     scheme: str = "uniform"
     sizes: list[int] = field(default_factory=list)  # empty: DEFAULT_SIZES[benchmark]
@@ -94,46 +95,34 @@ def _falsy(value: str | None) -> bool:
     return value is not None and value.strip().lower() in ("false", "0", "no", "off")
 
 
-def _argrpc_reason() -> tuple[str, tuple[str, ...]]:
-    """("" or why argrpc cannot run here, the fast transports this build negotiates)."""
+def _argrpc_reason() -> str:
+    """"" or why argrpc cannot run here."""
     try:
         import argrpc._core  # noqa: F401 - the C++ engine must load
-        from argrpc._bootstrap import FAST_TRANSPORTS
     except Exception as exc:  # noqa: BLE001 - any import failure means "not usable"
-        return f"argrpc's engine is not importable: {type(exc).__name__}: {exc}", ()
-    return "", tuple(FAST_TRANSPORTS)
+        return f"argrpc's engine is not importable: {type(exc).__name__}: {exc}"
+    return ""
 
 
-def _rdma_devices() -> list[str]:
+def _child_config(env: Mapping[str, str]) -> _config.Config | None:
     try:
-        return sorted(os.listdir("/sys/class/infiniband"))
-    except OSError:
-        return []
+        return _config.load(environ=env)
+    except _config.ConfigError:
+        return None  # the measured processes report the bad knob themselves, as they fail
 
 
 def transport_reasons(env: Mapping[str, str]) -> dict[str, str]:
     """Like ``available_transports`` for processes that would get ``env``."""
     out = {"grpc": ""}
-    base, fast = _argrpc_reason()
+    base = _argrpc_reason()
     disabled = ""
     if _falsy(env.get("TF_RDMA_ENABLED")):
         disabled = "TF_RDMA_ENABLED is false for the measured processes"
     elif env.get("TF_RDMA_TRANSPORT", "").strip().lower() == "grpc":
         disabled = "TF_RDMA_TRANSPORT=grpc for the measured processes"
-    for name in ("shm", "verbs"):
-        if base:
-            out[name] = base
-        elif name not in fast:
-            out[name] = (f"argrpc's {name} fabric is not in this build yet (it negotiates "
-                         f"only: {', '.join(fast) or 'nothing'})")
-        elif disabled:
-            out[name] = disabled
-        elif name == "shm" and not os.access("/dev/shm", os.W_OK):
-            out[name] = "/dev/shm is not writable"
-        elif name == "verbs" and not _rdma_devices():
-            out[name] = "no RDMA device (/sys/class/infiniband is empty)"
-        else:
-            out[name] = ""
+    cfg = None if base or disabled else _child_config(env)
+    for t in _transports.TRANSPORTS:
+        out[t.name] = base or disabled or (t.why_unavailable(cfg) if cfg is not None else "")
     return out
 
 
@@ -323,7 +312,7 @@ def transport_env(spec: RunSpec, transport: str) -> dict[str, str]:
     the transport being measured, unless the spec itself gives the knob (a --sweep value
     wins and the client's transport check reports the mismatch)."""
     env = child_env(spec)
-    if transport in ("shm", "verbs") and "TF_RDMA_TRANSPORT" not in spec.env:
+    if transport in FAST_TRANSPORTS and "TF_RDMA_TRANSPORT" not in spec.env:
         env["TF_RDMA_TRANSPORT"] = transport
     return env
 

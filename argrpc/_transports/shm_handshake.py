@@ -31,6 +31,8 @@ import threading
 import time
 from typing import Any, Callable, Iterable, NamedTuple
 
+from argrpc._transports.base import Connections, ServerEnv
+
 __all__ = [
     "HandshakeError",
     "IO_TIMEOUT",
@@ -304,24 +306,21 @@ def client_handshake(socket_name: str, server_pid: int, secret: bytes, engine: A
 class ShmAcceptor:
     """The server's abstract Unix socket: accepts handshakes for secrets it issued.
 
-    `engine_factory()` returns the `_core.Engine` (it may raise: the client then gets
-    "NO" + the reason); accepted connections are attached to `core_server`.
+    `env.engine_factory()` returns the `_core.Engine` (it may raise: the client then gets
+    "NO" + the reason); accepted connections are attached to `env.core_server`.
     """
 
-    def __init__(self, secrets: SecretStore, engine_factory: Callable[[], Any],
-                 conn_cfg: dict[str, int], core_server: Any,
+    def __init__(self, secrets: SecretStore, env: ServerEnv,
                  io_timeout: float = IO_TIMEOUT) -> None:
         self._secrets = secrets
-        self._engine_factory = engine_factory
-        self._conn_cfg = conn_cfg
-        self._core_server = core_server
+        self._env = env
         self._io_timeout = io_timeout
         self._lock = threading.Lock()
         self._closed = False
         self._slots = threading.BoundedSemaphore(_MAX_HANDSHAKE_THREADS)
         self._active: set[socket.socket] = set()
         self._workers: set[threading.Thread] = set()
-        self._connections: list[Any] = []
+        self._connections = Connections("shm")
         self.name = f"argrpc/{os.getpid()}/{_secrets.token_hex(8)}"
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
@@ -339,18 +338,10 @@ class ShmAcceptor:
 
     def connections(self) -> list[Any]:
         """Connections attached so far that are still alive."""
-        with self._lock:
-            self._prune()
-            return list(self._connections)
+        return self._connections.live()
 
     def close_connections(self) -> None:
-        with self._lock:
-            conns, self._connections = self._connections, []
-        for conn in conns:
-            try:
-                conn.close()
-            except Exception:  # a dying connection may already be gone
-                log.debug("argrpc: closing shm connection failed", exc_info=True)
+        self._connections.close_all()
 
     def close(self) -> None:
         """Stop accepting and abort handshakes in progress (attached connections stay)."""
@@ -378,9 +369,6 @@ class ShmAcceptor:
         self._sock.close()
 
     # -- internals
-
-    def _prune(self) -> None:
-        self._connections = [c for c in self._connections if getattr(c, "alive", True)]
 
     def _accept_loop(self) -> None:
         while True:
@@ -434,8 +422,8 @@ class ShmAcceptor:
                     f"peer pid {pid} is not the pid the secret was issued to ({grant.pid})")
             peer = _parse_peer(payload[SECRET_LEN:], fds)
             try:
-                engine = self._engine_factory()
-                endpoint = engine.new_shm_endpoint(self._conn_cfg)
+                engine = self._env.engine_factory()
+                endpoint = engine.new_shm_endpoint(self._env.conn_cfg)
             except Exception as e:
                 raise HandshakeError(f"server cannot create a shm endpoint: {e}") from None
             send_frame(sock, b"OK", _hello_json(endpoint.ring_size, engine.pool_size),
@@ -457,19 +445,16 @@ class ShmAcceptor:
         fds = []
         try:
             try:
-                conn = engine.attach_shm(endpoint, peer, sock_fd, self._core_server,
+                conn = engine.attach_shm(endpoint, peer, sock_fd, self._env.core_server,
                                          f"shm:pid={pid}", user_agent=grant.user_agent)
             except Exception as e:  # CoreError: the engine has closed what it was given
                 log.warning("argrpc: attaching shm connection from pid %d failed: %s", pid, e)
                 _send_nowait(reply, b"NO", str(e).encode())
                 return
-            with self._lock:  # listed before the client can know it is attached
-                self._prune()
-                self._connections.append(conn)
+            self._connections.add(conn)  # listed before the client can know it is attached
             if not _send_nowait(reply, b"AT", b""):
                 log.info("argrpc: shm client pid %d vanished before the handshake ended", pid)
-                with self._lock:
-                    self._connections.remove(conn)
+                self._connections.discard(conn)
                 conn.close()
                 return
         finally:

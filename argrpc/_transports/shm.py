@@ -1,0 +1,126 @@
+"""Shared memory between two processes of one host.
+
+The client offers it with nothing prepared: the server answers with its handshake
+socket's name and a one-time secret, and the connection is made over that socket
+(`shm_handshake`) after the bootstrap RPC.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from argrpc import _proto
+from argrpc._config import Config, conn_config
+from argrpc._engine import get_engine
+from argrpc._transports.base import Declined, ServerEnv, Transport, TransportServer, Unavailable
+from argrpc._transports.shm_handshake import (IO_TIMEOUT, SECRET_LEN, SECRET_TTL, HandshakeError,
+                                              SecretStore, ShmAcceptor, client_handshake)
+
+__all__ = ["SHM", "Shm", "ShmServer"]
+
+log = logging.getLogger("argrpc")
+
+_MAX_SOCKET_NAME = 100  # bytes; an abstract sun_path holds 107 after its leading NUL
+
+
+class Shm(Transport):
+    name = "shm"
+    what = "shared memory"
+    same_host_only = True
+
+    def __init__(self, secret_ttl: float = SECRET_TTL) -> None:
+        self._secret_ttl = secret_ttl  # tests shorten it
+
+    def why_unavailable(self, cfg: Config) -> str:
+        return ""
+
+    def offer(self, request: Any, cfg: Config, max_recv: int) -> None:
+        request.transports.append(self.name)
+
+    def attach(self, offer: None, response: Any, cfg: Config, max_recv: int) -> Any:
+        shm = response.shm
+        if (len(shm.secret) != SECRET_LEN or not shm.socket_name.startswith("argrpc/")
+                or len(shm.socket_name.encode()) > _MAX_SOCKET_NAME or "\0" in shm.socket_name):
+            raise Unavailable("server sent a malformed shm offer")
+        try:
+            # After the RPC on purpose: "server is plain gRPC" is the more useful reason
+            # when both apply. An unused secret just expires on the server.
+            engine = get_engine(cfg)
+        except Exception as e:  # EngineUnavailable or CoreError
+            raise Unavailable(str(e)) from None
+        try:
+            return client_handshake(shm.socket_name, shm.server_pid, shm.secret, engine,
+                                    conn_config(cfg, max_recv), timeout=IO_TIMEOUT)
+        except HandshakeError as e:
+            raise Unavailable(f"shm handshake failed: {e}") from None
+        except Exception as e:  # CoreError from new_shm_endpoint: still a fallback, not a crash
+            log.warning("argrpc: shm handshake failed unexpectedly", exc_info=True)
+            raise Unavailable(f"shm handshake failed: {e}") from None
+
+    def describe(self, request: Any) -> str:
+        return f"offering shm to pid {request.host.pid} on {request.host.hostname or '?'}"
+
+    def server(self, env: ServerEnv) -> ShmServer:
+        return ShmServer(env, self._secret_ttl)
+
+
+class ShmServer(TransportServer):
+    """Issues secrets and runs the handshake socket, opened on the first offer."""
+
+    def __init__(self, env: ServerEnv, secret_ttl: float) -> None:
+        self._env = env
+        self._secrets = SecretStore(ttl=secret_ttl)
+        self._lock = threading.Lock()
+        self._acceptor: ShmAcceptor | None = None
+        self._closed = False
+
+    @property
+    def socket_name(self) -> str | None:
+        """The abstract socket name (no leading NUL) once the first offer opened it."""
+        acceptor = self._acceptor
+        return acceptor.name if acceptor is not None else None
+
+    def accept(self, request: Any, response: Any, user_agent: str) -> Declined | None:
+        try:
+            acceptor = self._ensure_acceptor()
+        except OSError as e:
+            return Declined(f"server cannot open its shm socket: {e}", final=True)
+        if acceptor is None:
+            return Declined("server is shutting down", final=True)
+        secret = self._secrets.issue(request.host.pid, user_agent)
+        response.shm.CopyFrom(_proto.ShmOffer(socket_name=acceptor.name, secret=secret,
+                                              server_pid=os.getpid()))
+        return None
+
+    def connections(self) -> list[Any]:
+        acceptor = self._acceptor
+        return acceptor.connections() if acceptor is not None else []
+
+    def close_connections(self) -> None:
+        acceptor = self._acceptor
+        if acceptor is not None:
+            acceptor.close_connections()
+
+    def close(self) -> None:
+        # The acceptor is kept: close_connections() still needs its list of connections.
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            acceptor = self._acceptor
+        if acceptor is not None:
+            acceptor.close()
+
+    def _ensure_acceptor(self) -> ShmAcceptor | None:
+        with self._lock:
+            if self._closed:
+                return None
+            if self._acceptor is None:
+                self._acceptor = ShmAcceptor(self._secrets, self._env)
+            return self._acceptor
+
+
+SHM = Shm()
