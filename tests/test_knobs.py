@@ -48,3 +48,42 @@ def test_bounds_are_consistent() -> None:
             if k.default is not None:
                 assert k.lo <= k.default <= k.hi or (k.zero_off and k.default == 0), k.name
                 k.parse(str(k.default))  # the default is itself an accepted value
+
+
+def test_the_engine_defaults_are_the_tables() -> None:
+    from argrpc import _core
+
+    bound = _core._config_defaults()
+    for k in _config.TABLE:
+        if k.engine:
+            assert bound[k.engine][k.field] == k.default, k.name
+    fixed = {name: value for struct in bound.values() for name, value in struct.items()}
+    for f in _config.FIXED:
+        if f.field in fixed:
+            assert fixed[f.field] == f.value, f.field
+    # every field the engine reads from Python has its knob, and every engine knob a field
+    passed = set(_config.engine_config(_config.Config())) | set(
+        _config.conn_config(_config.Config(), -1)) - {"max_recv"}
+    engine_fields = {k.field for k in _config.TABLE if k.engine}
+    assert passed == engine_fields
+    assert engine_fields <= {name for struct in bound.values() for name in struct}
+
+
+def test_the_engine_checks_the_same_bounds() -> None:
+    from argrpc import _core
+
+    for key, knob_name, bad in [("chunk_size", "TF_RDMA_CHUNK_SIZE", 32 * 1024),
+                                ("stream_window", "TF_RDMA_STREAM_WINDOW", 4 * 1024),
+                                ("reads_in_flight", "TF_RDMA_READS_IN_FLIGHT", 65)]:
+        k = _config.knob(knob_name)
+        assert not k.lo <= bad <= k.hi
+        engine = _core.Engine({"buf_size": 64 << 20})
+        try:
+            try:
+                engine.new_shm_endpoint({key: bad})
+            except _core.CoreError as e:
+                assert knob_name in str(e) and f"[{k.lo}, {k.hi}]" in str(e), str(e)
+            else:
+                raise AssertionError(f"{key}={bad} was accepted")
+        finally:
+            engine.shutdown()

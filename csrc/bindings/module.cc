@@ -12,6 +12,7 @@
 #include "bindings/bindings.h"
 #include "common/error.h"
 #include "common/fork.h"
+#include "common/knob_check.h"
 #include "common/interrupt.h"
 #include "common/status.h"
 #include "engine/connection.h"
@@ -92,6 +93,8 @@ EngineConfig engine_config(const py::dict& d) {
   c.malloc_tuning = get_or<int>(d, "malloc_tuning", c.malloc_tuning) != 0;
   c.slab_size = get_or<size_t>(d, "slab_size", c.slab_size);
   c.parallel_copy_min = get_or<size_t>(d, "parallel_copy_min", c.parallel_copy_min);
+  check_knob(knobs::kBufSize, int64_t(c.buf_size));
+  check_knob(knobs::kSpinUs, c.spin_us);
   return c;
 }
 
@@ -172,15 +175,16 @@ ConnConfig conn_config(const py::dict& d) {
   c.reads_in_flight = get_or<int>(d, "reads_in_flight", c.reads_in_flight);
   c.stream_window = get_or<size_t>(d, "stream_window", c.stream_window);
   c.max_recv = get_or<int64_t>(d, "max_recv", c.max_recv);
-  c.view_min = get_or<size_t>(d, "zero_copy_min", c.view_min);
-  if (c.view_min == 0) c.view_min = ~size_t(0);
-  if (c.ring_size < 64 * KiB || (c.ring_size & (c.ring_size - 1)))
-    throw CoreError("ring_size must be a power of two >= 64K");
-  if (c.acc_size < 1 * KiB || c.acc_size > c.ring_size / 4)
-    throw CoreError("acc_size must be in [1K, ring_size/4]");
-  if (c.chunk_size < 4 * KiB) throw CoreError("chunk_size must be >= 4K");
-  if (c.reads_in_flight < 1) throw CoreError("reads_in_flight must be >= 1");
-  if (c.stream_window < 4 * KiB) throw CoreError("stream_window must be >= 4K");
+  c.zero_copy_min = get_or<size_t>(d, "zero_copy_min", c.zero_copy_min);
+  check_knob(knobs::kRingSize, int64_t(c.ring_size), power_of_two(c.ring_size),
+             ": ring_size must be a power of two");
+  check_knob(knobs::kAccSize, int64_t(c.acc_size), c.acc_size <= c.ring_size / 4,
+             " and at most TF_RDMA_RING_SIZE/4");
+  check_knob(knobs::kChunkSize, int64_t(c.chunk_size));
+  check_knob(knobs::kReadsInFlight, c.reads_in_flight);
+  check_knob(knobs::kStreamWindow, int64_t(c.stream_window));
+  if (c.zero_copy_min != 0) check_knob(knobs::kZeroCopyMin, int64_t(c.zero_copy_min), true, " or 0 (off)");
+  if (c.zero_copy_min == 0) c.zero_copy_min = ~size_t(0);
   return c;
 }
 
@@ -188,7 +192,7 @@ ConnConfig conn_config(const py::dict& d) {
 }  // namespace argrpc
 
 PYBIND11_MODULE(_core, m) {
-  m.doc() = "argrpc engine: adaptive eager/rendezvous transport over a fabric (shm)";
+  m.doc() = "argrpc engine: adaptive eager/rendezvous transport over a fabric (shm, verbs)";
   static py::exception<CoreError> core_error(m, "CoreError", PyExc_RuntimeError);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
@@ -196,6 +200,41 @@ PYBIND11_MODULE(_core, m) {
     } catch (const CoreError& e) {
       py::set_error(core_error, e.what());
     }
+  });
+
+  // What the engine uses when Python passes nothing: tests compare it with the knob table.
+  m.def("_config_defaults", [] {
+    const EngineConfig e;
+    const ConnConfig c;
+    const VerbsConfig v;
+    py::dict engine, conn, verbs;
+    engine["buf_size"] = e.buf_size;
+    engine["spin_us"] = e.spin_us;
+    engine["malloc_tuning"] = e.malloc_tuning;
+    engine["slab_size"] = e.slab_size;
+    engine["parallel_copy_min"] = e.parallel_copy_min;
+    engine["malloc_mmap_threshold"] = e.malloc_mmap_threshold;
+    engine["malloc_trim_threshold"] = e.malloc_trim_threshold;
+    conn["ring_size"] = c.ring_size;
+    conn["acc_size"] = c.acc_size;
+    conn["chunk_size"] = c.chunk_size;
+    conn["reads_in_flight"] = c.reads_in_flight;
+    conn["stream_window"] = c.stream_window;
+    conn["zero_copy_min"] = c.zero_copy_min;
+    conn["cq_slots"] = c.cq_slots;
+    conn["pull_ahead"] = c.pull_ahead;
+    conn["keepalive_ms"] = c.keepalive_ms;
+    conn["idle_keepalive_ms"] = c.idle_keepalive_ms;
+    conn["keepalive_timeout_ms"] = c.keepalive_timeout_ms;
+    verbs["qps"] = v.qps;
+    verbs["qp_timeout"] = v.qp_timeout;
+    verbs["qp_retry"] = v.qp_retry;
+    verbs["cq_depth"] = v.cq_depth;
+    py::dict out;
+    out["EngineConfig"] = engine;
+    out["ConnConfig"] = conn;
+    out["VerbsConfig"] = verbs;
+    return out;
   });
 
   py::class_<RecvBuffer>(m, "RecvBuffer", py::buffer_protocol())

@@ -41,8 +41,10 @@ void Connection::keepalive(uint64_t now) {
       ping_sent_us_ = 0;  // answered (any batch will do)
     } else if (now - ping_sent_us_ >= uint64_t(cfg_.keepalive_timeout_ms) * 1000) {
       fail(kUnavailable, "argrpc: peer " + peer_name_ + " did not answer a keepalive for " +
-                             std::to_string(cfg_.keepalive_timeout_ms / 1000) +
-                             " s (it died or hangs)");
+                             (cfg_.keepalive_timeout_ms % 1000
+                                  ? std::to_string(cfg_.keepalive_timeout_ms) + " ms"
+                                  : std::to_string(cfg_.keepalive_timeout_ms / 1000) + " s") +
+                             " (it died or hangs)");
       return;
     }
   }

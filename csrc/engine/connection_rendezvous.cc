@@ -77,7 +77,7 @@ bool Connection::withdraw(uint64_t rdv_id) {
 // ---------------------------------------------------------------- receiver side
 
 bool Connection::try_view(const std::shared_ptr<Pull>& p) {
-  if (p->len < cfg_.view_min) return false;
+  if (p->len < cfg_.zero_copy_min) return false;
   const uint8_t* v = fabric_->peer_view(p->src, p->len);
   if (!v) return false;
   // Bounded so a reader that keeps views cannot drain the sender's pool.

@@ -15,10 +15,6 @@
 
 namespace argrpc {
 
-namespace {
-constexpr double kCreditStallSeconds = 10.0;
-}  // namespace
-
 // What submit() settled before it takes the send lock.
 struct Connection::SubmitPlan {
   bool eager = false;           // the message goes inline, else by rendezvous
@@ -250,7 +246,7 @@ bool Connection::flush_locked() {
   const uint32_t len = static_cast<uint32_t>(batch_.size());
   const size_t off = wpos_ % ring;
   const size_t skip = ring - off < len ? ring - off : 0;
-  const Deadline stall = Deadline::after_seconds(kCreditStallSeconds);
+  const Deadline stall = Deadline::after_seconds(knobs::kCreditStallSeconds);
   for (int spins = 0;; ++spins) {
     if (!alive()) {
       batch_.clear();

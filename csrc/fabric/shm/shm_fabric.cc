@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/knob_check.h"
 #include "pool/copier.h"
 #include "pool/pool.h"
 
@@ -106,9 +107,9 @@ ShmFabric::ShmFabric(std::unique_ptr<ShmEndpoint> local, ShmPeer peer, UniqueFd 
       sock_(std::move(sock)),
       pool_(std::move(pool)),
       copier_(copier) {
-  if (peer.ring_size < 64 * KiB || peer.ring_size > 256 * MiB ||
-      (peer.ring_size & (peer.ring_size - 1)))
-    throw CoreError("peer ring size " + std::to_string(peer.ring_size) + " is not a power of two in [64K, 256M]");
+  if (!in_bounds(knobs::kRingSize, int64_t(peer.ring_size)) || !power_of_two(peer.ring_size))
+    throw CoreError("peer ring size " + std::to_string(peer.ring_size) + " is not a power of two in " +
+                    bounds_text(knobs::kRingSize));
   check_eventfd(peer_event_fd_.get());
   struct stat st;
   if (::fstat(peer.ring_fd.get(), &st) != 0) throw CoreError(errno_text("fstat(peer ring)"));
@@ -129,7 +130,9 @@ ShmFabric::ShmFabric(std::unique_ptr<ShmEndpoint> local, ShmPeer peer, UniqueFd 
   if (slots < 16 || slots > (1u << 20)) throw CoreError("peer completion queue size out of range");
   if (cq_off < sizeof(ShmHeader) || cq_off + slots * 4 > ring_off || ring_off + ring > seg_bytes)
     throw CoreError("peer ring layout is outside its segment");
-  if (window < 4 * KiB || window > (1ull << 40)) throw CoreError("peer stream window out of range");
+  if (!in_bounds(knobs::kStreamWindow, int64_t(window)))
+    throw CoreError("peer stream window " + std::to_string(window) + " is outside " +
+                    bounds_text(knobs::kStreamWindow));
   peer_ring_ = peer_seg_.data() + ring_off;
   peer_cq_ = reinterpret_cast<uint32_t*>(peer_seg_.data() + cq_off);
   peer_ring_size_ = ring;

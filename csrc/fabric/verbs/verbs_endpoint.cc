@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "fabric/verbs/verbs_fabric.h"
+#include "common/knob_check.h"
 #include "fabric/verbs/verbs_internal.h"
 
 namespace argrpc {
@@ -18,7 +19,6 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the blob is little-end
 
 constexpr uint64_t kBlobMagic = 0x31766273627276ULL;  // "vrbsbv1"
 constexpr uint32_t kBlobVersion = 1;
-constexpr int kMaxQps = 16;
 
 struct BlobHead {
   uint64_t magic;
@@ -49,9 +49,10 @@ std::unique_ptr<VerbsEndpoint> VerbsEndpoint::create(const ConnConfig& cfg, cons
   ibv_context* ctx = ep->dom_->ctx();
   const ibv_device_attr& da = ep->dom_->attr();
   const int n = vcfg.qps;
-  if (n < 1 || n > kMaxQps) throw CoreError("TF_RDMA_QPS must be in [1, 16], got " + std::to_string(n));
-  if (vcfg.qp_timeout < 1 || vcfg.qp_timeout > 31) throw CoreError("TF_RDMA_QP_TIMEOUT must be in [1, 31]");
-  if (vcfg.qp_retry < 0 || vcfg.qp_retry > 7) throw CoreError("TF_RDMA_QP_RETRY must be in [0, 7]");
+  check_knob(knobs::kQps, n);
+  check_knob(knobs::kQpTimeout, vcfg.qp_timeout);
+  check_knob(knobs::kQpRetry, vcfg.qp_retry);
+  check_knob(knobs::kCqDepth, vcfg.cq_depth);
   if (int64_t(cfg.cq_slots) > da.max_qp_wr)
     throw CoreError("cq_slots " + std::to_string(cfg.cq_slots) + " exceeds the device's max_qp_wr " +
                     std::to_string(da.max_qp_wr));
@@ -165,13 +166,16 @@ VerbsFabric::VerbsFabric(std::unique_ptr<VerbsEndpoint> local, const std::string
   if (blob.size() < sizeof h) throw CoreError("peer verbs blob is too short (" + std::to_string(blob.size()) + " bytes)");
   std::memcpy(&h, blob.data(), sizeof h);
   if (h.magic != kBlobMagic || h.version != kBlobVersion) throw CoreError("peer verbs blob has a wrong magic/version");
-  if (h.qps < 1 || h.qps > kMaxQps || blob.size() != sizeof h + h.qps * sizeof(BlobQp))
+  if (!in_bounds(knobs::kQps, h.qps) || blob.size() != sizeof h + h.qps * sizeof(BlobQp))
     throw CoreError("peer verbs blob declares " + std::to_string(h.qps) + " QPs but is " +
                     std::to_string(blob.size()) + " bytes");
-  if (h.ring_size < 64 * KiB || h.ring_size > 256 * MiB || (h.ring_size & (h.ring_size - 1)))
-    throw CoreError("peer ring size " + std::to_string(h.ring_size) + " is not a power of two in [64K, 256M]");
+  if (!in_bounds(knobs::kRingSize, int64_t(h.ring_size)) || !power_of_two(h.ring_size))
+    throw CoreError("peer ring size " + std::to_string(h.ring_size) + " is not a power of two in " +
+                    bounds_text(knobs::kRingSize));
   if (h.cq_slots < 16 || h.cq_slots > (1u << 20)) throw CoreError("peer completion queue size out of range");
-  if (h.stream_window < 4 * KiB || h.stream_window > (1ull << 40)) throw CoreError("peer stream window out of range");
+  if (!in_bounds(knobs::kStreamWindow, int64_t(h.stream_window)))
+    throw CoreError("peer stream window " + std::to_string(h.stream_window) + " is outside " +
+                    bounds_text(knobs::kStreamWindow));
   if (h.mtu_enum < IBV_MTU_256 || h.mtu_enum > IBV_MTU_4096) throw CoreError("peer MTU out of range");
   if (h.pool_size > (1ull << 44) || h.pool_addr > ~uint64_t(0) - h.pool_size)
     throw CoreError("peer pool range is invalid");
