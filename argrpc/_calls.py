@@ -623,13 +623,10 @@ class UnaryUnary(_MultiCallable, grpc.UnaryUnaryMultiCallable):
                   credentials: Optional[grpc.CallCredentials] = None,
                   wait_for_ready: Optional[bool] = None,
                   compression: Optional[grpc.Compression] = None) -> tuple[Any, grpc.Call]:
-        conn = self._channel._fast
-        if conn is None or credentials is not None or not conn.alive:
-            conn, timeout, result = self._routed(self._grpc.with_call, request, timeout,
-                                                 metadata, credentials, wait_for_ready,
-                                                 compression)
-            if conn is None:
-                return result
+        conn, timeout, result = self._routed(self._grpc.with_call, request, timeout, metadata,
+                                             credentials, wait_for_ready, compression)
+        if conn is None:
+            return result
         response, imd, tmd, timeout = self._blocking(conn, request, timeout, metadata)
         return response, _CompletedCall(imd, tmd, response, _deadline(timeout))
 

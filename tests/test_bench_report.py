@@ -1,4 +1,4 @@
-"""argrpc.bench results/report/plots/cli: the documented JSON schema, tables with ratios
+"""argrpc.benchtool results/report/plots/cli: the documented JSON schema, tables with ratios
 against grpc, target checks, sweeps side by side, real PNGs. No timing is asserted:
 the measurements here are synthetic."""
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from argrpc.bench import cli, report
-from argrpc.bench.plots import write_plots
-from argrpc.bench.progress import Progress
-from argrpc.bench.results import SCHEMA, Measurement, collect_meta, from_json, to_json
+from argrpc.benchtool import cli, report
+from argrpc.benchtool.plots import write_plots
+from argrpc.benchtool.progress import Progress
+from argrpc.benchtool.results import SCHEMA, Measurement, collect_meta, from_json, to_json
 
 MiB = 1 << 20
 DOCUMENTED_FIELDS = {
@@ -329,7 +329,7 @@ def _fake_runner(calls: list[Any], fail_mode: str | None = None) -> Any:
                 out.append(m)
         return out
 
-    mod = types.ModuleType("argrpc.bench.runner")
+    mod = types.ModuleType("argrpc.benchtool.runner")
     mod.RunSpec = RunSpec  # type: ignore[attr-defined]
     mod.run = run  # type: ignore[attr-defined]
     mod.available_transports = lambda: {"grpc": "", "shm": "", "verbs": "no RDMA device"}  # type: ignore[attr-defined]
@@ -341,9 +341,9 @@ def test_cli_sweep_reaches_only_the_runs(monkeypatch: Any, tmp_path: Path,
     import sys
 
     calls: list[Any] = []
-    monkeypatch.setitem(sys.modules, "argrpc.bench.runner", _fake_runner(calls))
-    import argrpc.bench as pkg
-    monkeypatch.setattr(pkg, "runner", sys.modules["argrpc.bench.runner"], raising=False)
+    monkeypatch.setitem(sys.modules, "argrpc.benchtool.runner", _fake_runner(calls))
+    import argrpc.benchtool as pkg
+    monkeypatch.setattr(pkg, "runner", sys.modules["argrpc.benchtool.runner"], raising=False)
     monkeypatch.delenv("TF_RDMA_ACC_SIZE", raising=False)
     before = dict(os.environ)
     rc = cli.main(["bandwidth", "--sizes", "4M,64M", "--mode", "raw", "--iterations", "3",
@@ -377,10 +377,10 @@ def test_cli_all_quick_plan_and_failures(monkeypatch: Any, tmp_path: Path,
     import sys
 
     calls: list[Any] = []
-    monkeypatch.setitem(sys.modules, "argrpc.bench.runner",
+    monkeypatch.setitem(sys.modules, "argrpc.benchtool.runner",
                         _fake_runner(calls, fail_mode="serialized"))
-    import argrpc.bench as pkg
-    monkeypatch.setattr(pkg, "runner", sys.modules["argrpc.bench.runner"], raising=False)
+    import argrpc.benchtool as pkg
+    monkeypatch.setattr(pkg, "runner", sys.modules["argrpc.benchtool.runner"], raising=False)
     rc = cli.main(["all", "--quick", "--no-plots", "--out", str(tmp_path),
                    "--json", str(tmp_path / "x.json")])
     assert rc == 1                                    # the serialized runs failed ...

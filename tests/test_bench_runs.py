@@ -1,4 +1,4 @@
-"""argrpc.bench.runner: tiny real runs of every benchmark over every transport available
+"""argrpc.benchtool.runner: tiny real runs of every benchmark over every transport available
 here, the sweep environment reaching the measured processes (and only them), skipped
 and refused transports. Runs are a few iterations on a tiny payload: seconds each, and
 nothing is timing-asserted (the machine is shared and noisy)."""
@@ -11,9 +11,9 @@ from contextlib import ExitStack
 
 import pytest
 
-from argrpc.bench import runner
-from argrpc.bench.results import FIELDS, Measurement
-from argrpc.bench.runner import RunSpec
+from argrpc.benchtool import runner
+from argrpc.benchtool.results import FIELDS, Measurement
+from argrpc.benchtool.runner import RunSpec
 
 AVAILABLE = runner.available_transports()
 LIVE = [t for t in ("grpc", "shm", "verbs") if not AVAILABLE[t]]
@@ -100,9 +100,9 @@ def test_server_and_client_report_the_env_they_were_given(
     monkeypatch.delenv(KNOB, raising=False)
     spec = runner.normalize(tiny("bandwidth", ["grpc"], env={KNOB: VALUE}))
     with ExitStack() as procs:
-        server, port = runner.start_server(procs, "server", "argrpc.bench.server",
+        server, port = runner.start_server(procs, "server", "argrpc.benchtool.server",
                                            ["--stack", "grpc"], runner.child_env(spec))
-        client = runner.spawn(procs, "client", "argrpc.bench.client", [
+        client = runner.spawn(procs, "client", "argrpc.benchtool.client", [
             "--target", f"127.0.0.1:{port}", "--stack", "grpc", "--transport", "grpc",
             "--benchmark", "bandwidth", "--sizes", "1024", "--iterations", "2"],
             runner.child_env(spec))
@@ -139,9 +139,9 @@ def test_shm_client_on_plain_grpc_fails_loudly_and_leaves_no_process() -> None:
     env = runner.child_env(runner.normalize(tiny("latency", ["grpc"])))
     with pytest.raises(runner.TransportError, match="not 'shm'.*server is plain gRPC"):
         with ExitStack() as procs:
-            server, port = runner.start_server(procs, "server", "argrpc.bench.server",
+            server, port = runner.start_server(procs, "server", "argrpc.benchtool.server",
                                                ["--stack", "grpc"], env)
-            client = runner.spawn(procs, "client", "argrpc.bench.client", [
+            client = runner.spawn(procs, "client", "argrpc.benchtool.client", [
                 "--target", f"127.0.0.1:{port}", "--stack", "argrpc", "--transport", "shm",
                 "--benchmark", "latency", "--sizes", "64", "--iterations", "2"], env)
             client.result(deadline=_deadline())

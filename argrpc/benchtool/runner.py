@@ -1,7 +1,7 @@
 """Runs one ``RunSpec``: per transport, the server and client (or PS and worker)
 processes, and turns what they report into ``Measurement``s.
 
-Every measured process is a fresh ``python -m argrpc.bench.<module>`` with the
+Every measured process is a fresh ``python -m argrpc.benchtool.<module>`` with the
 environment ``os.environ | spec.env``: a ``--sweep`` value reaches the measured processes
 and nothing else, and this (orchestrating) process never changes its own environment.
 Children run with the working directory that holds the ``argrpc`` package this process
@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from argrpc import _config, _transports
-from argrpc.bench import BENCHMARKS, FAST_TRANSPORTS, MODES, SCHEMES, TRANSPORTS
-from argrpc.bench.results import Measurement
+from argrpc.benchtool import BENCHMARKS, FAST_TRANSPORTS, MODES, SCHEMES, TRANSPORTS
+from argrpc.benchtool.results import Measurement
 
 ProgressFn = Callable[[str, float], None]
 
@@ -369,7 +369,7 @@ def _base(spec: RunSpec, transport: str, size: int, buffers: int, **kw: Any) -> 
 
 
 def _ps_sizes(spec: RunSpec) -> list[int]:
-    from argrpc.bench.ps import variable_sizes
+    from argrpc.benchtool.ps import variable_sizes
 
     return variable_sizes(spec.scheme, spec.seed, spec.model_bytes)
 
@@ -392,9 +392,9 @@ def run_p2p(spec: RunSpec, transport: str, progress: Callable[[int, int], None]
     stack = stack_of(transport)
     per_call = [_SLOW_CALL_S + s / _SLOW_BYTES_PER_S for s in spec.sizes]
     with ExitStack() as procs:
-        server, port = start_server(procs, f"{transport} server", "argrpc.bench.server",
+        server, port = start_server(procs, f"{transport} server", "argrpc.benchtool.server",
                                     ["--stack", stack, "--threads", str(spec.threads)], env)
-        client = spawn(procs, f"{transport} client", "argrpc.bench.client", [
+        client = spawn(procs, f"{transport} client", "argrpc.benchtool.client", [
             "--target", f"127.0.0.1:{port}", "--stack", stack, "--transport", transport,
             "--benchmark", spec.benchmark, "--mode", spec.mode, "--scheme", spec.scheme,
             "--sizes", ",".join(str(s) for s in spec.sizes), "--buffers", str(spec.buffers),
@@ -447,8 +447,8 @@ def run_ps(spec: RunSpec, transport: str, progress: Callable[[int, int], None]
                    "--threads", str(spec.threads)]
         if spec.model_bytes is not None:
             ps_args += ["--model-bytes", str(spec.model_bytes)]
-        ps, port = start_server(procs, f"{transport} ps", "argrpc.bench.ps", ps_args, env)
-        workers = [spawn(procs, f"{transport} worker {i}", "argrpc.bench.ps", [
+        ps, port = start_server(procs, f"{transport} ps", "argrpc.benchtool.ps", ps_args, env)
+        workers = [spawn(procs, f"{transport} worker {i}", "argrpc.benchtool.ps", [
             "worker", "--target", f"127.0.0.1:{port}", "--stack", stack,
             "--transport", transport, "--mode", spec.mode, *_plan_args(spec)], env)
             for i in range(spec.workers)]

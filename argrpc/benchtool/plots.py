@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-from argrpc.bench import MODES, TRANSPORTS
-from argrpc.bench.report import BASELINE, env_label, fmt_ratio, fmt_size, speedup, \
+from argrpc.benchtool import MODES, TRANSPORTS
+from argrpc.benchtool.report import BASELINE, env_label, fmt_ratio, fmt_size, speedup, \
     baseline_of
-from argrpc.bench.results import Measurement
+from argrpc.benchtool.results import Measurement
 
 # One colour per transport, the same in every plot; line style per mode.
 _COLOURS = {"grpc": "#7f7f7f", "shm": "#1f77b4", "verbs": "#d62728"}
@@ -27,7 +27,7 @@ class PlotsUnavailable(RuntimeError):
 def _figure(width: float = 7.5, height: float = 4.6) -> Any:
     try:
         from matplotlib.figure import Figure
-    except ImportError as e:  # optional dependency (pyproject extra "bench")
+    except ImportError as e:  # optional dependency (the pyproject extra "bench")
         raise PlotsUnavailable("matplotlib is not installed: pip install matplotlib") from e
     return Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
 

@@ -1,6 +1,6 @@
 """Benchmark client process: the point-to-point latency and bandwidth loops.
 
-    python -m argrpc.bench.client --target HOST:PORT --stack grpc|argrpc \
+    python -m argrpc.benchtool.client --target HOST:PORT --stack grpc|argrpc \
         --transport grpc|shm|verbs --benchmark latency|bandwidth --mode raw|serialized \
         --scheme uniform --sizes 64,1048576 --buffers 1 --warmup 10 \
         (--iterations N | --duration S) --repeats 1 --seed 0
@@ -40,10 +40,10 @@ from typing import Any, Callable, Sequence
 
 import grpc
 
-from argrpc.bench import TRANSPORTS
-from argrpc.bench import messages as msg
-from argrpc.bench import schemes
-from argrpc.bench.server import BIG_OPTIONS, parse_raw_ack, tf_rdma_env
+from argrpc.benchtool import TRANSPORTS
+from argrpc.benchtool import messages as msg
+from argrpc.benchtool import schemes
+from argrpc.benchtool.server import BIG_OPTIONS, parse_raw_ack, tf_rdma_env
 
 CALL_TIMEOUT_S = 120.0
 EXIT_TRANSPORT = 3   # not on the transport we were asked to measure
@@ -264,7 +264,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m argrpc.bench.client")
+    p = argparse.ArgumentParser(prog="python -m argrpc.benchtool.client")
     p.add_argument("--target", required=True)
     p.add_argument("--stack", choices=("grpc", "argrpc"), required=True)
     p.add_argument("--transport", choices=TRANSPORTS, required=True,

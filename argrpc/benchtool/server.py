@@ -1,6 +1,6 @@
 """Benchmark server process for the point-to-point benchmarks.
 
-    python -m argrpc.bench.server --stack grpc|argrpc [--threads N]
+    python -m argrpc.benchtool.server --stack grpc|argrpc [--threads N]
 
 Serves, on one port, every method both point-to-point benchmarks need (the client picks
 by mode and buffer count, so one server serves a whole run):
@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 import grpc
 
-from argrpc.bench import messages as msg
+from argrpc.benchtool import messages as msg
 
 # Unlimited both ways: the default 4 MiB receive cap would reject bulk messages, and the
 # point is to compare transports, not limits.
@@ -132,7 +132,7 @@ def serve(server: grpc.Server, handlers: Sequence[grpc.GenericRpcHandler]) -> in
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m argrpc.bench.server", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m argrpc.benchtool.server", description=__doc__)
     p.add_argument("--stack", choices=("grpc", "argrpc"), required=True)
     p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
                    help="server thread-pool size, the same for every stack")

@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from argrpc.bench import BENCHMARKS, MODES, SCHEMES, TRANSPORTS
-from argrpc.bench.results import Measurement, to_json
+from argrpc.benchtool import BENCHMARKS, MODES, SCHEMES, TRANSPORTS
+from argrpc.benchtool.results import Measurement, to_json
 
 BASELINE = "grpc"
 TARGET_TRANSPORT = "shm"  # the speed targets compare argrpc-shm with plain grpcio

@@ -24,7 +24,7 @@ Plain grpcio's core only accepts ``bytes`` from a serializer, so on the grpc sta
 raw frame is turned into ``bytes`` (one copy) — exactly what argrpc itself does on its
 plain-gRPC fallback path.
 
-Equivalent proto (package ``argrpc.bench``)::
+Equivalent proto (package ``argrpc.benchtool``)::
 
     message Payload  { repeated bytes buffers = 1; }      // echo / sink request
     message Ack      { uint64 size = 1; uint32 count = 2; } // sink / push reply
@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-PACKAGE = "argrpc.bench"
+PACKAGE = "argrpc.benchtool"
 SERVICE = f"{PACKAGE}.Bench"
 PS_SERVICE = f"{PACKAGE}.ParameterServer"
 

@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from argrpc._config import KNOBS, ConfigError, load as load_config, parse_size
-from argrpc.bench import BENCHMARKS, FAST_TRANSPORTS, MODES, SCHEMES, TRANSPORTS
-from argrpc.bench.progress import Progress
-from argrpc.bench.report import (evaluate_targets, fmt_size, markdown_report,
+from argrpc.benchtool import BENCHMARKS, FAST_TRANSPORTS, MODES, SCHEMES, TRANSPORTS
+from argrpc.benchtool.progress import Progress
+from argrpc.benchtool.report import (evaluate_targets, fmt_size, markdown_report,
                                  terminal_report, write_json, write_text)
-from argrpc.bench.results import Measurement, collect_meta
+from argrpc.benchtool.results import Measurement, collect_meta
 
 if TYPE_CHECKING:
-    from argrpc.bench.runner import RunSpec
+    from argrpc.benchtool.runner import RunSpec
 
 DEFAULT_OUT = "bench-results"
 KNOB_NAMES = tuple(k[0] for k in KNOBS)
@@ -217,7 +217,7 @@ def _positive(kind: type) -> Any:
 
 
 def build_soak_parser() -> argparse.ArgumentParser:
-    from argrpc.bench import soak
+    from argrpc.benchtool import soak
 
     p = argparse.ArgumentParser(
         prog="argrpc-bench soak",
@@ -257,8 +257,8 @@ def build_soak_parser() -> argparse.ArgumentParser:
 
 
 def soak_main(argv: Sequence[str]) -> int:
-    from argrpc.bench import soak
-    from argrpc.bench.runner import BenchError
+    from argrpc.benchtool import soak
+    from argrpc.benchtool.runner import BenchError
 
     a = build_soak_parser().parse_args(list(argv))
     cfg = soak.SoakConfig(duration=a.duration, callers=a.callers, seed=a.seed,
@@ -296,7 +296,7 @@ def _choices(allowed: Sequence[str]) -> Any:
 
 
 def build_chaos_parser() -> argparse.ArgumentParser:
-    from argrpc.bench import chaos
+    from argrpc.benchtool import chaos
 
     p = argparse.ArgumentParser(
         prog="argrpc-bench chaos",
@@ -341,7 +341,7 @@ def build_chaos_parser() -> argparse.ArgumentParser:
 def chaos_main(argv: Sequence[str]) -> int:
     import tempfile
 
-    from argrpc.bench import chaos
+    from argrpc.benchtool import chaos
 
     a = build_chaos_parser().parse_args(list(argv))
     with tempfile.TemporaryDirectory(prefix="argrpc-chaos-") as work:
@@ -364,7 +364,7 @@ def chaos_main(argv: Sequence[str]) -> int:
 
 def plan(a: argparse.Namespace) -> list["RunSpec"]:
     """One RunSpec per (benchmark, mode, sweep env), in that nesting order."""
-    from argrpc.bench.runner import RunSpec
+    from argrpc.benchtool.runner import RunSpec
 
     benches = BENCHMARKS if a.benchmark == "all" else (a.benchmark,)
     modes = MODES if a.mode == "both" else (a.mode,)
@@ -409,7 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = parser.parse_args(argv)
     _check_args(parser, a)
 
-    from argrpc.bench import runner  # imported late so --help works without the engine
+    from argrpc.benchtool import runner  # imported late so --help works without the engine
 
     specs = plan(a)
     available = runner.available_transports()
@@ -452,7 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plots: list[str] = []
     plot_note = ""
     if not a.no_plots:
-        from argrpc.bench.plots import PlotsUnavailable, write_plots
+        from argrpc.benchtool.plots import PlotsUnavailable, write_plots
         try:
             plots = write_plots(measurements, out)
         except PlotsUnavailable as e:
