@@ -53,6 +53,7 @@ from typing import Any, Callable, Iterator, Sequence
 import grpc
 
 from argrpc.benchtool import FAST_TRANSPORTS
+from argrpc.benchtool import server as bench_server
 
 K, M = 1 << 10, 1 << 20
 SERVICE = "argrpc.benchtool.Chaos"
@@ -275,18 +276,15 @@ def serve() -> int:
     server = argrpc.server(futures.ThreadPoolExecutor(max_workers=8,
                                                       thread_name_prefix=SERVER_POOL_PREFIX),
                            options=BIG_OPTIONS)
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(SERVICE, _handlers(activity)),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    print(f"PORT {port}", flush=True)
-    for line in sys.stdin:
-        if line.strip() == "res":
-            with activity._lock:
-                act = {"active": activity.active, "last_end": activity.last_end}
-            print("RES " + json.dumps(snapshot(act)), flush=True)
-    server.stop(0.5).wait(10)
-    return 0
+
+    def resources() -> str:
+        with activity._lock:
+            act = {"active": activity.active, "last_end": activity.last_end}
+        return "RES " + json.dumps(snapshot(act))
+
+    return bench_server.serve(
+        server, (grpc.method_handlers_generic_handler(SERVICE, _handlers(activity)),),
+        {"res": resources}, grace=0.5)
 
 
 # ------------------------------------------------------------------- the callers

@@ -24,7 +24,7 @@ import os
 import struct
 import sys
 from concurrent import futures
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import grpc
 
@@ -117,17 +117,22 @@ def make_server(stack: str, threads: int) -> grpc.Server:
     raise ValueError(f"unknown stack {stack!r} (grpc or argrpc)")
 
 
-def serve(server: grpc.Server, handlers: Sequence[grpc.GenericRpcHandler]) -> int:
-    """Listen on a free port, print ``PORT n``, serve until stdin closes."""
+def serve(server: grpc.Server, handlers: Sequence[grpc.GenericRpcHandler],
+          commands: Mapping[str, Callable[[], str]] | None = None, grace: float = 0) -> int:
+    """Listen on a free port, print ``PORT n``, serve until stdin closes. A stdin line
+    that names one of `commands` is answered with what it returns (one line)."""
     server.add_generic_rpc_handlers(tuple(handlers))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     print(f"PORT {port}", flush=True)
     try:
-        sys.stdin.read()  # EOF = the orchestrator is done or gone
+        for line in sys.stdin:  # EOF = the orchestrator is done or gone
+            answer = (commands or {}).get(line.strip())
+            if answer is not None:
+                print(answer(), flush=True)
     except KeyboardInterrupt:
         pass
-    server.stop(0).wait(10)
+    server.stop(grace).wait(10)
     return 0
 
 

@@ -271,6 +271,7 @@ def serve(seed: int, threads: int) -> int:
     from concurrent import futures
 
     import argrpc
+    from argrpc.benchtool import server as bench_server
     from argrpc.benchtool.server import BIG_OPTIONS
 
     logging.basicConfig(level=logging.WARNING)
@@ -279,16 +280,9 @@ def serve(seed: int, threads: int) -> int:
     corpus = Corpus(seed)
     server = argrpc.server(futures.ThreadPoolExecutor(max_workers=threads),
                            options=BIG_OPTIONS)
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(SERVICE, _handlers(corpus)),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    print(f"PORT {port}", flush=True)
-    for line in sys.stdin:
-        if line.strip() == "resources":
-            print("RESOURCES " + json.dumps(resources()), flush=True)
-    server.stop(1).wait(10)
-    return 0
+    return bench_server.serve(
+        server, (grpc.method_handlers_generic_handler(SERVICE, _handlers(corpus)),),
+        {"resources": lambda: "RESOURCES " + json.dumps(resources())}, grace=1)
 
 
 # ---------------------------------------------------------------------- resources

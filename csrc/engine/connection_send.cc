@@ -262,7 +262,8 @@ bool Connection::flush_locked() {
     if (wpos_ + skip + len - cb <= ring && wbatches_ - cn < fabric_->peer_slots()) break;
     if (stall.expired()) {
       batch_.clear();
-      fail(kUnavailable, "argrpc: peer " + peer_name_ + " stopped consuming its ring for 10 s");
+      fail(kUnavailable, "argrpc: peer " + peer_name_ + " stopped consuming its ring for " +
+                           std::to_string(int(knobs::kCreditStallSeconds)) + " s");
       return false;
     }
     // A dead peer never returns credits, and the thread stuck here may be the progress
