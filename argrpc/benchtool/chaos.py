@@ -264,6 +264,25 @@ def _install_hangup() -> threading.Event:
     return done
 
 
+def reap(proc: subprocess.Popen, log: Any) -> None:
+    """Kill `proc` (a stopped one too: SIGCONT first), wait for it, close its pipes and
+    its log file."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGCONT)
+        proc.kill()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+    for stream in (proc.stdin, proc.stdout):
+        try:
+            if stream:
+                stream.close()
+        except OSError:
+            pass
+    log.close()
+
+
 def serve() -> int:
     """The server role: PORT n, then ``res`` on stdin answers RES <json>; EOF stops."""
     from concurrent import futures
@@ -549,20 +568,7 @@ class Peer:
             return ""
 
     def kill(self) -> None:
-        if self.alive():
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        for stream in (self.proc.stdin, self.proc.stdout):
-            try:
-                if stream:
-                    stream.close()
-            except OSError:
-                pass
-        self._log.close()
+        reap(self.proc, self._log)
 
 
 @dataclass

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from argrpc.benchtool.chaos import reap
+
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
 
@@ -109,19 +111,7 @@ class ServerProcess:
         return self.proc.poll() is None
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        for stream in (self.proc.stdin, self.proc.stdout):
-            try:
-                if stream:
-                    stream.close()
-            except OSError:
-                pass
-        self._log.close()
+        reap(self.proc, self._log)
         try:
             os.unlink(self._log.name)
         except OSError:
