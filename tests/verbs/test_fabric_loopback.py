@@ -87,13 +87,14 @@ class EchoServer:
 
 
 @contextlib.contextmanager
-def _own_pair(rdma: SimpleNamespace) -> Iterator[tuple[Any, Any]]:
-    """A fresh engine with a verbs connection to itself, for a test that breaks it:
-    (client connection, server connection)."""
+def _own_pair(rdma: SimpleNamespace,
+              conn_cfg: dict[str, int] | None = None) -> Iterator[tuple[Any, Any]]:
+    """A fresh engine with a verbs connection to itself, for a test that breaks it (or
+    sets its own knobs): (client connection, server connection)."""
     core = rdma.core
     eng = core.Engine({"buf_size": 64 * MiB})  # a new pool: a new verbs domain
-    ep_c = eng.new_verbs_endpoint({}, rdma.select, 2)
-    ep_s = eng.new_verbs_endpoint({}, rdma.select, 2)
+    ep_c = eng.new_verbs_endpoint(conn_cfg or {}, rdma.select, 2)
+    ep_s = eng.new_verbs_endpoint(conn_cfg or {}, rdma.select, 2)
     echo = EchoServer(core, eng)
     try:
         server_conn = eng.attach_verbs(ep_s, ep_c.blob, echo.server, "peer")
@@ -147,6 +148,30 @@ def test_unary_byte_exact(loop: SimpleNamespace, size: int) -> None:
     resp = _unary(loop, payload)
     assert len(resp) == size
     assert hashlib.sha256(resp).digest() == hashlib.sha256(payload).digest()
+
+
+@pytest.mark.parametrize("cfg,qps,name", [
+    ({"cq_depth": 256}, 16, "TF_RDMA_CQ_DEPTH"),  # 1024 receive slots leave no send queue
+    ({"qp_retry": 8}, 2, "TF_RDMA_QP_RETRY"),
+    ({"qp_timeout": 0}, 2, "TF_RDMA_QP_TIMEOUT"),
+    ({}, 17, "TF_RDMA_QPS"),
+])
+def test_verbs_knobs_are_checked_by_the_engine(loop: SimpleNamespace, rdma: SimpleNamespace,
+                                              cfg: dict[str, int], qps: int, name: str) -> None:
+    with pytest.raises(loop.core.CoreError, match=name):
+        loop.engine.new_verbs_endpoint(cfg, rdma.select, qps)
+
+
+def test_verbs_knobs_set_the_queue_pairs(rdma: SimpleNamespace) -> None:
+    """Other QP timeout, retry count and CQ depth than the defaults: the QPs reach RTS
+    with them and carry calls, eager and rendezvous."""
+    cfg = {"qp_timeout": 18, "qp_retry": 2, "cq_depth": 4096, "max_recv": -1}
+    with _own_pair(rdma, cfg) as (conn, _server_conn):
+        for size in (64, CHUNK + 1):
+            payload = _data(size, size)
+            code, details, _i, _t, resp = conn.unary(UNARY, [], _timeout(size), payload)
+            assert code == 0, details
+            assert bytes(resp) == payload
 
 
 def test_concurrent_calls(loop: SimpleNamespace) -> None:
