@@ -8,6 +8,7 @@ committed header differs from what this renders.
 from __future__ import annotations
 
 import sys
+import textwrap
 from pathlib import Path
 
 from argrpc._config import FIXED, TABLE
@@ -37,14 +38,7 @@ def _camel(field: str) -> str:
 
 
 def _comment(text: str) -> str:
-    words, lines, line = text.split(), [], "//"
-    for w in words:
-        if len(line) + 1 + len(w) > 90:
-            lines.append(line)
-            line = "//"
-        line += " " + w
-    lines.append(line)
-    return "\n".join(lines) + "\n"
+    return textwrap.fill(text, 90, initial_indent="// ", subsequent_indent="// ") + "\n"
 
 
 def render() -> str:

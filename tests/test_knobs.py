@@ -72,18 +72,18 @@ def test_the_engine_defaults_are_the_tables() -> None:
 def test_the_engine_checks_the_same_bounds() -> None:
     from argrpc import _core
 
-    for key, knob_name, bad in [("chunk_size", "TF_RDMA_CHUNK_SIZE", 32 * 1024),
-                                ("stream_window", "TF_RDMA_STREAM_WINDOW", 4 * 1024),
-                                ("reads_in_flight", "TF_RDMA_READS_IN_FLIGHT", 65)]:
-        k = _config.knob(knob_name)
-        assert not k.lo <= bad <= k.hi
-        engine = _core.Engine({"buf_size": 64 << 20})
-        try:
+    engine = _core.Engine({"buf_size": 64 << 20})
+    try:
+        for key, knob_name, bad in [("chunk_size", "TF_RDMA_CHUNK_SIZE", 32 * 1024),
+                                    ("stream_window", "TF_RDMA_STREAM_WINDOW", 4 * 1024),
+                                    ("reads_in_flight", "TF_RDMA_READS_IN_FLIGHT", 65)]:
+            k = _config.knob(knob_name)
+            assert not k.lo <= bad <= k.hi
             try:
                 engine.new_shm_endpoint({key: bad})
             except _core.CoreError as e:
                 assert knob_name in str(e) and f"[{k.lo}, {k.hi}]" in str(e), str(e)
             else:
                 raise AssertionError(f"{key}={bad} was accepted")
-        finally:
-            engine.shutdown()
+    finally:
+        engine.shutdown()

@@ -183,8 +183,10 @@ ConnConfig conn_config(const py::dict& d) {
   check_knob(knobs::kChunkSize, int64_t(c.chunk_size));
   check_knob(knobs::kReadsInFlight, c.reads_in_flight);
   check_knob(knobs::kStreamWindow, int64_t(c.stream_window));
-  if (c.zero_copy_min != 0) check_knob(knobs::kZeroCopyMin, int64_t(c.zero_copy_min), true, " or 0 (off)");
-  if (c.zero_copy_min == 0) c.zero_copy_min = ~size_t(0);
+  if (c.zero_copy_min == 0)
+    c.zero_copy_min = ~size_t(0);  // off: no message is that big
+  else
+    check_knob(knobs::kZeroCopyMin, int64_t(c.zero_copy_min), true, " or 0 (off)");
   return c;
 }
 
