@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Generator, Sequence
 
 import grpc
+import grpc.aio
 
 from argrpc import _proto
 from argrpc._config import Config
@@ -26,7 +27,8 @@ from argrpc._host import HostIdentity, local_identity, same_host_reason, target_
 from argrpc._transports import (TRANSPORTS, ServerEnv, Transport, TransportServer, Unavailable,
                                 by_name, selected)
 
-__all__ = ["BOOTSTRAP_METHOD", "FastPathListener", "Negotiation", "client_offer", "negotiate"]
+__all__ = ["BOOTSTRAP_METHOD", "FastPathListener", "Negotiation", "client_offer", "negotiate",
+           "negotiate_async", "negotiation"]
 
 log = logging.getLogger("argrpc")
 
@@ -86,7 +88,47 @@ def negotiate(grpc_channel: grpc.Channel, cfg: Config, max_recv: int, timeout: f
     endpoint: QPs, a completion channel) for a server on this host, where a same-host
     transport wins: the others are offered only if that server then declines (another
     network namespace)."""
-    result = _negotiate(grpc_channel, cfg, max_recv, timeout, wait_for_ready, secure, target)
+    rpc = _bootstrap_rpc(grpc_channel)
+    steps = negotiation(cfg, max_recv, secure, target)
+    try:
+        request = next(steps)
+        while True:
+            try:
+                answer: Any = rpc(request, timeout=timeout, wait_for_ready=wait_for_ready)
+            except Exception as e:  # noqa: BLE001 - every failure is a reason to fall back
+                answer = e
+            request = steps.send(answer)
+    except StopIteration as done:
+        return _logged(done.value)
+
+
+async def negotiate_async(aio_channel: Any, cfg: Config, max_recv: int, timeout: float | None,
+                          wait_for_ready: bool = False, secure: bool = False, target: str = ""
+                          ) -> Negotiation:
+    """negotiate() over a `grpc.aio` channel: the same steps, the RPC awaited."""
+    rpc = _bootstrap_rpc(aio_channel)
+    steps = negotiation(cfg, max_recv, secure, target)
+    try:
+        request = next(steps)
+        while True:
+            try:
+                answer: Any = await rpc(request, timeout=timeout, wait_for_ready=wait_for_ready)
+            except Exception as e:  # noqa: BLE001 - every failure is a reason to fall back
+                answer = e
+            request = steps.send(answer)
+    except StopIteration as done:
+        return _logged(done.value)
+
+
+def _bootstrap_rpc(channel: Any) -> Any:
+    return channel.unary_unary(
+        BOOTSTRAP_METHOD,
+        request_serializer=_proto.NegotiateRequest.SerializeToString,
+        response_deserializer=_proto.NegotiateResponse.FromString,
+    )
+
+
+def _logged(result: Negotiation) -> Negotiation:
     if result.transport != "grpc":
         log.debug("argrpc: channel uses %s", result.transport)
     else:
@@ -95,8 +137,14 @@ def negotiate(grpc_channel: grpc.Channel, cfg: Config, max_recv: int, timeout: f
     return result
 
 
-def _negotiate(grpc_channel: grpc.Channel, cfg: Config, max_recv: int, timeout: float | None,
-               wait_for_ready: bool, secure: bool, target: str) -> Negotiation:
+# The negotiation itself, apart from how its RPC is made (a blocking call on a grpc
+# channel, or awaited on a grpc.aio one): a generator that yields each bootstrap
+# request, is sent the response (or the exception the RPC raised) and returns the
+# Negotiation.
+Steps = Generator[Any, Any, Negotiation]
+
+
+def negotiation(cfg: Config, max_recv: int, secure: bool, target: str) -> Steps:
     if not cfg.enabled:
         return _fallback(cfg, "TF_RDMA_ENABLED=false")
     if secure and not cfg.over_tls:
@@ -110,17 +158,16 @@ def _negotiate(grpc_channel: grpc.Channel, cfg: Config, max_recv: int, timeout: 
         skipped = {t.name: t.why_unavailable(cfg) for t in selected(cfg)
                    if not t.same_host_only}
         if all(skipped.values()):
-            return _ask(grpc_channel, cfg, max_recv, timeout, wait_for_ready, skipped)[0]
-        first, declined = _ask(grpc_channel, cfg, max_recv, timeout, wait_for_ready,
-                               {name: why or _DEFERRED_REASON for name, why in skipped.items()})
+            return (yield from _ask(cfg, max_recv, skipped))[0]
+        first, declined = yield from _ask(
+            cfg, max_recv, {name: why or _DEFERRED_REASON for name, why in skipped.items()})
         if not declined:
             return first
-    return _ask(grpc_channel, cfg, max_recv, timeout, wait_for_ready)[0]
+    return (yield from _ask(cfg, max_recv))[0]
 
 
-def _ask(grpc_channel: grpc.Channel, cfg: Config, max_recv: int, timeout: float | None,
-         wait_for_ready: bool, skipped: dict[str, str] | None = None
-         ) -> tuple[Negotiation, bool]:
+def _ask(cfg: Config, max_recv: int, skipped: dict[str, str] | None = None
+         ) -> Generator[Any, Any, tuple[Negotiation, bool]]:
     """One bootstrap RPC, offering every selected transport except `skipped` (name: why
     not); also whether the server answered and declined."""
     request = _proto.NegotiateRequest(version=PROTOCOL_VERSION)
@@ -137,16 +184,11 @@ def _ask(grpc_channel: grpc.Channel, cfg: Config, max_recv: int, timeout: float 
                 return _fallback(cfg, f"this host: {e}"), False
             t.decline(request, str(e))
     local_identity().to_proto(request.host)
-    rpc = grpc_channel.unary_unary(
-        BOOTSTRAP_METHOD,
-        request_serializer=_proto.NegotiateRequest.SerializeToString,
-        response_deserializer=_proto.NegotiateResponse.FromString,
-    )
-    try:
-        response = rpc(request, timeout=timeout, wait_for_ready=wait_for_ready)
-    except grpc.RpcError as e:
-        code = e.code() if isinstance(e, grpc.Call) else None
-        details = e.details() if isinstance(e, grpc.Call) else str(e)
+    response = yield request
+    if isinstance(response, grpc.RpcError):
+        code = response.code() if isinstance(response, (grpc.Call, grpc.aio.AioRpcError)) else None
+        details = response.details() if isinstance(response, (grpc.Call, grpc.aio.AioRpcError)) \
+            else str(response)
         if code == grpc.StatusCode.UNIMPLEMENTED:
             return _fallback(cfg, _PLAIN_SERVER_REASON), False
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
@@ -154,8 +196,8 @@ def _ask(grpc_channel: grpc.Channel, cfg: Config, max_recv: int, timeout: float 
                              retryable=True), False
         name = code.name if code is not None else "error"
         return _fallback(cfg, f"bootstrap RPC failed: {name}: {details}"), False
-    except Exception as e:  # e.g. ValueError: the grpc channel was already closed
-        return _fallback(cfg, f"bootstrap RPC failed: {e}"), False
+    if isinstance(response, BaseException):  # e.g. ValueError: the channel was closed
+        return _fallback(cfg, f"bootstrap RPC failed: {response}"), False
 
     chosen = by_name(response.transport)
     if chosen is None:

@@ -134,6 +134,68 @@ struct PyEndpoint {
   }
 };
 
+// A received message handed to Python: a memoryview over it keeps the block alive.
+struct RecvBuffer {
+  explicit RecvBuffer(Payload p) : payload(std::move(p)) {}
+  ForkLocal<Payload> payload;
+};
+
+// Holds a Py_buffer for the duration of a send so no bytes copy is made of the object.
+// The buffer a message to send is read from, held for the send.
+class BufferView {
+ public:
+  explicit BufferView(const pybind11::object& o) {
+    if (PyObject_GetBuffer(o.ptr(), &view_, PyBUF_C_CONTIGUOUS) != 0) throw pybind11::error_already_set();
+  }
+  ~BufferView() { PyBuffer_Release(&view_); }
+  const uint8_t* data() const { return static_cast<const uint8_t*>(view_.buf); }
+  size_t size() const { return static_cast<size_t>(view_.len); }
+
+ private:
+  Py_buffer view_;
+};
+
+// The handles Python holds on a call. Dropping an owning one abandons the call
+// (cancels it if it still runs).
+inline constexpr const char* kInheritedCall =
+    "argrpc: this call belongs to the parent process (inherited through fork())";
+
+struct PyClientCall {
+  PyClientCall(std::shared_ptr<Engine> e, std::shared_ptr<Stream> st)
+      : engine(std::move(e)), s(std::move(st)) {}
+  PyClientCall(const PyClientCall&) = delete;
+  std::shared_ptr<Engine> engine;
+  ForkLocal<std::shared_ptr<Stream>> s;
+  bool inherited() const { return s.inherited(); }
+  ~PyClientCall() {
+    if (!s.value() || inherited()) return;
+    NoGil nogil;
+    s->conn->abandon(s);
+  }
+};
+
+struct PyServerCall {
+  PyServerCall(std::shared_ptr<Engine> e, std::shared_ptr<Stream> st, bool owner)
+      : engine(std::move(e)), s(std::move(st)), owns(owner) {}
+  PyServerCall(const PyServerCall&) = delete;
+  std::shared_ptr<Engine> engine;
+  ForkLocal<std::shared_ptr<Stream>> s;
+  bool owns;  // the accept() handle; next_event() gives a non-owning one for a cancel
+  ~PyServerCall() {
+    if (!s.value() || s.inherited() || !owns) return;
+    NoGil nogil;
+    s->conn->abandon(s);
+  }
+};
+
+Metadata to_metadata(const pybind11::object& o);
+pybind11::list from_metadata(const Metadata& md);
+// bytes for an eager message, a memoryview keeping the pool block for a large one.
+pybind11::object to_python(Payload&& p);
+double timeout_arg(const pybind11::object& t);
+Deadline deadline_arg(const pybind11::object& t);
+pybind11::tuple status_tuple(Stream& s);
+
 template <class T>
 T get_or(const pybind11::dict& d, const char* key, T dflt) {
   return d.contains(key) ? d[key].cast<T>() : dflt;
@@ -144,6 +206,11 @@ ConnConfig conn_config(const pybind11::dict& d);  // module.cc
 void add_shm(pybind11::module_& m, pybind11::class_<PyEngine>& engine);    // shm.cc
 void add_verbs(pybind11::module_& m, pybind11::class_<PyEngine>& engine);  // verbs.cc
 void add_sim(pybind11::module_& m);  // sim.cc: test-only, _core._sim_pair
+// aio.cc: the loop's Notifier and the calls' and server's methods that never wait.
+void add_aio(pybind11::module_& m, pybind11::class_<PyEngine>& engine,
+             pybind11::class_<PyConnection>& connection,
+             pybind11::class_<PyClientCall>& client_call, pybind11::class_<PyServer>& server,
+             pybind11::class_<PyServerCall>& server_call);
 
 }  // namespace bindings
 }  // namespace argrpc

@@ -67,25 +67,6 @@ auto interruptible(const std::shared_ptr<Stream>& s, bool cancel, Wait&& wait) -
 
 // A received large message. Exposes its bytes through the buffer protocol; the pool
 // block goes back to the pool when the last view of it is gone.
-struct RecvBuffer {
-  explicit RecvBuffer(Payload p) : payload(std::move(p)) {}
-  ForkLocal<Payload> payload;
-};
-
-// Holds a Py_buffer for the duration of a send so no bytes copy is made of the object.
-class BufferView {
- public:
-  explicit BufferView(const py::object& o) {
-    if (PyObject_GetBuffer(o.ptr(), &view_, PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
-  }
-  ~BufferView() { PyBuffer_Release(&view_); }
-  const uint8_t* data() const { return static_cast<const uint8_t*>(view_.buf); }
-  size_t size() const { return static_cast<size_t>(view_.len); }
-
- private:
-  Py_buffer view_;
-};
-
 EngineConfig engine_config(const py::dict& d) {
   EngineConfig c;
   c.buf_size = get_or<size_t>(d, "buf_size", c.buf_size);
@@ -97,6 +78,12 @@ EngineConfig engine_config(const py::dict& d) {
   check_knob(knobs::kSpinUs, c.spin_us);
   return c;
 }
+
+
+}  // namespace
+
+namespace argrpc {
+namespace bindings {
 
 Metadata to_metadata(const py::object& o) {
   Metadata md;
@@ -126,46 +113,10 @@ Deadline deadline_arg(const py::object& t) {
   return t.is_none() ? Deadline::never() : Deadline::after_seconds(t.cast<double>());
 }
 
-constexpr const char* kInheritedCall =
-    "argrpc: this call belongs to the parent process (inherited through fork())";
-
-struct PyClientCall {
-  PyClientCall(std::shared_ptr<Engine> e, std::shared_ptr<Stream> st)
-      : engine(std::move(e)), s(std::move(st)) {}
-  PyClientCall(const PyClientCall&) = delete;
-  std::shared_ptr<Engine> engine;
-  ForkLocal<std::shared_ptr<Stream>> s;
-  bool inherited() const { return s.inherited(); }
-  ~PyClientCall() {
-    if (!s.value() || inherited()) return;
-    NoGil nogil;
-    s->conn->abandon(s);
-  }
-};
-
-struct PyServerCall {
-  PyServerCall(std::shared_ptr<Engine> e, std::shared_ptr<Stream> st, bool owner)
-      : engine(std::move(e)), s(std::move(st)), owns(owner) {}
-  PyServerCall(const PyServerCall&) = delete;
-  std::shared_ptr<Engine> engine;
-  ForkLocal<std::shared_ptr<Stream>> s;
-  bool owns;  // the accept() handle; next_event() gives a non-owning one for a cancel
-  ~PyServerCall() {
-    if (!s.value() || s.inherited() || !owns) return;
-    NoGil nogil;
-    s->conn->abandon(s);
-  }
-};
-
 py::tuple status_tuple(Stream& s) {
   std::lock_guard<std::mutex> g(s.mu);
   return py::make_tuple(s.code, py::str(s.details), from_metadata(s.trailing_md));
 }
-
-}  // namespace
-
-namespace argrpc {
-namespace bindings {
 
 ConnConfig conn_config(const py::dict& d) {
   ConnConfig c;
@@ -268,7 +219,8 @@ PYBIND11_MODULE(_core, m) {
         e.engine->shutdown();
       });
 
-  py::class_<PyConnection>(m, "Connection")
+  py::class_<PyConnection> connection(m, "Connection");
+  connection
       .def_property_readonly("transport", [](PyConnection& c) { return c.transport; })
       .def_property_readonly("alive", [](PyConnection& c) {
         auto conn = c.get();
@@ -371,7 +323,8 @@ PYBIND11_MODULE(_core, m) {
   // A call object the child inherited through fork() is the parent's: every method
   // answers as for a call that ended UNAVAILABLE, without touching it (its locks may be
   // held by a thread that does not exist here).
-  py::class_<PyClientCall>(m, "ClientCall")
+  py::class_<PyClientCall> client_call(m, "ClientCall");
+  client_call
       .def("send", [](PyClientCall& c, py::object msg) {
         if (c.inherited()) return false;
         BufferView b(msg);
@@ -413,7 +366,8 @@ PYBIND11_MODULE(_core, m) {
         return c.s->conn->cancel(c.s, code, details);
       }, py::arg("code") = uint32_t(kCancelled), py::arg("details") = "Cancelled");
 
-  py::class_<PyServer>(m, "Server")
+  py::class_<PyServer> server(m, "Server");
+  server
       .def(py::init([](PyEngine& e, py::dict cfg) {
              const int limit = cfg.contains("max_concurrent") ? cfg["max_concurrent"].cast<int>() : -1;
              return PyServer{e.engine, std::make_shared<Server>(e.engine, limit)};
@@ -467,7 +421,8 @@ PYBIND11_MODULE(_core, m) {
       })
       .def_property_readonly("active_calls", [](PyServer& s) { return s.server->active(); });
 
-  py::class_<PyServerCall>(m, "ServerCall")
+  py::class_<PyServerCall> server_call(m, "ServerCall");
+  server_call
       .def_property_readonly("id", [](PyServerCall& c) { return c.s->id; })
       // Identity of the call across handles (accept() and next_event()).
       .def_property_readonly("key", [](PyServerCall& c) { return reinterpret_cast<uintptr_t>(c.s.value().get()); })
@@ -533,4 +488,5 @@ PYBIND11_MODULE(_core, m) {
   add_shm(m, engine);
   add_verbs(m, engine);
   add_sim(m);  // the test fabric (docs/core-api.md, "Test fabric")
+  add_aio(m, engine, connection, client_call, server, server_call);
 }

@@ -49,6 +49,9 @@ struct Epitaph {
   }
 };
 
+// What a send that must not wait (an asyncio call's) did.
+enum class SendResult { kEnded, kSent, kWouldBlock };
+
 struct CallEnd {
   uint32_t code = 0;
   std::string details;
@@ -116,6 +119,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool half_close(const std::shared_ptr<Stream>& s);
   // Waits for the next message. False: no more (half-closed by peer, or ended).
   bool recv(const std::shared_ptr<Stream>& s, Payload* out);
+  // The same without waiting, for an event loop. kWouldBlock: the stream window or the
+  // pool has no room now; the stream's watch fires when the window opens (the pool
+  // does not notify: the caller retries).
+  SendResult try_send(const std::shared_ptr<Stream>& s, const uint8_t* msg, size_t len,
+                      bool half_close);
+  SendResult try_finish(const std::shared_ptr<Stream>& s, uint32_t code,
+                        const std::string& details, const Metadata& trailing,
+                        const uint8_t* msg, size_t len, bool has_msg);
+  // 1: a message in *out; 0: none yet; -1: no more (half-closed by peer, or ended).
+  int try_recv(const std::shared_ptr<Stream>& s, Payload* out);
   // Waits for the initial metadata (true) or the end of the call (false).
   bool wait_initial_metadata(const std::shared_ptr<Stream>& s);
   // Waits for the end of the call or `limit`; true if ended.
@@ -169,10 +182,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // connection_send.cc. submit() puts one Outgoing on the wire in the steps that follow
   // it here; the *_locked ones run under send_mu_.
   struct SubmitPlan;
-  bool submit(const std::shared_ptr<Stream>& s, const Outgoing& o);
+  // would_block non-null: never wait for window or pool room; set it instead.
+  bool submit(const std::shared_ptr<Stream>& s, const Outgoing& o, bool* would_block = nullptr);
+  SendResult try_submit(const std::shared_ptr<Stream>& s, const Outgoing& o);
   bool may_submit(const std::shared_ptr<Stream>& s);
   bool claim_headers(Stream& s, const Outgoing& o, SubmitPlan* plan);
-  bool reserve_window(const std::shared_ptr<Stream>& s, size_t n);
+  bool reserve_window(const std::shared_ptr<Stream>& s, size_t n, bool* would_block);
   bool append_and_flush(const std::shared_ptr<Stream>& s, const Outgoing& o, SubmitPlan* plan);
   bool register_client_stream_locked(const std::shared_ptr<Stream>& s);
   bool append_frames_locked(const Stream& s, const Outgoing& o, SubmitPlan* plan);
@@ -188,8 +203,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // connection_rendezvous.cc. Sender side: a message's pool block, announced until the
   // peer's FIN. Receiver side: pulls, by views or fabric READs.
-  uint64_t expose_message(const std::shared_ptr<Stream>& s, const Outgoing& o,
-                          bool unknown_to_peer, RemoteRef* ref);
+  // A pool block for a message of `len` (waits for room unless would_block is given);
+  // invalid if the stream ended instead.
+  Block take_block(const std::shared_ptr<Stream>& s, size_t len, bool* would_block);
+  uint64_t expose_message(const Outgoing& o, Block block, RemoteRef* ref);
   bool withdraw(uint64_t rdv_id);
   void on_read_done(uint64_t wr_id);
   void start_pull(const std::shared_ptr<Pull>& pull);
@@ -197,6 +214,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void post_reads(const std::shared_ptr<Pull>& pull);
   void start_queued_pulls();
   void queue_fin(uint64_t rdv_id);
+
+  // connection_api.cc: the next message once it is ready (the predicate held).
+  bool take_message(const std::shared_ptr<Stream>& s, Payload* out);
 
   // connection_streams.cc
   std::shared_ptr<Stream> find(uint64_t id);

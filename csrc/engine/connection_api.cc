@@ -8,6 +8,36 @@
 
 namespace argrpc {
 
+namespace {
+Outgoing finish_frames(uint32_t code, const std::string& details, const Metadata& trailing,
+                       const uint8_t* msg, size_t len, bool has_msg) {
+  Outgoing o;
+  o.msg = msg;
+  o.msg_len = len;
+  o.has_msg = has_msg;
+  o.trailers = true;
+  o.code = code;
+  o.details = &details;
+  o.trailing = &trailing;
+  return o;
+}
+
+Outgoing message_frames(const uint8_t* msg, size_t len, bool half_close) {
+  Outgoing o;
+  o.msg = msg;
+  o.msg_len = len;
+  o.has_msg = true;
+  o.half_close = half_close;
+  return o;
+}
+
+// A message is ready to take, or none will come.
+bool recv_ready(const Stream& s) {
+  return (!s.inbox.empty() && s.inbox.front().ready()) ||
+         (s.inbox.empty() && (s.peer_half_closed || s.ended));
+}
+}  // namespace
+
 std::shared_ptr<Stream> Connection::start_call(const std::string& method, const Metadata& md,
                                                double timeout, bool send_headers_now) {
   const Deadline dl = timeout < 0 ? Deadline::never() : Deadline::after_seconds(timeout);
@@ -26,12 +56,7 @@ bool Connection::send_initial_metadata(const std::shared_ptr<Stream>& s, const M
 
 bool Connection::send(const std::shared_ptr<Stream>& s, const uint8_t* msg, size_t len,
                       bool half_close) {
-  Outgoing o;
-  o.msg = msg;
-  o.msg_len = len;
-  o.has_msg = true;
-  o.half_close = half_close;
-  return submit(s, o);
+  return submit(s, message_frames(msg, len, half_close));
 }
 
 bool Connection::half_close(const std::shared_ptr<Stream>& s) {
@@ -42,29 +67,43 @@ bool Connection::half_close(const std::shared_ptr<Stream>& s) {
 
 bool Connection::finish(const std::shared_ptr<Stream>& s, uint32_t code, const std::string& details,
                         const Metadata& trailing, const uint8_t* msg, size_t len, bool has_msg) {
-  Outgoing o;
-  o.msg = msg;
-  o.msg_len = len;
-  o.has_msg = has_msg;
-  o.trailers = true;
-  o.code = code;
-  o.details = &details;
-  o.trailing = &trailing;
-  const bool ok = submit(s, o);
+  const bool ok = submit(s, finish_frames(code, details, trailing, msg, len, has_msg));
   if (ok) end_stream(s, code, details, false, nullptr, false);
   return ok;
 }
 
+SendResult Connection::try_send(const std::shared_ptr<Stream>& s, const uint8_t* msg, size_t len,
+                                bool half_close) {
+  return try_submit(s, message_frames(msg, len, half_close));
+}
+
+SendResult Connection::try_finish(const std::shared_ptr<Stream>& s, uint32_t code,
+                                  const std::string& details, const Metadata& trailing,
+                                  const uint8_t* msg, size_t len, bool has_msg) {
+  const SendResult r = try_submit(s, finish_frames(code, details, trailing, msg, len, has_msg));
+  if (r == SendResult::kSent) end_stream(s, code, details, false, nullptr, false);
+  return r;
+}
+
 bool Connection::recv(const std::shared_ptr<Stream>& sp, Payload* out) {
   Stream& s = *sp;
-  auto pred = [&] {
-    return (!s.inbox.empty() && s.inbox.front().ready()) ||
-           (s.inbox.empty() && (s.peer_half_closed || s.ended));
-  };
-  if (!wait(sp, s.deadline, pred)) {
+  if (!wait(sp, s.deadline, [&] { return recv_ready(s); })) {
     expire(sp);
     return false;
   }
+  return take_message(sp, out);
+}
+
+int Connection::try_recv(const std::shared_ptr<Stream>& sp, Payload* out) {
+  {
+    std::lock_guard<std::mutex> g(sp->mu);
+    if (!recv_ready(*sp)) return 0;
+  }
+  return take_message(sp, out) ? 1 : -1;
+}
+
+bool Connection::take_message(const std::shared_ptr<Stream>& sp, Payload* out) {
+  Stream& s = *sp;
   std::shared_ptr<Pull> next;
   uint64_t ack = 0;
   {

@@ -42,20 +42,36 @@ std::string no_room(AllocStatus st, size_t len, size_t capacity) {
 
 // ------------------------------------------------------------------ sender side
 
-uint64_t Connection::expose_message(const std::shared_ptr<Stream>& sp, const Outgoing& o,
-                                    bool unknown_to_peer, RemoteRef* ref) {
-  AllocStatus st;
-  Block block = engine_->pool()->alloc(o.msg_len, sp->deadline, &st, &dead_);
-  if (!block.valid()) {
-    if (st == AllocStatus::kAborted) {  // the connection failed meanwhile
-      end_failed(sp);
-      return 0;
+Block Connection::take_block(const std::shared_ptr<Stream>& sp, size_t len, bool* would_block) {
+  const std::shared_ptr<Pool>& pool = engine_->pool();
+  AllocStatus st = AllocStatus::kTooBig;
+  Block block;
+  if (!would_block) {
+    block = pool->alloc(len, sp->deadline, &st, &dead_);
+  } else if (len <= pool->capacity()) {
+    block = pool->try_alloc(len);
+    if (!block.valid()) {
+      *would_block = true;
+      return block;
     }
-    const std::string why = no_room(st, o.msg_len, engine_->pool()->capacity());
-    if (unknown_to_peer) end_stream(sp, kResourceExhausted, why, false, nullptr, false);
-    else cancel(sp, kResourceExhausted, why);
-    return 0;
   }
+  if (block.valid()) return block;
+  if (st == AllocStatus::kAborted) {  // the connection failed meanwhile
+    end_failed(sp);
+    return block;
+  }
+  const std::string why = no_room(st, len, pool->capacity());
+  bool unknown_to_peer;  // a client call whose HEADERS have not gone out
+  {
+    std::lock_guard<std::mutex> g(sp->mu);
+    unknown_to_peer = client_ && !sp->headers_sent;
+  }
+  if (unknown_to_peer) end_stream(sp, kResourceExhausted, why, false, nullptr, false);
+  else cancel(sp, kResourceExhausted, why);
+  return block;
+}
+
+uint64_t Connection::expose_message(const Outgoing& o, Block block, RemoteRef* ref) {
   engine_->copier().copy(block.data(), o.msg, o.msg_len);
   fail_point(FailPoint::kCopyIn);
   *ref = fabric_->expose(block);

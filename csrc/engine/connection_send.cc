@@ -25,19 +25,25 @@ struct Connection::SubmitPlan {
   bool rts_queued = false;
 };
 
-bool Connection::submit(const std::shared_ptr<Stream>& sp, const Outgoing& o) {
+bool Connection::submit(const std::shared_ptr<Stream>& sp, const Outgoing& o, bool* would_block) {
   if (!may_submit(sp)) return false;
   SubmitPlan plan;
   // Eager only if the peer's stream window can ever hold it (the peers' knobs may
   // differ); otherwise reserve_window() would wait forever.
   plan.eager = o.has_msg && o.msg_len + kFrameHeader <= cfg_.acc_size &&
                o.msg_len <= fabric_->peer_stream_window();
-  if (!claim_headers(*sp, o, &plan)) return false;
-  if (o.has_msg && plan.eager && !reserve_window(sp, o.msg_len)) return false;
+  // What may wait (window, pool room) comes before the headers are claimed, so a send
+  // that would block leaves the stream as it was.
+  if (o.has_msg && plan.eager && !reserve_window(sp, o.msg_len, would_block)) return false;
+  Block block;
   if (o.has_msg && !plan.eager) {
+    block = take_block(sp, o.msg_len, would_block);
+    if (!block.valid()) return false;
+  }
+  if (!claim_headers(*sp, o, &plan)) return false;
+  if (block.valid()) {
     // The copy into the pool happens here, outside the send lock other calls wait on.
-    plan.rdv = expose_message(sp, o, plan.client_headers, &plan.ref);
-    if (!plan.rdv) return false;
+    plan.rdv = expose_message(o, std::move(block), &plan.ref);
   }
   const bool ok = append_and_flush(sp, o, &plan);
   // The RTS never went out, or fail() swept exposed_ before this block was added:
@@ -47,6 +53,12 @@ bool Connection::submit(const std::shared_ptr<Stream>& sp, const Outgoing& o) {
   if (ok) return true;
   submit_failed(sp);
   return false;
+}
+
+SendResult Connection::try_submit(const std::shared_ptr<Stream>& sp, const Outgoing& o) {
+  bool would_block = false;
+  if (submit(sp, o, &would_block)) return SendResult::kSent;
+  return would_block ? SendResult::kWouldBlock : SendResult::kEnded;
 }
 
 bool Connection::may_submit(const std::shared_ptr<Stream>& sp) {
@@ -75,14 +87,25 @@ bool Connection::claim_headers(Stream& s, const Outgoing& o, SubmitPlan* plan) {
   return true;
 }
 
-bool Connection::reserve_window(const std::shared_ptr<Stream>& sp, size_t n) {
+bool Connection::reserve_window(const std::shared_ptr<Stream>& sp, size_t n, bool* would_block) {
   Stream& s = *sp;
-  const bool ok = wait(sp, s.deadline, [&] { return s.ended || s.send_window >= int64_t(n); });
+  const int64_t need = int64_t(n);
+  if (would_block) {
+    std::lock_guard<std::mutex> g(s.mu);
+    if (s.ended) return false;
+    if (s.send_window < need) {
+      *would_block = true;
+      return false;
+    }
+    s.send_window -= need;
+    return true;
+  }
+  const bool ok = wait(sp, s.deadline, [&] { return s.ended || s.send_window >= need; });
   {
     std::lock_guard<std::mutex> g(s.mu);
     if (s.ended) return false;
     if (ok) {
-      s.send_window -= int64_t(n);
+      s.send_window -= need;
       return true;
     }
   }

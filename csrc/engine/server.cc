@@ -15,6 +15,7 @@ Server::Server(std::shared_ptr<Engine> engine, int max_concurrent)
     : engine_(std::move(engine)), limit_(max_concurrent) {}
 
 int Server::starved_locked() const {
+  if (watch_) return 0;  // the loop takes every call itself
   // A wake-up is work too (the facade queued something for a worker to run).
   const int waiting = static_cast<int>(pending_.size()) + wakeups_;
   return std::max(0, waiting - acceptors_.load(std::memory_order_relaxed) - requested_);
@@ -37,6 +38,7 @@ bool Server::enqueue(const std::shared_ptr<Stream>& s) {
       wake = sleepers_ > 0 && (!spinner_ || pending_.size() > 1);
       tell = starved_locked() > 0;
     }
+    if (watch_) watch_->fire();
   }
   if (wake) cv_.notify_one();
   if (tell) events_cv_.notify_one();
@@ -163,6 +165,7 @@ void Server::report_cancelled(const std::shared_ptr<Stream>& s) {
     std::lock_guard<std::mutex> g(mu_);
     if (shutdown_) return;
     cancelled_.push_back(s);
+    if (watch_) watch_->fire();
   }
   events_cv_.notify_one();
 }
@@ -188,11 +191,19 @@ void Server::shutdown() {
     cancelled.swap(cancelled_);
     over.swap(over_limit_);
     pending_count_.store(0);
+    if (watch_) watch_->fire();
   }
   cv_.notify_all();
   events_cv_.notify_all();
   for (auto& st : pending) st->conn->cancel(st, kUnavailable, "server is shutting down");
   for (auto& st : over) st->conn->cancel(st, kUnavailable, "server is shutting down");
+}
+
+void Server::set_watch(std::shared_ptr<Watch> w) {
+  std::lock_guard<std::mutex> g(mu_);
+  watch_ = std::move(w);
+  if (watch_ && (!pending_.empty() || !cancelled_.empty() || !over_limit_.empty()))
+    watch_->fire();
 }
 
 bool Server::is_shutdown() {

@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include "common/clock.h"
+#include "engine/notifier.h"
 
 namespace argrpc {
 
@@ -54,6 +55,9 @@ class Server {
   bool is_shutdown();
   void cancel_all(uint32_t code, const std::string& details);
   int active();
+  // An asyncio server: its loop takes calls with accept() and events with next_event()
+  // without waiting, when `w` fires; no workers are asked for.
+  void set_watch(std::shared_ptr<Watch> w);
 
   // From connections.
   bool enqueue(const std::shared_ptr<Stream>& s);
@@ -77,6 +81,7 @@ class Server {
   int requested_ = 0;   // workers asked for and not started yet
   int admitted_ = 0;    // calls counted through admit()
   bool spinner_ = false, shutdown_ = false;
+  std::shared_ptr<Watch> watch_;
 };
 
 }  // namespace argrpc

@@ -11,6 +11,7 @@
 
 #include "common/clock.h"
 #include "engine/frame.h"
+#include "engine/notifier.h"
 #include "fabric/fabric.h"
 #include "pool/pool.h"
 
@@ -95,9 +96,13 @@ class Stream {
   uint64_t recv_held = 0;  // eager bytes received and not yet returned by a WINDOW frame
   bool headers_sent = false;   // server: initial metadata went out
   bool trailers_sent = false;
+  // An asyncio call's subscription (engine/notifier.h): told of every change, as the
+  // sleepers are.
+  std::shared_ptr<Watch> watch;
 
   void notify_locked() {
     if (sleepers) cv.notify_all();
+    if (watch) watch->fire();
   }
 };
 

@@ -1,0 +1,36 @@
+"""``argrpc.aio``: the asyncio API of grpc (``grpc.aio``) over argrpc's engine.
+
+Swap ``grpc.aio.insecure_channel``/``secure_channel`` for ``argrpc.aio.insecure_channel``/
+``secure_channel`` and ``grpc.aio.server`` for ``argrpc.aio.server``; generated stubs and
+``async def`` servicers stay unchanged. The rest of grpc.aio's names (``AioRpcError``,
+``EOF``, the interceptor classes, ``Metadata``...) are re-exported here, so
+``from argrpc import aio`` can stand in for ``from grpc import aio``.
+"""
+
+from grpc.aio import (AbortError, AioRpcError, BaseError, Call, ClientCallDetails,
+                      ClientInterceptor, EOF, InternalError, Metadata, RpcContext,
+                      ServerInterceptor, ServicerContext, StreamStreamCall,
+                      StreamStreamClientInterceptor, StreamStreamMultiCallable,
+                      StreamUnaryCall, StreamUnaryClientInterceptor, StreamUnaryMultiCallable,
+                      UnaryStreamCall, UnaryStreamClientInterceptor, UnaryStreamMultiCallable,
+                      UnaryUnaryCall, UnaryUnaryClientInterceptor, UnaryUnaryMultiCallable,
+                      UsageError)
+
+from ._channel import Channel, insecure_channel, secure_channel
+
+
+def server(*args, **kwargs):  # type: ignore[no-untyped-def]
+    """Like ``grpc.aio.server``: an argrpc server serving fast-path and gRPC calls."""
+    from ._server import server as _server
+
+    return _server(*args, **kwargs)
+
+
+__all__ = ["AbortError", "AioRpcError", "BaseError", "Call", "Channel", "ClientCallDetails",
+           "ClientInterceptor", "EOF", "InternalError", "Metadata", "RpcContext",
+           "ServerInterceptor", "ServicerContext", "StreamStreamCall",
+           "StreamStreamClientInterceptor", "StreamStreamMultiCallable", "StreamUnaryCall",
+           "StreamUnaryClientInterceptor", "StreamUnaryMultiCallable", "UnaryStreamCall",
+           "UnaryStreamClientInterceptor", "UnaryStreamMultiCallable", "UnaryUnaryCall",
+           "UnaryUnaryClientInterceptor", "UnaryUnaryMultiCallable", "UsageError",
+           "insecure_channel", "secure_channel", "server"]

@@ -1,0 +1,608 @@
+"""Fast-path call objects of ``argrpc.aio``: what a ``grpc.aio`` multicallable returns,
+over a ``_core.ClientCall`` that never makes the loop wait.
+
+Each call is watched by its loop's notifier (``_loop.py``): the engine posts the call's
+token on every change of its state, and the loop wakes the coroutines waiting on it,
+which ask the call again with the engine's non-blocking ``try_*`` methods. A send that
+would wait for stream window is retried when the watch fires; one that would wait for
+pool room, after a short timer (the pool does not notify), within the call's deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import traceback
+import weakref
+from typing import Any, AsyncIterable, AsyncIterator, Callable, Generator, Optional
+
+import grpc
+from grpc import aio
+
+from .._errors import code_from_int
+from .._metadata import from_core
+from ._loop import LoopBridge
+
+__all__ = ["FastCall", "StreamStreamCall", "StreamUnaryCall", "UnaryStreamCall",
+           "UnaryUnaryCall", "aio_metadata", "rpc_error"]
+
+_LOGGER = logging.getLogger("argrpc")
+
+LOCAL_CANCEL = "Locally cancelled by application!"
+_GC_CANCEL = "Cancelled upon garbage collection!"
+_ALREADY_FINISHED = "RPC already finished."
+_HALF_CLOSED = 'RPC is half closed after calling "done_writing".'
+_API_STYLE_ERROR = "The iterator and read/write APIs may not be mixed on a single RPC."
+CHANNEL_CLOSED = "Channel closed!"
+_CANCELLED = grpc.StatusCode.CANCELLED
+_CANCELLED_INT = _CANCELLED.value[0]
+_UNAVAILABLE_INT = grpc.StatusCode.UNAVAILABLE.value[0]
+_DEADLINE_INT = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+_OK = grpc.StatusCode.OK
+_POOL_RETRY_FIRST_S = 0.001
+_POOL_RETRY_MAX_S = 0.010
+_UNKNOWN_STYLE, _ITERATOR_STYLE, _READER_WRITER_STYLE = 0, 1, 2
+
+
+def aio_metadata(core_md: Any) -> aio.Metadata:
+    """Engine metadata -> ``grpc.aio.Metadata`` (only ``-bin`` values stay bytes)."""
+    return aio.Metadata(*from_core(core_md)) if core_md else aio.Metadata()
+
+
+def rpc_error(code: grpc.StatusCode, details: str, imd: Any = None, tmd: Any = None,
+              debug: Optional[str] = None) -> aio.AioRpcError:
+    return aio.AioRpcError(code, aio_metadata(imd), aio_metadata(tmd), details,
+                           debug if debug is not None else f"{code.name}:{details}")
+
+
+def _set_done(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _deserialize(raw: Any, deserializer: Optional[Callable]) -> Any:
+    # grpc.aio logs a failing deserializer and hands the application None.
+    if deserializer is None:
+        return raw
+    try:
+        return deserializer(raw)
+    except Exception:  # noqa: BLE001 - user code
+        _LOGGER.exception("Exception deserializing message!")
+        return None
+
+
+class FastCall:
+    """What every fast-path call shares: its engine call, its watch, its waiters, its
+    status and done callbacks (``grpc.aio.Call``'s part)."""
+
+    def __init__(self, channel: Any, bridge: LoopBridge, core_call: Any, token: int,
+                 timeout: Optional[float], response_deserializer: Optional[Callable]) -> None:
+        self._channel = channel
+        self._bridge = bridge
+        self._loop = bridge.loop
+        self._core = core_call
+        self._token = token
+        self._deadline = None if timeout is None else time.time() + timeout
+        self._deserializer = response_deserializer
+        self._waiters: list[asyncio.Future] = []
+        self._done_callbacks: list[Callable[[Any], None]] = []
+        self._status: Optional[tuple] = None  # (StatusCode, details, trailing md (core))
+        self._imd: Any = None
+        self._locally_cancelled = False
+        self._ended = False
+        bridge.started()
+        channel.inflight += 1
+
+    # -- the watch --------------------------------------------------------------
+    def _on_change(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+        if not self._ended and self._core.done():
+            self._on_end()
+
+    def _on_end(self) -> None:
+        self._ended = True
+        self._bridge.finished()
+        self._channel.inflight -= 1
+        callbacks, self._done_callbacks = self._done_callbacks, []
+        for cb in callbacks:
+            self._run_callback(cb)
+
+    def _run_callback(self, cb: Callable[[Any], None]) -> None:
+        try:
+            cb(self)
+        except Exception:  # noqa: BLE001 - user code must not break the loop's dispatch
+            _LOGGER.exception("argrpc.aio: a done callback raised")
+
+    async def _changed(self) -> None:
+        fut = self._loop.create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if not self.done():
+                self.cancel()
+            raise
+
+    def _detach(self) -> None:
+        self._bridge.unregister(self._token)
+
+    def __del__(self) -> None:
+        try:
+            if not self._ended:
+                if not self._core.done():
+                    self._core.cancel(_CANCELLED_INT, _GC_CANCEL)
+                self._bridge.finished()
+                self._channel.inflight -= 1
+            self._bridge.unregister(self._token)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # -- grpc.aio.RpcContext ----------------------------------------------------
+    def cancelled(self) -> bool:
+        status = self._final_status()
+        return status is not None and status[0] is _CANCELLED
+
+    def done(self) -> bool:
+        return self._ended or self._core.done()
+
+    def time_remaining(self) -> Optional[float]:
+        if self._deadline is None:
+            return None
+        return max(self._deadline - time.time(), 0.0)
+
+    def cancel(self) -> bool:
+        if self.done():
+            return False
+        self._locally_cancelled = True
+        self._core.cancel(_CANCELLED_INT, LOCAL_CANCEL)
+        for task in (getattr(self, "_request_poller", None), getattr(self, "_sender", None)):
+            if task is not None and not task.done():
+                task.cancel()
+        return True
+
+    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
+        if self.done():
+            if not self._ended:
+                self._on_end()
+            self._run_callback(callback)
+        else:
+            self._done_callbacks.append(callback)
+
+    # -- grpc.aio.Call ----------------------------------------------------------
+    async def initial_metadata(self) -> aio.Metadata:
+        while True:
+            md = self._core.try_initial_metadata()
+            if md is not None:
+                if md is False:
+                    return aio.Metadata()
+                if self._imd is None:
+                    self._imd = aio_metadata(md)
+                return self._imd
+            await self._changed()
+
+    async def _wait_status(self) -> tuple:
+        while True:
+            status = self._final_status()
+            if status is not None:
+                return status
+            await self._changed()
+
+    def _final_status(self) -> Optional[tuple]:
+        if self._status is None:
+            raw = self._core.try_status()
+            if raw is None:
+                return None
+            code, details, tmd = raw
+            if self._channel._closed and code in (_CANCELLED_INT, _UNAVAILABLE_INT) and \
+                    details != LOCAL_CANCEL:
+                status, details = _CANCELLED, CHANNEL_CLOSED
+            else:
+                status, details = code_from_int(code, details)
+            self._status = (status, details, tmd)
+        return self._status
+
+    async def trailing_metadata(self) -> aio.Metadata:
+        return aio_metadata((await self._wait_status())[2])
+
+    async def code(self) -> grpc.StatusCode:
+        return (await self._wait_status())[0]
+
+    async def details(self) -> str:
+        return (await self._wait_status())[1]
+
+    async def debug_error_string(self) -> str:
+        status = await self._wait_status()
+        return "" if status[0] is _OK else f"{status[0].name}:{status[1]}"
+
+    async def wait_for_connection(self) -> None:
+        # The fast path is connected before a call starts; a call that already failed
+        # says so, as grpc.aio's does.
+        if self.done():
+            await self._raise_for_status()
+
+    async def _raise_for_status(self) -> None:
+        if self._locally_cancelled:
+            raise asyncio.CancelledError()
+        status = await self._wait_status()
+        if status[0] is not _OK:
+            raise await self._error(status)
+
+    async def _error(self, status: tuple) -> aio.AioRpcError:
+        imd = self._core.try_initial_metadata()
+        return rpc_error(status[0], status[1], imd or None, status[2])
+
+    def __repr__(self) -> str:
+        status = self._final_status()
+        if status is None:
+            return f"<{type(self).__name__} object>"
+        code, details = status[0], status[1]
+        if code is _OK:
+            return (f'<{type(self).__name__} of RPC that terminated with:\n\tstatus = {code}\n'
+                    f'\tdetails = "{details}"\n>')
+        return (f'<{type(self).__name__} of RPC that terminated with:\n\tstatus = {code}\n'
+                f'\tdetails = "{details}"\n\tdebug_error_string = "{code.name}:{details}"\n>')
+
+    __str__ = __repr__
+
+    # -- sending -----------------------------------------------------------------
+    async def _send(self, payload: Any, half_close: bool = False) -> bool:
+        """Sends one message; False if the call had ended."""
+        delay = _POOL_RETRY_FIRST_S
+        while True:
+            r = self._core.try_send(payload, half_close)
+            if r >= 0:
+                return r == 1
+            # No window (the watch fires when the reader makes room) or no pool room
+            # (retry shortly). The deadline ends the call in the engine either way, except
+            # before its headers went out, which only this side knows.
+            if self._deadline is not None and time.time() >= self._deadline:
+                self._core.cancel(_DEADLINE_INT, "Deadline Exceeded")
+                return False
+            fut = self._loop.create_future()
+            self._waiters.append(fut)
+            timer = self._loop.call_later(delay, _set_done, fut)
+            try:
+                await fut
+            except asyncio.CancelledError:
+                if not self.done():
+                    self.cancel()
+                raise
+            finally:
+                timer.cancel()
+            delay = min(delay * 2, _POOL_RETRY_MAX_S)
+
+    # -- receiving ---------------------------------------------------------------
+    async def _read_raw(self) -> Any:
+        """The next message (raw), or aio.EOF."""
+        while True:
+            msg = self._core.try_recv()
+            if msg is None and self._bridge.may_poll() and self._bridge.poll():
+                msg = self._core.try_recv()
+            if msg is None:
+                await self._changed()
+                continue
+            if msg is False:
+                return aio.EOF
+            return msg
+
+
+class _UnaryResponse(FastCall):
+    _result: Any = None
+    _have_result = False
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        if not self._have_result:
+            try:
+                while True:
+                    outcome = self._core.try_unary()
+                    if outcome is None and self._bridge.may_poll() and self._bridge.poll():
+                        outcome = self._core.try_unary()
+                    if outcome is not None:
+                        break
+                    fut = self._loop.create_future()
+                    self._waiters.append(fut)
+                    yield from fut
+            except asyncio.CancelledError:
+                if not self.done():
+                    self.cancel()
+                raise
+            if not self._ended:
+                self._on_end()
+            code, details, imd, tmd, response = outcome
+            if self._imd is None:
+                self._imd = aio_metadata(imd)
+            status = self._final_status()
+            if self._locally_cancelled:
+                raise asyncio.CancelledError()
+            if status is not None and status[0] is not _OK:
+                raise rpc_error(status[0], status[1], imd, tmd)
+            self._result = _deserialize(response, self._deserializer) if response is not None \
+                else None
+            self._have_result = True
+        return self._result
+
+
+class UnaryUnaryCall(_UnaryResponse, aio.UnaryUnaryCall):
+    """``grpc.aio.UnaryUnaryCall``: request, headers and half-close in one batch."""
+
+    def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list,
+                 timeout: Optional[float], request: Any,
+                 response_deserializer: Optional[Callable]) -> None:
+        token = bridge.register(_weak_callback(self))
+        core = conn.start_watched(method, metadata, timeout, bridge.notifier, token, False)
+        super().__init__(channel, bridge, core, token, timeout, response_deserializer)
+        if core.try_send(request, True) < 0:
+            self._sender = self._loop.create_task(self._send(request, True))
+
+
+class StreamUnaryCall(_UnaryResponse, aio.StreamUnaryCall):
+    """``grpc.aio.StreamUnaryCall``."""
+
+    def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list,
+                 timeout: Optional[float], request_iterator: Any,
+                 request_serializer: Optional[Callable],
+                 response_deserializer: Optional[Callable]) -> None:
+        token = bridge.register(_weak_callback(self))
+        core = conn.start_watched(method, metadata, timeout, bridge.notifier, token, True)
+        super().__init__(channel, bridge, core, token, timeout, response_deserializer)
+        _init_requests(self, request_iterator, request_serializer)
+
+    write = None  # replaced below
+    done_writing = None
+
+
+class UnaryStreamCall(FastCall, aio.UnaryStreamCall):
+    """``grpc.aio.UnaryStreamCall``."""
+
+    def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list,
+                 timeout: Optional[float], request: Any,
+                 response_deserializer: Optional[Callable]) -> None:
+        token = bridge.register(_weak_callback(self))
+        core = conn.start_watched(method, metadata, timeout, bridge.notifier, token, False)
+        super().__init__(channel, bridge, core, token, timeout, response_deserializer)
+        _init_responses(self)
+        if core.try_send(request, True) < 0:
+            self._sender = self._loop.create_task(self._send(request, True))
+
+    __aiter__ = None  # replaced below
+    read = None
+
+
+class StreamStreamCall(FastCall, aio.StreamStreamCall):
+    """``grpc.aio.StreamStreamCall``."""
+
+    def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list,
+                 timeout: Optional[float], request_iterator: Any,
+                 request_serializer: Optional[Callable],
+                 response_deserializer: Optional[Callable]) -> None:
+        token = bridge.register(_weak_callback(self))
+        core = conn.start_watched(method, metadata, timeout, bridge.notifier, token, True)
+        super().__init__(channel, bridge, core, token, timeout, response_deserializer)
+        _init_responses(self)
+        _init_requests(self, request_iterator, request_serializer)
+
+    __aiter__ = None
+    read = None
+    write = None
+    done_writing = None
+
+
+def _weak_callback(call: FastCall) -> Callable[[], None]:
+    """The bridge's callback for `call`, which must not keep the call alive (dropping an
+    unfinished call cancels it, as grpc.aio's do)."""
+    ref = weakref.ref(call)
+
+    def callback() -> None:
+        c = ref()
+        if c is not None:
+            c._on_change()
+
+    return callback
+
+
+# -- streaming responses ----------------------------------------------------------
+
+def _init_responses(call: Any) -> None:
+    call._response_style = _UNKNOWN_STYLE
+    call._message_aiter = None
+
+
+def _update_response_style(call: Any, style: int) -> None:
+    if call._response_style == _UNKNOWN_STYLE:
+        call._response_style = style
+    elif call._response_style != style:
+        raise aio.UsageError(_API_STYLE_ERROR)
+
+
+async def _read_message(call: Any) -> Any:
+    raw = await call._read_raw()
+    if raw is aio.EOF:
+        return aio.EOF
+    return _deserialize(raw, call._deserializer)
+
+
+async def _fetch_responses(call: Any) -> AsyncIterator[Any]:
+    while True:
+        message = await _read_message(call)
+        if message is aio.EOF:
+            break
+        yield message
+    await call._raise_for_status()
+
+
+def _response_aiter(self: Any) -> AsyncIterator[Any]:
+    _update_response_style(self, _ITERATOR_STYLE)
+    if self._message_aiter is None:
+        self._message_aiter = _fetch_responses(self)
+    return self._message_aiter
+
+
+async def _read(self: Any) -> Any:
+    _update_response_style(self, _READER_WRITER_STYLE)
+    message = await _read_message(self)
+    if message is aio.EOF:
+        await self._raise_for_status()
+    return message
+
+
+for _cls in (UnaryStreamCall, StreamStreamCall):
+    _cls.__aiter__ = _response_aiter  # type: ignore[method-assign]
+    _cls.read = _read  # type: ignore[method-assign]
+
+
+# -- streaming requests -----------------------------------------------------------
+
+def _init_requests(call: Any, request_iterator: Any, serializer: Optional[Callable]) -> None:
+    call._serializer = serializer
+    call._done_writing_flag = False
+    if request_iterator is not None:
+        call._request_style = _ITERATOR_STYLE
+        call._request_poller = call._loop.create_task(_consume_requests(call, request_iterator))
+    else:
+        call._request_style = _READER_WRITER_STYLE
+        call._request_poller = None
+
+
+async def _write_one(call: Any, request: Any) -> None:
+    if call.done():
+        raise asyncio.InvalidStateError(_ALREADY_FINISHED)
+    if call._done_writing_flag:
+        raise asyncio.InvalidStateError(_HALF_CLOSED)
+    payload = request
+    if call._serializer is not None:
+        try:
+            payload = call._serializer(request)
+        except Exception:  # noqa: BLE001 - user code; grpc.aio logs it and sends None
+            _LOGGER.exception("Exception serializing message!")
+            payload = None
+    if payload is None:
+        raise TypeError("argrpc.aio: the request serializer returned None")
+    if not await call._send(payload):
+        await call._raise_for_status()
+
+
+async def _consume_requests(call: Any, request_iterator: Any) -> None:
+    try:
+        if isinstance(request_iterator, AsyncIterable):
+            async for request in request_iterator:
+                try:
+                    await _write_one(call, request)
+                except aio.AioRpcError as e:
+                    _LOGGER.debug("Exception while consuming the request_iterator: %s", e)
+                    return
+        else:
+            for request in request_iterator:
+                try:
+                    await _write_one(call, request)
+                except aio.AioRpcError as e:
+                    _LOGGER.debug("Exception while consuming the request_iterator: %s", e)
+                    return
+        await _done_writing(call)
+    except BaseException:  # noqa: BLE001 - the user's iterator: cancel the RPC, as grpc.aio
+        _LOGGER.debug("Client request_iterator raised exception:\n%s", traceback.format_exc())
+        call.cancel()
+
+
+async def _done_writing(call: Any) -> None:
+    if call.done() or call._done_writing_flag:
+        return
+    call._done_writing_flag = True
+    call._core.half_close()
+
+
+async def _write(self: Any, request: Any) -> None:
+    if self._request_style != _READER_WRITER_STYLE:
+        raise aio.UsageError(_API_STYLE_ERROR)
+    await _write_one(self, request)
+
+
+async def _public_done_writing(self: Any) -> None:
+    if self._request_style != _READER_WRITER_STYLE:
+        raise aio.UsageError(_API_STYLE_ERROR)
+    await _done_writing(self)
+
+
+for _cls in (StreamUnaryCall, StreamStreamCall):
+    _cls.write = _write  # type: ignore[method-assign, assignment]
+    _cls.done_writing = _public_done_writing  # type: ignore[method-assign, assignment]
+
+
+class FailedCall:
+    """A call that ended before it started (a forced transport that is impossible,
+    invalid metadata): every operation reports `error`, as grpc.aio's call would."""
+
+    def __init__(self, error: aio.AioRpcError) -> None:
+        self._error = error
+
+    @staticmethod
+    def make(kind: str, error: aio.AioRpcError) -> Any:
+        return _FAILED[kind](error)
+
+    def cancelled(self) -> bool:
+        return False
+
+    def done(self) -> bool:
+        return True
+
+    def time_remaining(self) -> Optional[float]:
+        return None
+
+    def cancel(self) -> bool:
+        return False
+
+    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
+        callback(self)
+
+    async def initial_metadata(self) -> aio.Metadata:
+        return self._error.initial_metadata()
+
+    async def trailing_metadata(self) -> aio.Metadata:
+        return self._error.trailing_metadata()
+
+    async def code(self) -> grpc.StatusCode:
+        return self._error.code()
+
+    async def details(self) -> str:
+        return self._error.details() or ""
+
+    async def debug_error_string(self) -> str:
+        return self._error.debug_error_string() or ""
+
+    async def wait_for_connection(self) -> None:
+        raise self._error
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        raise self._error
+        yield  # noqa: unreachable - makes this a generator
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._raise()
+
+    async def _raise(self) -> AsyncIterator[Any]:
+        raise self._error
+        yield  # noqa: unreachable - makes this an async generator
+
+    async def read(self) -> Any:
+        raise self._error
+
+    async def write(self, request: Any) -> None:
+        raise self._error
+
+    async def done_writing(self) -> None:
+        return None
+
+
+class _FailedUnary(FailedCall, aio.UnaryUnaryCall, aio.StreamUnaryCall):
+    pass
+
+
+class _FailedStream(FailedCall, aio.UnaryStreamCall, aio.StreamStreamCall):
+    pass
+
+
+_FAILED = {"unary_unary": _FailedUnary, "stream_unary": _FailedUnary,
+           "unary_stream": _FailedStream, "stream_stream": _FailedStream}

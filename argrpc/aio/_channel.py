@@ -1,0 +1,400 @@
+"""``argrpc.aio.Channel``: a ``grpc.aio.Channel`` that uses a fast transport (shared
+memory, RDMA verbs) when the server can, as ``argrpc.Channel`` does for the threaded API.
+
+The channel always holds a real ``grpc.aio`` channel: it carries the bootstrap RPC and
+every call when the fast path is not possible. The transport is negotiated on the first
+call (or ``await channel_ready()``); calls made while that runs wait for it
+(``_pending.py``), later ones go straight to the fast connection or to grpc.aio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable, Optional
+
+import grpc
+from grpc import aio
+
+from .. import _bootstrap, _buffers, _config
+from .._engine import get_engine
+from .._metadata import InvalidMetadataError, to_core
+from .._transports import names
+from . import _call, _interceptors
+from ._loop import bridge
+from ._pending import PendingCall
+
+__all__ = ["Channel", "insecure_channel", "secure_channel"]
+
+_LOGGER = logging.getLogger("argrpc")
+
+_NEGOTIATION_TIMEOUT_S = _config.LIMITS.negotiation_timeout_s
+_RETRY_INTERVAL_S = 1.0
+
+_NEW, _FAST, _GRPC, _RETRY, _FORCED = "new", "fast", "grpc", "retry", "forced"
+
+
+class Channel(aio.Channel):
+    """Drop-in for what ``grpc.aio.insecure_channel``/``secure_channel`` return."""
+
+    def __init__(self, target: str, credentials: Optional[grpc.ChannelCredentials] = None,
+                 options: Any = None, compression: Optional[grpc.Compression] = None,
+                 interceptors: Any = None) -> None:
+        self._cfg = _config.load(options)
+        grpc_options, _ = _config.split_options(options)
+        self._secure = credentials is not None
+        # The inner channel has no interceptors: they run above both paths (the bootstrap
+        # RPC is not theirs to see).
+        if credentials is None:
+            self._grpc = aio.insecure_channel(target, grpc_options, compression)
+        else:
+            self._grpc = aio.secure_channel(target, credentials, grpc_options, compression)
+        self._interceptors = _interceptors.split(interceptors)
+        self._target = target
+        self._max_recv = _config.max_receive_length(grpc_options)
+        self._max_send = _config.max_send_length(grpc_options)
+        self._fast: Any = None
+        self._fast_name = ""
+        self._state = _NEW
+        self._reason = ""
+        self._forced_error = ""
+        self._next_try = 0.0
+        self._logged = False
+        self._closed = False
+        self._negotiation: Optional[asyncio.Task] = None
+        self.inflight = 0  # fast-path calls not ended (close(grace) waits for them)
+
+    # ------------------------------------------------------------------ routing
+    def _settled(self, wait_for_ready: Optional[bool]) -> bool:
+        """Whether a call can be routed now, without negotiating first."""
+        if self._closed or self._state == _GRPC:
+            return True
+        fast = self._fast
+        if fast is not None:
+            if fast.alive:
+                return True
+            self._lost(fast)
+        if self._state == _NEW:
+            return False
+        if self._state in (_RETRY, _FORCED):
+            return not (time.monotonic() >= self._next_try
+                        or (wait_for_ready and self._state == _RETRY))
+        return True
+
+    def _lost(self, fast: Any) -> None:
+        self._fast = None
+        self._state = _NEW
+        _LOGGER.info("argrpc: %s connection to %s lost (%s); renegotiating", self._fast_name,
+                     self._target, fast.error or "closed")
+        try:
+            fast.close()
+        except Exception:  # noqa: BLE001 - already dead; nothing to release
+            pass
+
+    async def _negotiate(self, timeout: Optional[float], wait_for_ready: Optional[bool]) -> None:
+        if self._settled(wait_for_ready):
+            return
+        task = self._negotiation
+        if task is None or task.done():
+            task = self._negotiation = asyncio.get_running_loop().create_task(
+                self._negotiate_once(timeout, wait_for_ready))
+        await asyncio.shield(task)
+
+    async def _negotiate_once(self, timeout: Optional[float],
+                              wait_for_ready: Optional[bool]) -> None:
+        neg_timeout = _NEGOTIATION_TIMEOUT_S if timeout is None else timeout
+        try:
+            neg = await _bootstrap.negotiate_async(
+                self._grpc, self._cfg, self._max_recv, timeout=neg_timeout,
+                wait_for_ready=bool(wait_for_ready), secure=self._secure, target=self._target)
+            transport, conn = neg.transport, neg.connection
+            reason, retryable, forced = neg.reason, neg.retryable, neg.forced_error
+        except Exception as e:  # noqa: BLE001 - negotiation must never break a call
+            _LOGGER.warning("argrpc: negotiation failed unexpectedly", exc_info=True)
+            transport, conn, reason, retryable, forced = ("grpc", None,
+                                                          f"negotiation failed: {e}", False, "")
+        if transport in names() and conn is not None:
+            if self._closed:
+                conn.close()
+                return
+            self._fast, self._fast_name, self._state = conn, transport, _FAST
+            self._reason = self._forced_error = ""
+            return
+        if conn is not None:
+            conn.close()
+        self._reason = reason or "no fast transport"
+        self._forced_error = forced
+        if retryable:
+            self._state, self._next_try = _RETRY, time.monotonic() + _RETRY_INTERVAL_S
+        elif forced:
+            self._state, self._next_try = _FORCED, float("inf")
+        else:
+            self._state = _GRPC
+        if not self._logged:
+            self._logged = True
+            level = logging.WARNING if forced or self._cfg.transport not in ("auto", "grpc") \
+                else logging.INFO
+            _LOGGER.log(level, "argrpc: channel to %s uses plain gRPC: %s%s", self._target,
+                        forced or self._reason, " (will retry)" if retryable else "")
+
+    def _forced_failure(self) -> Optional[aio.AioRpcError]:
+        if self._fast is None and self._forced_error and not self._closed:
+            return _call.rpc_error(grpc.StatusCode.UNAVAILABLE, self._forced_error)
+        return None
+
+    @property
+    def transport(self) -> str:
+        """The fast transport's name ("shm", "verbs"), "grpc", or "pending" before the
+        first call or ``await channel_ready()`` negotiated."""
+        if self._fast is not None:
+            return self._fast_name
+        return "pending" if self._state == _NEW and not self._closed else "grpc"
+
+    @property
+    def fallback_reason(self) -> str:
+        """Why the channel is not on a fast transport ("" when it is, or before it
+        negotiated)."""
+        if self._fast is not None:
+            return ""
+        return self._forced_error or self._reason
+
+    # ------------------------------------------------------------------ grpc.aio.Channel
+    async def __aenter__(self) -> "Channel":
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> None:
+        await self._close(None)
+
+    async def close(self, grace: Optional[float] = None) -> None:
+        await self._close(grace)
+
+    async def _close(self, grace: Optional[float]) -> None:
+        if not self._closed and grace:
+            # Calls in flight get the grace to finish, as grpc.aio's close(grace) gives.
+            end = time.monotonic() + grace
+            while self.inflight > 0 and time.monotonic() < end:
+                await asyncio.sleep(0.005)
+        self._closed = True
+        fast, self._fast = self._fast, None
+        if fast is not None:
+            fast.close()
+        await self._grpc.close(grace)
+
+    def get_state(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity:
+        return self._grpc.get_state(try_to_connect)
+
+    async def wait_for_state_change(self, last_observed_state: grpc.ChannelConnectivity) -> None:
+        await self._grpc.wait_for_state_change(last_observed_state)
+
+    async def channel_ready(self) -> None:
+        """Waits until the gRPC channel is READY, then negotiates the transport."""
+        await self._grpc.channel_ready()
+        await self._negotiate(None, True)
+
+    def unary_unary(self, method: str, request_serializer: Optional[Callable] = None,
+                    response_deserializer: Optional[Callable] = None,
+                    _registered_method: Optional[bool] = False) -> "UnaryUnaryMultiCallable":
+        return UnaryUnaryMultiCallable(self, method, request_serializer, response_deserializer,
+                                       _registered_method)
+
+    def unary_stream(self, method: str, request_serializer: Optional[Callable] = None,
+                     response_deserializer: Optional[Callable] = None,
+                     _registered_method: Optional[bool] = False) -> "UnaryStreamMultiCallable":
+        return UnaryStreamMultiCallable(self, method, request_serializer, response_deserializer,
+                                        _registered_method)
+
+    def stream_unary(self, method: str, request_serializer: Optional[Callable] = None,
+                     response_deserializer: Optional[Callable] = None,
+                     _registered_method: Optional[bool] = False) -> "StreamUnaryMultiCallable":
+        return StreamUnaryMultiCallable(self, method, request_serializer, response_deserializer,
+                                        _registered_method)
+
+    def stream_stream(self, method: str, request_serializer: Optional[Callable] = None,
+                      response_deserializer: Optional[Callable] = None,
+                      _registered_method: Optional[bool] = False) -> "StreamStreamMultiCallable":
+        return StreamStreamMultiCallable(self, method, request_serializer,
+                                         response_deserializer, _registered_method)
+
+    def __del__(self) -> None:
+        try:
+            fast = self._fast
+            if fast is not None:
+                self._closed = True
+                self._fast = None
+                fast.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+# ---------------------------------------------------------------------- multicallables
+
+def _core_metadata(metadata: Any) -> list:
+    md = to_core(tuple(metadata) if metadata is not None else None)
+    # grpc drops a call's own user-agent: the server sees the channel's.
+    return [kv for kv in md if kv[0] != "user-agent"] if md else md
+
+
+class _MultiCallable:
+    _kind = ""
+    _fast_class: Any = None
+
+    def __init__(self, channel: Channel, method: str, request_serializer: Optional[Callable],
+                 response_deserializer: Optional[Callable], registered: Optional[bool]) -> None:
+        self._channel = channel
+        self._method = method
+        self._serializer = request_serializer
+        self._deserializer = response_deserializer
+        factory = getattr(channel._grpc, self._kind)
+        self._grpc = factory(method, _buffers.bytes_serializer(request_serializer),
+                             response_deserializer, registered)
+        self._intercepted = channel._interceptors.get(self._kind, ())
+        self._loop: Any = None
+        self._loop_bridge: Any = None
+
+    def __call__(self, request: Any = None, *, timeout: Optional[float] = None,
+                 metadata: Any = None, credentials: Optional[grpc.CallCredentials] = None,
+                 wait_for_ready: Optional[bool] = None,
+                 compression: Optional[grpc.Compression] = None) -> Any:
+        if self._intercepted:
+            return _interceptors.intercept(self, request, timeout, metadata, credentials,
+                                           wait_for_ready, compression)
+        return self.invoke(request, timeout, metadata, credentials, wait_for_ready, compression)
+
+    def invoke(self, request: Any, timeout: Optional[float], metadata: Any, credentials: Any,
+               wait_for_ready: Optional[bool], compression: Any) -> Any:
+        """The call itself, below any interceptor."""
+        channel = self._channel
+        if credentials is not None or channel._settled(wait_for_ready):
+            return self._start(request, timeout, metadata, credentials, wait_for_ready,
+                               compression)
+        start = time.monotonic()
+
+        async def routed() -> Any:
+            await channel._negotiate(timeout, wait_for_ready)
+            left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
+            return self._start(request, left, metadata, credentials, wait_for_ready,
+                               compression)
+
+        return PendingCall.make(self._kind, routed())
+
+    def _start(self, request: Any, timeout: Optional[float], metadata: Any, credentials: Any,
+               wait_for_ready: Optional[bool], compression: Any) -> Any:
+        channel = self._channel
+        fast = None if credentials is not None else channel._fast
+        if fast is None:
+            failure = channel._forced_failure()
+            if failure is not None:
+                return _call.FailedCall.make(self._kind, failure)
+            return self._grpc(request, timeout=timeout, metadata=metadata,
+                              credentials=credentials, wait_for_ready=wait_for_ready,
+                              compression=compression)
+        try:
+            md = _core_metadata(metadata)
+        except InvalidMetadataError as e:
+            _LOGGER.error("%s", e)
+            return _call.FailedCall.make(self._kind, _call.rpc_error(
+                grpc.StatusCode.INTERNAL, "Invalid metadata", debug=""))
+        return self._fast_call(self._bridge(), fast, md, timeout, request)
+
+    def _bridge(self) -> Any:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop = loop
+            self._loop_bridge = bridge(get_engine(self._channel._cfg))
+        return self._loop_bridge
+
+    def _fast_call(self, b: Any, fast: Any, md: list, timeout: Optional[float],
+                   request: Any) -> Any:
+        raise NotImplementedError
+
+
+def _serialize_unary(serializer: Optional[Callable], request: Any) -> Any:
+    if serializer is None:
+        return request
+    try:
+        payload = serializer(request)
+    except Exception:  # noqa: BLE001 - user code: grpc.aio logs it
+        _LOGGER.exception("Exception serializing message!")
+        payload = None
+    if payload is None:
+        raise TypeError("argrpc.aio: the request serializer returned None")
+    return payload
+
+
+class UnaryUnaryMultiCallable(_MultiCallable, aio.UnaryUnaryMultiCallable):
+    _kind = "unary_unary"
+
+    def __call__(self, request: Any = None, *, timeout: Optional[float] = None,
+                 metadata: Any = None, credentials: Optional[grpc.CallCredentials] = None,
+                 wait_for_ready: Optional[bool] = None,
+                 compression: Optional[grpc.Compression] = None) -> Any:
+        # The common case in as few steps as possible: every Python call costs here.
+        fast = self._channel._fast
+        if fast is None or credentials is not None or self._intercepted or not fast.alive \
+                or metadata:
+            return super().__call__(request, timeout=timeout, metadata=metadata,
+                                    credentials=credentials, wait_for_ready=wait_for_ready,
+                                    compression=compression)
+        loop = asyncio.get_running_loop()
+        b = self._loop_bridge if loop is self._loop else self._bridge()
+        return _call.UnaryUnaryCall(self._channel, b, fast, self._method, [], timeout,
+                                    _serialize_unary(self._serializer, request),
+                                    self._deserializer)
+
+    def _fast_call(self, b: Any, fast: Any, md: list, timeout: Optional[float],
+                   request: Any) -> Any:
+        return _call.UnaryUnaryCall(self._channel, b, fast, self._method, md, timeout,
+                                    _serialize_unary(self._serializer, request),
+                                    self._deserializer)
+
+
+class UnaryStreamMultiCallable(_MultiCallable, aio.UnaryStreamMultiCallable):
+    _kind = "unary_stream"
+
+    def _fast_call(self, b: Any, fast: Any, md: list, timeout: Optional[float],
+                   request: Any) -> Any:
+        return _call.UnaryStreamCall(self._channel, b, fast, self._method, md, timeout,
+                                     _serialize_unary(self._serializer, request),
+                                     self._deserializer)
+
+
+class StreamUnaryMultiCallable(_MultiCallable, aio.StreamUnaryMultiCallable):
+    _kind = "stream_unary"
+
+    def __call__(self, request_iterator: Any = None, **kwargs: Any) -> Any:  # type: ignore[override]
+        return super().__call__(request_iterator, **kwargs)
+
+    def _fast_call(self, b: Any, fast: Any, md: list, timeout: Optional[float],
+                   request: Any) -> Any:
+        return _call.StreamUnaryCall(self._channel, b, fast, self._method, md, timeout,
+                                     request, self._serializer, self._deserializer)
+
+
+class StreamStreamMultiCallable(_MultiCallable, aio.StreamStreamMultiCallable):
+    _kind = "stream_stream"
+
+    def __call__(self, request_iterator: Any = None, **kwargs: Any) -> Any:  # type: ignore[override]
+        return super().__call__(request_iterator, **kwargs)
+
+    def _fast_call(self, b: Any, fast: Any, md: list, timeout: Optional[float],
+                   request: Any) -> Any:
+        return _call.StreamStreamCall(self._channel, b, fast, self._method, md, timeout,
+                                      request, self._serializer, self._deserializer)
+
+
+def insecure_channel(target: str, options: Any = None,
+                     compression: Optional[grpc.Compression] = None,
+                     interceptors: Any = None) -> Channel:
+    """Like ``grpc.aio.insecure_channel``; TF_RDMA_* options configure argrpc."""
+    return Channel(target, None, options, compression, interceptors)
+
+
+def secure_channel(target: str, credentials: grpc.ChannelCredentials, options: Any = None,
+                   compression: Optional[grpc.Compression] = None,
+                   interceptors: Any = None) -> Channel:
+    """Like ``grpc.aio.secure_channel``. The fast path is used over TLS only with
+    TF_RDMA_OVER_TLS=true (the shared-memory data path is not encrypted)."""
+    if credentials is None:
+        raise ValueError("secure_channel requires credentials (use insecure_channel)")
+    return Channel(target, credentials, options, compression, interceptors)

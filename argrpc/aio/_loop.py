@@ -1,0 +1,167 @@
+"""The bridge between an asyncio event loop and the engine: one per loop.
+
+The loop never waits inside the engine. Each fast-path call (and each asyncio server)
+registers a callback under a token; the engine posts the token to this loop's
+``_core.Notifier`` whenever the call's state changes, and the first post after a drain
+makes the notifier's eventfd readable. The loop watches that fd (``add_reader``), drains
+the tokens in one batch and runs their callbacks, which ask the calls without blocking.
+
+Waking a sleeping loop through the fd costs a thread hand-off (the engine's progress
+thread reads the peer, then wakes the loop), which the measurements in docs/design.md
+price at tens of microseconds. So on loops built on a selector (asyncio's default loop)
+the loop's own thread drives the engine for up to ``TF_RDMA_SPIN_US`` before it would
+sleep, while it has calls in flight: an answer that arrives within that time is seen
+without a hand-off. Loops without a selector (uvloop) get every completion through the fd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import selectors
+import threading
+import weakref
+from typing import Any, Callable, Optional
+
+from .._engine import core_module
+
+__all__ = ["LoopBridge", "bridge"]
+
+_BRIDGES: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopBridge]" = \
+    weakref.WeakKeyDictionary()
+_BRIDGES_LOCK = threading.Lock()
+_FOREVER_US = 1 << 40
+
+
+class LoopBridge:
+    """A loop's notifier and the callbacks of the calls it owns."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, engine: Any) -> None:
+        core = core_module()
+        self.loop = loop
+        self.engine = engine
+        self.notifier = core.Notifier()
+        self._callbacks: dict[int, Callable[[], None]] = {}
+        self._next = 1
+        self._inflight = 0  # calls not ended, servers taking calls
+        self._closed = False
+        loop.add_reader(self.notifier.fd, self.dispatch)
+        self.polling = _install_poll(loop, self)
+
+    def register(self, callback: Callable[[], None]) -> int:
+        """A token for a call or server: `callback` runs on this loop after each change."""
+        token = self._next
+        self._next += 1
+        self._callbacks[token] = callback
+        return token
+
+    def unregister(self, token: int) -> None:
+        self._callbacks.pop(token, None)
+
+    def started(self) -> None:
+        """A call (or a server) whose answers this loop waits for."""
+        self._inflight += 1
+
+    def finished(self) -> None:
+        self._inflight -= 1
+
+    @property
+    def busy(self) -> bool:
+        """A call is in flight or a server takes calls: worth polling for."""
+        return self._inflight > 0
+
+    def dispatch(self) -> None:
+        self._run(self.notifier.drain())
+
+    def _run(self, tokens: list) -> None:
+        callbacks = self._callbacks
+        for token in tokens:
+            callback = callbacks.get(token)
+            if callback is not None:
+                callback()
+
+    def poll(self, limit_s: Optional[float] = None) -> bool:
+        """Drive the engine briefly on the loop's thread and run the callbacks of what
+        changed meanwhile; True if anything did."""
+        tokens = self.notifier.poll(self.engine, _FOREVER_US if limit_s is None
+                                    else int(limit_s * 1e6))
+        if tokens:
+            self._run(tokens)
+            return True
+        return False
+
+    def may_poll(self) -> bool:
+        """The loop has nothing ready to run, so a coroutine about to wait for a call may
+        poll for it right here instead of going round the loop (asyncio's own loop
+        only: others do not say)."""
+        ready = getattr(self.loop, "_ready", None)
+        return ready is not None and not ready
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.loop.remove_reader(self.notifier.fd)
+        except Exception:  # noqa: BLE001 - the loop is already closed
+            pass
+
+
+def bridge(engine: Any) -> LoopBridge:
+    """The running loop's bridge, made on first use."""
+    loop = asyncio.get_running_loop()
+    b = _BRIDGES.get(loop)
+    if b is None or b._closed:
+        with _BRIDGES_LOCK:
+            b = _BRIDGES.get(loop)
+            if b is None or b._closed:
+                b = LoopBridge(loop, engine)
+                _BRIDGES[loop] = b
+    return b
+
+
+class _PollingSelector(selectors.BaseSelector):
+    """The loop's own selector, which first drives the engine when the loop would sleep
+    with calls in flight (see the module docstring)."""
+
+    def __init__(self, inner: selectors.BaseSelector, owner: LoopBridge) -> None:
+        self._inner = inner
+        self._owner = weakref.ref(owner)
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._inner.register(fileobj, events, data)
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._inner.unregister(fileobj)
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._inner.modify(fileobj, events, data)
+
+    def select(self, timeout: Optional[float] = None) -> list:
+        owner = self._owner()
+        if owner is not None and owner.busy and (timeout is None or timeout > 0):
+            if owner.poll(timeout):
+                timeout = 0  # the notifier's fd is readable now
+        return self._inner.select(timeout)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def get_key(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._inner.get_key(fileobj)
+
+    def get_map(self) -> Any:
+        return self._inner.get_map()
+
+
+def _install_poll(loop: asyncio.AbstractEventLoop, owner: LoopBridge) -> bool:
+    """Put _PollingSelector in front of a selector loop's selector; False when the loop
+    has none (uvloop, a proactor), which then relies on the fd alone."""
+    inner = getattr(loop, "_selector", None)
+    if not isinstance(loop, asyncio.selector_events.BaseSelectorEventLoop) or \
+            not isinstance(inner, selectors.BaseSelector):
+        return False
+    if isinstance(inner, _PollingSelector):
+        inner._owner = weakref.ref(owner)
+        return True
+    loop._selector = _PollingSelector(inner, owner)  # type: ignore[attr-defined]
+    return True

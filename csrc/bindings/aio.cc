@@ -1,0 +1,180 @@
+// What an asyncio event loop uses: a Notifier whose fd the loop watches, and the calls'
+// and the server's methods that never wait (the loop must not block in the engine).
+// A watched call posts its token to the notifier on every change of its state; the
+// loop then asks it with these try_* methods. Sends that would wait for window or pool
+// room say so instead, and the loop tries again when the call's watch fires (window)
+// or a little later (pool room).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+
+#include "bindings/bindings.h"
+#include "common/status.h"
+#include "engine/notifier.h"
+
+namespace py = pybind11;
+
+namespace argrpc {
+namespace bindings {
+
+namespace {
+
+struct PyNotifier {
+  std::shared_ptr<Notifier> n = std::make_shared<Notifier>();
+  ForkLocal<bool> here{true};  // a forked child's copy must not drain the parent's
+};
+
+void watch_stream(const std::shared_ptr<Stream>& s, PyNotifier& n, uint64_t token) {
+  auto w = std::make_shared<Watch>(n.n, token);
+  std::lock_guard<std::mutex> g(s->mu);
+  s->watch = w;
+  // What happened before the watch is not lost: the loop looks once.
+  if (s->ended || s->have_initial_md || !s->inbox.empty() || s->peer_half_closed) w->fire();
+}
+
+int send_result(SendResult r) {
+  switch (r) {
+    case SendResult::kSent: return 1;
+    case SendResult::kWouldBlock: return -1;
+    case SendResult::kEnded: break;
+  }
+  return 0;
+}
+
+// The next message, None while none is ready, False once none will come.
+py::object try_recv(const std::shared_ptr<Stream>& s) {
+  Payload p;
+  int r;
+  {
+    NoGil nogil;
+    r = s->conn->try_recv(s, &p);
+  }
+  if (r > 0) return to_python(std::move(p));
+  return r == 0 ? py::object(py::none()) : py::object(py::bool_(false));
+}
+
+int try_send(const std::shared_ptr<Stream>& s, const py::object& msg, bool half_close) {
+  BufferView b(msg);
+  NoGil nogil;
+  return send_result(s->conn->try_send(s, b.data(), b.size(), half_close));
+}
+
+}  // namespace
+
+void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnection>& connection,
+             py::class_<PyClientCall>& client_call, py::class_<PyServer>& server,
+             py::class_<PyServerCall>& server_call) {
+  py::class_<PyNotifier>(m, "Notifier")
+      .def(py::init<>())
+      .def_property_readonly("fd", [](PyNotifier& n) { return n.n->fd(); })
+      .def_property_readonly("pending", [](PyNotifier& n) { return n.n->pending(); })
+      .def("drain", [](PyNotifier& n) {
+        if (n.here.inherited()) return std::vector<uint64_t>();
+        return n.n->drain();
+      })
+      // Drives the engine for up to min(spin_us, limit_us) while nothing is posted, then
+      // drains: the tokens posted.
+      .def("poll", [](PyNotifier& n, PyEngine& e, int64_t limit_us) {
+        if (n.here.inherited() || e.engine.inherited()) return std::vector<uint64_t>();
+        NoGil nogil;
+        return n.n->poll(*e.engine, limit_us);
+      }, py::arg("engine"), py::arg("limit_us"));
+
+  connection.def(
+      "start_watched",
+      [](PyConnection& c, const std::string& method, py::object md, py::object timeout,
+         PyNotifier& n, uint64_t token, bool send_headers_now) {
+        auto conn = c.need();
+        Metadata meta = to_metadata(md);
+        const double t = timeout_arg(timeout);
+        std::shared_ptr<Stream> s;
+        {
+          NoGil nogil;
+          s = conn->start_call(method, meta, t, send_headers_now);
+        }
+        watch_stream(s, n, token);
+        return std::make_unique<PyClientCall>(c.engine, s);
+      },
+      py::arg("method"), py::arg("metadata"), py::arg("timeout"), py::arg("notifier"),
+      py::arg("token"), py::arg("send_headers_now") = true);
+
+  client_call
+      .def("try_send", [](PyClientCall& c, py::object msg, bool half_close) {
+        if (c.inherited()) return 0;
+        return try_send(c.s, msg, half_close);
+      }, py::arg("message"), py::arg("half_close") = false)
+      .def("try_recv", [](PyClientCall& c) -> py::object {
+        if (c.inherited()) return py::bool_(false);
+        return try_recv(c.s);
+      })
+      // The initial metadata, None while it has not come, False if the call ended without.
+      .def("try_initial_metadata", [](PyClientCall& c) -> py::object {
+        if (c.inherited()) return py::bool_(false);
+        std::lock_guard<std::mutex> g(c.s->mu);
+        if (c.s->have_initial_md) return from_metadata(c.s->initial_md);
+        return c.s->ended ? py::object(py::bool_(false)) : py::object(py::none());
+      })
+      .def("try_status", [](PyClientCall& c) -> py::object {
+        if (c.inherited()) return py::make_tuple(uint32_t(kUnavailable), py::str(kInheritedCall), py::list());
+        {
+          std::lock_guard<std::mutex> g(c.s->mu);
+          if (!c.s->ended) return py::none();
+        }
+        return status_tuple(*c.s);
+      })
+      // A unary call's outcome once it ended: (code, details, initial, trailing,
+      // response or None), as Connection.unary returns it; None while it runs.
+      .def("try_unary", [](PyClientCall& c) -> py::object {
+        if (c.inherited())
+          return py::make_tuple(uint32_t(kUnavailable), py::str(kInheritedCall), py::list(),
+                                py::list(), py::none());
+        Stream& s = *c.s;
+        {
+          // Ended, and its response (if any) is whole: a large one may still be pulled
+          // after the trailers came.
+          std::lock_guard<std::mutex> g(s.mu);
+          if (!s.ended || (!s.inbox.empty() && !s.inbox.front().ready())) return py::none();
+        }
+        Payload p;
+        int got;
+        {
+          NoGil nogil;
+          got = s.conn->try_recv(c.s, &p);
+        }
+        py::object response = got > 0 ? to_python(std::move(p)) : py::none();
+        std::lock_guard<std::mutex> g(s.mu);
+        return py::make_tuple(s.code, py::str(s.details), from_metadata(s.initial_md),
+                              from_metadata(s.trailing_md), response);
+      });
+
+  server.def("watch", [](PyServer& s, PyNotifier& n, uint64_t token) {
+    s.server->set_watch(std::make_shared<Watch>(n.n, token));
+  }, py::arg("notifier"), py::arg("token"));
+
+  server_call
+      .def("watch", [](PyServerCall& c, PyNotifier& n, uint64_t token) {
+        watch_stream(c.s, n, token);
+      }, py::arg("notifier"), py::arg("token"))
+      .def("try_recv", [](PyServerCall& c) -> py::object { return try_recv(c.s); })
+      .def("try_send", [](PyServerCall& c, py::object msg) { return try_send(c.s, msg, false); },
+           py::arg("message"))
+      .def("try_finish",
+           [](PyServerCall& c, uint32_t code, std::string details, py::object trailing,
+              py::object message) {
+             Metadata md = to_metadata(trailing);
+             std::unique_ptr<BufferView> b;
+             if (!message.is_none()) b = std::make_unique<BufferView>(message);
+             NoGil nogil;
+             return send_result(c.s->conn->try_finish(c.s, code, details, md,
+                                                      b ? b->data() : nullptr,
+                                                      b ? b->size() : 0, b != nullptr));
+           },
+           py::arg("code"), py::arg("details"), py::arg("trailing_md"),
+           py::arg("message") = py::none());
+  (void)engine;
+}
+
+}  // namespace bindings
+}  // namespace argrpc

@@ -1,0 +1,83 @@
+#include "engine/notifier.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "common/error.h"
+#include "common/spin.h"
+#include "engine/engine.h"
+
+namespace argrpc {
+
+void Watch::fire() {
+  if (posted_.exchange(true, std::memory_order_acq_rel)) return;
+  notifier_->post(shared_from_this());
+}
+
+Notifier::Notifier() : efd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+  if (!efd_.valid()) throw CoreError(std::string("argrpc: eventfd: ") + std::strerror(errno));
+}
+
+void Notifier::post(std::shared_ptr<Watch> w) {
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    posted_.push_back(std::move(w));
+    count_.store(posted_.size(), std::memory_order_release);
+    if (!signalled_ && !polling_) signalled_ = wake = true;
+  }
+  if (wake) {
+    const uint64_t one = 1;
+    ssize_t r = ::write(efd_.get(), &one, sizeof one);
+    (void)r;  // EAGAIN only when the counter is full, and then it is readable anyway
+  }
+}
+
+std::vector<uint64_t> Notifier::drain() {
+  std::vector<std::shared_ptr<Watch>> got;
+  bool was_signalled;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    got.swap(posted_);
+    count_.store(0, std::memory_order_release);
+    was_signalled = signalled_;
+    signalled_ = false;
+  }
+  if (was_signalled) {
+    uint64_t v;
+    ssize_t r = ::read(efd_.get(), &v, sizeof v);
+    (void)r;
+  }
+  std::vector<uint64_t> tokens;
+  tokens.reserve(got.size());
+  // Re-armed before the loop looks at the calls: a change from here on posts again.
+  for (auto& w : got) {
+    w->posted_.store(false, std::memory_order_release);
+    tokens.push_back(w->token_);
+  }
+  return tokens;
+}
+
+std::vector<uint64_t> Notifier::poll(Engine& engine, int64_t limit_us) {
+  const int spin = static_cast<int>(std::min<int64_t>(engine.config().spin_us, limit_us));
+  if (!pending() && spin > 0) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      polling_ = true;
+    }
+    engine.enter_polling();
+    spin_until(spin, Deadline::never(), [&] { return pending(); },
+               [&] { engine.progress_all(); });
+    engine.leave_polling();
+    std::lock_guard<std::mutex> g(mu_);
+    polling_ = false;
+  }
+  return drain();
+}
+
+}  // namespace argrpc

@@ -1,0 +1,63 @@
+// Completions for an event loop. An asyncio loop cannot sleep in the engine, so the
+// calls it owns report state changes here instead: each call (and an asyncio server)
+// holds a Watch, a state change posts the watch's token once until the loop drains it,
+// and the first post after a drain writes an eventfd the loop watches. One notifier
+// per loop; the loop reads what changed and asks the calls without blocking.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "common/unique_fd.h"
+
+namespace argrpc {
+
+class Engine;
+class Notifier;
+
+// A call's or a server's subscription: posted at most once per drain.
+class Watch : public std::enable_shared_from_this<Watch> {
+ public:
+  Watch(std::shared_ptr<Notifier> n, uint64_t token) : notifier_(std::move(n)), token_(token) {}
+  // Any thread, under any lock: takes only the notifier's own.
+  void fire();
+  uint64_t token() const { return token_; }
+
+ private:
+  friend class Notifier;
+  const std::shared_ptr<Notifier> notifier_;
+  const uint64_t token_;
+  std::atomic<bool> posted_{false};
+};
+
+class Notifier {
+ public:
+  Notifier();
+  Notifier(const Notifier&) = delete;
+  Notifier& operator=(const Notifier&) = delete;
+
+  int fd() const { return efd_.get(); }
+  // The tokens posted since the last drain, each once, and re-arms their watches: a
+  // change after this returns posts again.
+  std::vector<uint64_t> drain();
+  bool pending() const { return count_.load(std::memory_order_acquire) > 0; }
+  // The loop had nothing else to do: drive the engine for up to spin_us (or until
+  // `limit_us` from now, if sooner) while nothing is posted, then drain. The loop's own
+  // thread is awake meanwhile, so posts do not write the eventfd.
+  std::vector<uint64_t> poll(Engine& engine, int64_t limit_us);
+
+ private:
+  friend class Watch;
+  void post(std::shared_ptr<Watch> w);
+
+  UniqueFd efd_;
+  std::mutex mu_;
+  std::vector<std::shared_ptr<Watch>> posted_;
+  std::atomic<size_t> count_{0};
+  bool signalled_ = false;  // the eventfd holds a count nobody read yet
+  bool polling_ = false;    // the loop's thread is in poll(): no need to wake it
+};
+
+}  // namespace argrpc
