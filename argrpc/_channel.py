@@ -9,7 +9,6 @@ works). The transport is negotiated lazily on the first call; the multicallables
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -19,23 +18,14 @@ import grpc
 from . import _buffers, _config
 from ._calls import DoneWatcher, StreamStream, StreamUnary, UnaryStream, UnaryUnary
 from ._errors import local_error
+from ._routing import GRPC, Routing
 
 __all__ = ["Channel", "insecure_channel", "secure_channel"]
 
-_LOGGER = logging.getLogger("argrpc")
-
-_NEGOTIATION_TIMEOUT_S = 5.0
-_RETRY_INTERVAL_S = 1.0
-
-# negotiation states
-_NEW = "new"          # not negotiated (or the fast connection died): negotiate on next call
-_FAST = "fast"        # _fast holds the connection of the transport named _fast_name
-_GRPC = "grpc"        # settled on grpc for the channel's lifetime
-_RETRY = "retry"      # server unreachable: grpc (or forced error) until _next_try
-_FORCED = "forced"    # TF_RDMA_TRANSPORT forces an impossible transport: calls fail
+_NEGOTIATION_TIMEOUT_S = _config.LIMITS.negotiation_timeout_s
 
 
-class Channel(grpc.Channel):
+class Channel(Routing, grpc.Channel):
     """Drop-in for the channel ``grpc.insecure_channel``/``grpc.secure_channel`` return."""
 
     def __init__(self, target: str, credentials: Optional[grpc.ChannelCredentials] = None,
@@ -52,14 +42,7 @@ class Channel(grpc.Channel):
         self._max_recv = _config.max_receive_length(grpc_options)
         self._max_send = _config.max_send_length(grpc_options)
         self._lock = threading.Lock()
-        self._fast: Any = None
-        self._fast_name = ""
-        self._state = _NEW
-        self._reason = ""
-        self._forced_error = ""
-        self._next_try = 0.0
-        self._logged = False
-        self._closed = False
+        self._init_routing()
         self._watcher = DoneWatcher()
         self._consumers: set[threading.Thread] = set()  # request-iterator threads (fast path)
 
@@ -70,7 +53,7 @@ class Channel(grpc.Channel):
 
         Raises the UNAVAILABLE RpcError when a forced transport is impossible.
         """
-        if credentials is not None or self._closed or self._state == _GRPC:
+        if credentials is not None or self._closed or self._state == GRPC:
             # Call credentials are grpc plugins: only the grpc path can apply them.
             return None, timeout
         fast = self._fast
@@ -80,24 +63,11 @@ class Channel(grpc.Channel):
         with self._lock:
             fast = self._fast
             if fast is not None and not fast.alive:
-                self._fast = None
-                self._state = _NEW
-                _LOGGER.info("argrpc: %s connection to %s lost (%s); renegotiating",
-                             self._fast_name, self._target,
-                             fast.error or "closed")
-                try:
-                    fast.close()
-                except Exception:  # noqa: BLE001 - already dead; nothing to release
-                    pass
+                self._drop_lost(fast)
                 fast = None
-            if fast is None and not self._closed:
-                # A wait_for_ready call waits for the server anyway: let it renegotiate
-                # at once instead of after the retry interval.
-                if self._state == _NEW or (self._state in (_RETRY, _FORCED) and (
-                        time.monotonic() >= self._next_try
-                        or (wait_for_ready and self._state == _RETRY))):
-                    self._negotiate_locked(timeout, wait_for_ready)
-                fast = self._fast
+            if fast is None and not self._closed and self._negotiation_due(wait_for_ready):
+                self._negotiate_locked(timeout, wait_for_ready)
+            fast = self._fast
             forced = self._forced_error if fast is None else ""
         if forced:
             raise local_error(grpc.StatusCode.UNAVAILABLE, forced, f"UNAVAILABLE:{forced}")
@@ -109,44 +79,14 @@ class Channel(grpc.Channel):
         neg_timeout = _NEGOTIATION_TIMEOUT_S if timeout is None else timeout
         try:
             from . import _bootstrap  # late: needs the proto and engine modules
-            from ._transports import names
 
             neg = _bootstrap.negotiate(self._grpc, self._cfg, self._max_recv,
                                        timeout=neg_timeout, wait_for_ready=bool(wait_for_ready),
                                        secure=self._secure, target=self._target)
-            transport, conn = neg.transport, neg.connection
-            reason, retryable, forced = neg.reason, neg.retryable, neg.forced_error
         except Exception as e:  # noqa: BLE001 - negotiation must never break a call
-            _LOGGER.warning("argrpc: negotiation failed unexpectedly", exc_info=True)
-            transport, conn, reason, retryable, forced = "grpc", None, f"negotiation failed: {e}", False, ""
-        if transport in names() and conn is not None:
-            if self._closed:  # close() ran while we negotiated
-                conn.close()
-                return
-            self._fast = conn
-            self._fast_name = transport
-            self._state = _FAST
-            self._reason = ""
-            self._forced_error = ""
+            self._settle(None, e)
             return
-        if conn is not None:
-            conn.close()
-        self._reason = reason or "no fast transport"
-        self._forced_error = forced
-        if retryable:
-            self._state = _RETRY
-            self._next_try = time.monotonic() + _RETRY_INTERVAL_S
-        elif forced:
-            self._state = _FORCED
-            self._next_try = float("inf")
-        else:
-            self._state = _GRPC
-        if not self._logged:
-            self._logged = True
-            level = logging.WARNING if forced or self._cfg.transport not in ("auto", "grpc") \
-                else logging.INFO
-            _LOGGER.log(level, "argrpc: channel to %s uses plain gRPC: %s%s", self._target,
-                        forced or self._reason, " (will retry)" if retryable else "")
+        self._settle(neg)
 
     def _ensure_negotiated(self) -> None:
         try:
@@ -165,9 +105,7 @@ class Channel(grpc.Channel):
     def fallback_reason(self) -> str:
         """Why the channel is not on a fast transport ("" when it is)."""
         self._ensure_negotiated()
-        if self._fast is not None:
-            return ""
-        return self._forced_error or self._reason
+        return self._fallback_text()
 
     # ------------------------------------------------------------------ grpc.Channel
     def subscribe(self, callback: Callable[[grpc.ChannelConnectivity], None],

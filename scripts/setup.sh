@@ -57,7 +57,7 @@ pip_install() { "$PY" -m pip install -q --disable-pip-version-check --root-user-
 log "Python build and test dependencies"
 pip_install "setuptools>=64" wheel "pybind11>=2.12" \
     "grpcio>=1.60" "grpcio-tools>=1.60" protobuf numpy \
-    pytest pytest-timeout pytest-benchmark matplotlib "cryptography>=3"
+    pytest pytest-timeout pytest-benchmark matplotlib "cryptography>=3" uvloop
 # examples/ps_training: the digits data set ships inside scikit-learn; the TFJob manifest
 # test reads YAML and checks it against a JSON Schema.
 pip_install scikit-learn PyYAML jsonschema

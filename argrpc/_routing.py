@@ -1,0 +1,104 @@
+"""Where a channel's calls go: the negotiation state both channels keep (``argrpc.Channel``
+and ``argrpc.aio.Channel``), apart from how each runs the negotiation (a blocking call
+under a lock, or an awaited one).
+
+States: ``new`` (negotiate on the next call; also after the fast connection died),
+``fast`` (``_fast`` holds the connection of the transport ``_fast_name``), ``grpc``
+(settled on grpc for the channel's lifetime), ``retry`` (the server was unreachable: grpc,
+or the forced error, until ``_next_try``), ``forced`` (``TF_RDMA_TRANSPORT`` forces an
+impossible transport: calls fail).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Optional
+
+from . import _config
+
+if TYPE_CHECKING:
+    from ._bootstrap import Negotiation
+
+__all__ = ["Routing"]
+
+_LOGGER = logging.getLogger("argrpc")
+
+NEW, FAST, GRPC, RETRY, FORCED = "new", "fast", "grpc", "retry", "forced"
+_RETRY_INTERVAL_S = 1.0
+
+
+class Routing:
+    _cfg: _config.Config
+    _target: str
+
+    def _init_routing(self) -> None:
+        self._fast: Any = None
+        self._fast_name = ""
+        self._state = NEW
+        self._reason = ""
+        self._forced_error = ""
+        self._next_try = 0.0
+        self._logged = False
+        self._closed = False
+
+    def _negotiation_due(self, wait_for_ready: Optional[bool]) -> bool:
+        """No live fast connection and it is time to ask (again). A wait_for_ready call
+        waits for the server anyway: it asks at once instead of after the interval."""
+        if self._state == NEW:
+            return True
+        return self._state in (RETRY, FORCED) and (
+            time.monotonic() >= self._next_try or bool(wait_for_ready and self._state == RETRY))
+
+    def _drop_lost(self, fast: Any) -> None:
+        """The fast connection died: the next call renegotiates."""
+        self._fast = None
+        self._state = NEW
+        _LOGGER.info("argrpc: %s connection to %s lost (%s); renegotiating", self._fast_name,
+                     self._target, fast.error or "closed")
+        try:
+            fast.close()
+        except Exception:  # noqa: BLE001 - already dead; nothing to release
+            pass
+
+    def _settle(self, neg: Optional["Negotiation"], error: Optional[BaseException] = None
+                ) -> None:
+        """Takes a negotiation's outcome (or the exception it raised unexpectedly)."""
+        # Late: negotiation needs the proto and engine modules.
+        from ._bootstrap import Negotiation
+        from ._transports import names
+
+        if neg is None:
+            _LOGGER.warning("argrpc: negotiation failed unexpectedly", exc_info=error)
+            neg = Negotiation(transport="grpc", reason=f"negotiation failed: {error}")
+        conn = neg.connection
+        if neg.transport in names() and conn is not None:
+            if self._closed:  # close() ran while we negotiated
+                conn.close()
+                return
+            self._fast, self._fast_name, self._state = conn, neg.transport, FAST
+            self._reason = self._forced_error = ""
+            return
+        if conn is not None:
+            conn.close()
+        self._reason = neg.reason or "no fast transport"
+        self._forced_error = neg.forced_error
+        if neg.retryable:
+            self._state, self._next_try = RETRY, time.monotonic() + _RETRY_INTERVAL_S
+        elif neg.forced_error:
+            self._state, self._next_try = FORCED, float("inf")
+        else:
+            self._state = GRPC
+        if not self._logged:
+            self._logged = True
+            level = logging.WARNING if neg.forced_error or self._cfg.transport not in (
+                "auto", "grpc") else logging.INFO
+            _LOGGER.log(level, "argrpc: channel to %s uses plain gRPC: %s%s", self._target,
+                        neg.forced_error or self._reason,
+                        " (will retry)" if neg.retryable else "")
+
+    def _fallback_text(self) -> str:
+        """Why the channel is not on a fast transport ("" when it is)."""
+        if self._fast is not None:
+            return ""
+        return self._forced_error or self._reason
