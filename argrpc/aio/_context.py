@@ -1,0 +1,515 @@
+"""The asyncio ServicerContext for calls that arrive over the fast path.
+
+Mirrors grpc.aio's `_ServicerContext` (grpc/_cython/_cygrpc/aio/server.pyx.pxi): same
+methods, exceptions and final-status rules. The state of one call lives in `RpcState`,
+shared by the context (user code), the handler runner (`_server_handlers.py`) and the
+server (cancellation, stop()). Everything here runs on the server's loop and talks to
+the `_core.ServerCall` only through its non-blocking methods: when one says "not now",
+the coroutine waits for the call's watch to fire (the loop's bridge runs `on_change`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
+
+import grpc
+from grpc import aio
+
+from .. import _metadata
+
+if TYPE_CHECKING:
+    from ._server import Server
+
+__all__ = ["ExecuteBatchError", "RpcState", "ServerStoppedError", "ServicerContext",
+           "SyncServicerContext", "status_code_int"]
+
+_LOGGER = logging.getLogger(__name__)
+
+_OK = grpc.StatusCode.OK.value[0]
+_UNKNOWN = grpc.StatusCode.UNKNOWN.value[0]
+_CANCELLED = grpc.StatusCode.CANCELLED.value[0]
+_INTERNAL = grpc.StatusCode.INTERNAL.value[0]
+_RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+_DATA_LOSS = grpc.StatusCode.DATA_LOSS.value[0]
+
+_RPC_FINISHED_DETAILS = "RPC already finished."
+_SERVER_STOPPED_DETAILS = "Server already stopped."
+_INVALID_METADATA = "Invalid metadata"
+_TYPE_METADATA_STRING = "Tuple[Tuple[str, Union[str, bytes]]...]"
+
+# A send the engine cannot take yet is retried when the call's watch fires (stream
+# window); pool room frees without telling the call, so a timer retries too.
+_RETRY_FIRST_S = 0.001
+_RETRY_MAX_S = 0.01
+
+
+def _grpc_batch_error() -> type[Exception]:
+    # grpc.aio raises this (an InternalError) into a handler whose send batch failed;
+    # the same class lets user code written against grpc.aio catch ours.
+    try:
+        from grpc._cython import cygrpc
+        return cygrpc.ExecuteBatchError
+    except (ImportError, AttributeError):
+        return type("ExecuteBatchError", (aio.InternalError,), {})
+
+
+ExecuteBatchError: type[Exception] = _grpc_batch_error()
+
+
+class ServerStoppedError(aio.BaseError):
+    """Raised into a handler that goes on after its server stopped (as grpc.aio does)."""
+
+
+def status_code_int(code: Any) -> int:
+    """grpc.aio's get_status_code: a StatusCode or an int in range; else UNKNOWN."""
+    if isinstance(code, int):
+        return code if _OK <= code <= _DATA_LOSS else _UNKNOWN
+    try:
+        return code.value[0]
+    except (KeyError, AttributeError, TypeError, IndexError):
+        return _UNKNOWN
+
+
+def check_trailing_metadata(metadata: Any) -> None:
+    """grpc.aio's raise_if_not_valid_trailing_metadata: a TypeError, same words."""
+    bad = not hasattr(metadata, "__iter__") or isinstance(metadata, dict)
+    if not bad:
+        for item in metadata:
+            if (not isinstance(item, tuple) or len(item) != 2 or not isinstance(item[0], str)
+                    or not isinstance(item[1], (str, bytes))):
+                bad = True
+                break
+    if bad:
+        raise TypeError(
+            f"Invalid trailing metadata type, expected {_TYPE_METADATA_STRING}: {metadata}")
+
+
+def serialize(serializer: Optional[Callable[[Any], Any]], message: Any) -> Any:
+    # grpc.aio encodes a str message before the serializer sees it. The result may be
+    # any buffer: the fast path sends it without a bytes copy.
+    if isinstance(message, str):
+        message = message.encode("utf-8")
+    if serializer is not None:
+        return serializer(message)
+    return b"" if message is None else message
+
+
+def deserialize(deserializer: Optional[Callable[[Any], Any]], raw: Any) -> Any:
+    return raw if deserializer is None else deserializer(raw)
+
+
+def _wake(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class _EndedCall:
+    """What stands for a call's engine handle once its task is done. The handle holds
+    the call's connection (and so its ring, socket and segments); the state, reachable
+    from the task's traceback cycles until the garbage collector happens to run, must not
+    keep them. Answers as a call that is over."""
+
+    __slots__ = ("key", "method", "metadata", "peer", "cancelled")
+
+    def __init__(self, sc: Any) -> None:
+        self.key = sc.key
+        self.method = sc.method
+        self.metadata = sc.metadata
+        self.peer = sc.peer
+        self.cancelled = sc.cancelled
+
+    def is_active(self) -> bool:
+        return False
+
+    def time_remaining(self) -> float:
+        return 0.0
+
+    def cancel(self) -> None:
+        return None
+
+    def watch(self, notifier: Any, token: int) -> None:
+        return None
+
+    def try_recv(self) -> bool:
+        return False
+
+    def try_send(self, message: Any) -> int:
+        return 0
+
+    def try_finish(self, code: int, details: str, trailing_md: Any, message: Any = None) -> int:
+        return 0
+
+    def send_initial_metadata(self, md: Any) -> bool:
+        return False
+
+
+class RpcState:
+    """One fast-path call on the server's loop: grpc.aio's RPCState plus the engine I/O."""
+
+    __slots__ = (
+        "sc", "method", "server", "loop", "task", "token", "key", "_waiters",
+        "client_closed", "abort_exception", "metadata_sent", "status_sent", "status_code",
+        "py_status_code", "status_details", "trailing_metadata", "compression_algorithm",
+        "disable_next_compression", "callbacks", "_invocation_metadata",
+    )
+
+    def __init__(self, sc: Any, server: "Server", loop: asyncio.AbstractEventLoop) -> None:
+        self.sc = sc
+        self.method: str = sc.method
+        self.key: int = sc.key
+        self.server = server
+        self.loop = loop
+        self.task: Optional[asyncio.Task] = None
+        self.token = 0
+        self._waiters: list[asyncio.Future] = []
+        # The call ended without our status (peer cancel, deadline, lost connection,
+        # stop()): its task was cancelled and nothing more is sent.
+        self.client_closed = False
+        self.abort_exception: Optional[BaseException] = None
+        self.metadata_sent = False
+        self.status_sent = False
+        self.status_code = _OK
+        self.py_status_code: Any = None
+        self.status_details = ""
+        self.trailing_metadata: tuple = ()
+        self.compression_algorithm: Any = None
+        self.disable_next_compression = False
+        self.callbacks: list[Callable[[], None]] = []
+        self._invocation_metadata: Optional[tuple] = None
+
+    def release(self) -> None:
+        """The call's task is done: let go of the engine's handle (see _EndedCall)."""
+        if not isinstance(self.sc, _EndedCall):
+            self.sc = _EndedCall(self.sc)
+        self.task = None
+
+    # --- what the engine tells us ---------------------------------------------------
+    def on_change(self) -> None:
+        """The call's watch fired (the bridge runs this on the loop): wake whoever waits,
+        and stop the handler if the call ended under it."""
+        self.wake_all()
+        if not self.status_sent and not self.client_closed and not self.sc.is_active():
+            self.close_from_peer()
+
+    def wake_all(self) -> None:
+        waiters = self._waiters
+        if waiters:
+            self._waiters = []
+            for future in waiters:
+                if not future.done():
+                    future.set_result(None)
+
+    def close_from_peer(self) -> None:
+        # grpc.aio cancels the handler's task when the call is cancelled under it.
+        self.client_closed = True
+        task = self.task
+        if task is not None and not task.done():
+            task.cancel()
+
+    async def wait_change(self, timeout: Optional[float] = None) -> None:
+        future = self.loop.create_future()
+        self._waiters.append(future)
+        if timeout is None:
+            await future
+            return
+        timer = self.loop.call_later(timeout, _wake, future)
+        try:
+            await future
+        finally:
+            timer.cancel()
+
+    async def _ended(self) -> None:
+        """A send found the call over: the handler's task is cancelled (raised at this
+        await when we run in it); elsewhere the send failed, as grpc.aio's batch does."""
+        if not self.client_closed:
+            self.close_from_peer()
+            await asyncio.sleep(0)
+        raise ExecuteBatchError("the call ended before this batch could be sent")
+
+    # --- I/O: non-blocking engine calls, waiting on the loop --------------------------
+    async def recv(self) -> Any:
+        """The next request message (bytes or memoryview), or None when none will come."""
+        sc = self.sc
+        while True:
+            message = sc.try_recv()
+            if message is None:
+                await self.wait_change()
+                continue
+            if message is False:
+                if not self.status_sent and not self.client_closed and not sc.is_active():
+                    self.close_from_peer()
+                    await asyncio.sleep(0)
+                return None
+            return message
+
+    async def send_message(self, raw: Any) -> None:
+        sc = self.sc
+        delay = _RETRY_FIRST_S
+        while True:
+            sent = sc.try_send(raw)
+            if sent > 0:
+                return
+            if sent == 0:
+                await self._ended()
+            await self.wait_change(delay)
+            delay = min(delay * 2, _RETRY_MAX_S)
+
+    async def send_initial_metadata(self, metadata: Any) -> None:
+        try:
+            md = _metadata.to_core(metadata)
+        except _metadata.InvalidMetadataError as exc:
+            # grpc's core refuses the batch: the call ends INTERNAL, the handler gets
+            # the failed batch.
+            _LOGGER.error("invalid initial metadata: %s", exc)
+            self.status_sent = True
+            await self._finish(_INTERNAL, _INVALID_METADATA, [], None)
+            raise ExecuteBatchError(_INVALID_METADATA) from None
+        if not self.sc.send_initial_metadata(md):
+            await self._ended()
+
+    async def send_status(self, code: int, details: str, trailing: Any,
+                          message: Any = None) -> None:
+        """The final batch (initial metadata if not sent, optional message, status). The
+        caller has set status_sent."""
+        try:
+            md = _metadata.to_core(trailing)
+        except (ValueError, TypeError) as exc:  # InvalidMetadataError is a ValueError
+            _LOGGER.error("invalid trailing metadata: %s", exc)
+            code, details, md, message = _INTERNAL, _INVALID_METADATA, [], None
+        await self._finish(code, details, md, message)
+
+    async def _finish(self, code: int, details: Any, md: list, message: Any) -> None:
+        sc = self.sc
+        details = details if isinstance(details, str) else str(details or "")
+        delay = _RETRY_FIRST_S
+        # 0: the call ended already (cancelled by the peer): nobody to tell.
+        while sc.try_finish(code, details, md, message) < 0:
+            await self.wait_change(delay)
+            delay = min(delay * 2, _RETRY_MAX_S)
+
+    def check_size(self, raw: Any) -> Optional[str]:
+        """grpc's words when `raw` is over grpc.max_send_message_length, else None."""
+        limit = self.server._max_send
+        if limit < 0:
+            return None
+        size = len(raw) if type(raw) is bytes else memoryview(raw).nbytes
+        if size <= limit:
+            return None
+        return f"SERVER: Sent message larger than max ({size} vs. {limit})"
+
+    async def refuse_oversized(self, why: str) -> None:
+        """grpc's core fails an oversized send with RESOURCE_EXHAUSTED; the handler sees
+        its batch fail."""
+        self.status_sent = True
+        await self._finish(_RESOURCE_EXHAUSTED, why, [], None)
+        raise ExecuteBatchError(why)
+
+    # --- grpc.aio's RPCState ----------------------------------------------------------
+    def raise_for_termination(self) -> None:
+        if self.abort_exception is not None:
+            raise self.abort_exception
+        if self.status_sent:
+            raise aio.UsageError(_RPC_FINISHED_DETAILS)
+        if self.server._is_stopped():
+            raise ServerStoppedError(_SERVER_STOPPED_DETAILS)
+
+    def invocation_metadata(self) -> tuple:
+        # Converted lazily: a registered method without interceptors never looks at it.
+        md = self._invocation_metadata
+        if md is None:
+            md = self._invocation_metadata = _metadata.from_core(self.sc.metadata)
+        return md
+
+    def run_callbacks(self) -> None:
+        callbacks, self.callbacks = self.callbacks, []
+        try:
+            for callback in callbacks:
+                callback()
+        except Exception:  # noqa: BLE001 - user code; grpc.aio logs and stops there
+            _LOGGER.exception("Error in callback for method [%s]", self.method)
+
+
+class ServicerContext(aio.ServicerContext):
+    """What an `async def` handler of a fast-path call is given."""
+
+    def __init__(self, state: RpcState, request_deserializer: Optional[Callable],
+                 response_serializer: Optional[Callable]) -> None:
+        self._state = state
+        self._request_deserializer = request_deserializer
+        self._response_serializer = response_serializer
+        self._loop = state.loop
+
+    async def read(self) -> Any:
+        state = self._state
+        state.raise_for_termination()
+        raw = await state.recv()
+        state.raise_for_termination()
+        if raw is None:
+            return aio.EOF
+        return deserialize(self._request_deserializer, raw)
+
+    async def write(self, message: Any) -> None:
+        state = self._state
+        state.raise_for_termination()
+        raw = serialize(self._response_serializer, message)
+        too_big = state.check_size(raw)
+        if too_big is not None:
+            await state.refuse_oversized(too_big)
+        state.disable_next_compression = False  # no compression on the fast path
+        await state.send_message(raw)
+        state.metadata_sent = True
+
+    async def send_initial_metadata(self, initial_metadata: Any) -> None:
+        state = self._state
+        state.raise_for_termination()
+        if state.metadata_sent:
+            raise aio.UsageError("Send initial metadata failed: already sent")
+        await state.send_initial_metadata(tuple(initial_metadata))
+        state.metadata_sent = True
+
+    async def abort(self, code: grpc.StatusCode, details: str = "",
+                    trailing_metadata: Any = ()) -> None:
+        state = self._state
+        if state.abort_exception is not None:
+            raise aio.UsageError("Abort already called!")
+        # Kept so that the server sees the same object come back (a handler may catch
+        # and swallow it; the call stops anyway).
+        state.abort_exception = aio.AbortError("Locally aborted.")
+        if not trailing_metadata and state.trailing_metadata:
+            trailing_metadata = state.trailing_metadata
+        else:
+            check_trailing_metadata(trailing_metadata)
+            state.trailing_metadata = tuple(trailing_metadata)
+        if details == "" and state.status_details:
+            details = state.status_details
+        else:
+            state.status_details = details
+        state.py_status_code = code
+        state.status_code = status_code_int(code)
+        state.status_sent = True
+        await state.send_status(state.status_code, details, trailing_metadata)
+        raise state.abort_exception
+
+    async def abort_with_status(self, status: grpc.Status) -> None:
+        await self.abort(status.code, status.details, status.trailing_metadata)
+
+    def set_trailing_metadata(self, trailing_metadata: Any) -> None:
+        check_trailing_metadata(trailing_metadata)
+        self._state.trailing_metadata = tuple(trailing_metadata)
+
+    def trailing_metadata(self) -> tuple:
+        return self._state.trailing_metadata
+
+    def invocation_metadata(self) -> tuple:
+        return self._state.invocation_metadata()
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self._state.status_code = status_code_int(code)
+        self._state.py_status_code = code
+
+    def code(self) -> Any:
+        return self._state.py_status_code
+
+    def set_details(self, details: str) -> None:
+        self._state.status_details = details
+
+    def details(self) -> str:
+        return self._state.status_details
+
+    def set_compression(self, compression: grpc.Compression) -> None:
+        # Accepted so servicers written for grpc.aio run; shared memory is not compressed.
+        if self._state.metadata_sent:
+            raise RuntimeError(
+                "Compression setting must be specified before sending initial metadata")
+        self._state.compression_algorithm = compression
+
+    def disable_next_message_compression(self) -> None:
+        self._state.disable_next_compression = True
+
+    def peer(self) -> str:
+        return self._state.sc.peer
+
+    def peer_identities(self) -> Optional[Sequence[bytes]]:
+        return None
+
+    def peer_identity_key(self) -> Optional[str]:
+        return None
+
+    def auth_context(self) -> Mapping[str, Sequence[bytes]]:
+        return {}
+
+    def time_remaining(self) -> Optional[float]:
+        remaining = self._state.sc.time_remaining()
+        return None if remaining is None else max(remaining, 0.0)
+
+    def add_done_callback(self, callback: Callable[["ServicerContext"], None]) -> None:
+        self._state.callbacks.append(functools.partial(callback, self))
+
+    def done(self) -> bool:
+        return self._state.status_sent
+
+    def cancelled(self) -> bool:
+        # grpc.aio's answer: the status this call is to end with is CANCELLED.
+        return self._state.status_code == _CANCELLED
+
+
+class SyncServicerContext:
+    """What a plain (non-async) handler gets, as grpc.aio's `_SyncServicerContext`: it runs
+    in the migration thread pool and reaches the loop for what must happen there."""
+
+    def __init__(self, context: ServicerContext) -> None:
+        self._context = context
+        self._callbacks: list[Callable[[], None]] = []
+        self._loop = context._loop
+
+    def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> None:
+        future = asyncio.run_coroutine_threadsafe(
+            self._context.abort(code, details, trailing_metadata), self._loop)
+        future.result()  # raises the AbortError, as grpc.aio's does
+
+    def abort_with_status(self, status: grpc.Status) -> None:
+        self.abort(status.code, status.details, status.trailing_metadata)
+
+    def send_initial_metadata(self, metadata: Any) -> None:
+        future = asyncio.run_coroutine_threadsafe(
+            self._context.send_initial_metadata(metadata), self._loop)
+        future.result()
+
+    def set_trailing_metadata(self, metadata: Any) -> None:
+        self._context.set_trailing_metadata(metadata)
+
+    def invocation_metadata(self) -> tuple:
+        return self._context.invocation_metadata()
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self._context.set_code(code)
+
+    def set_details(self, details: str) -> None:
+        self._context.set_details(details)
+
+    def set_compression(self, compression: grpc.Compression) -> None:
+        self._context.set_compression(compression)
+
+    def disable_next_message_compression(self) -> None:
+        self._context.disable_next_message_compression()
+
+    def add_callback(self, callback: Callable[[], None]) -> None:
+        self._callbacks.append(callback)
+
+    def peer(self) -> str:
+        return self._context.peer()
+
+    def peer_identities(self) -> Optional[Sequence[bytes]]:
+        return self._context.peer_identities()
+
+    def peer_identity_key(self) -> Optional[str]:
+        return self._context.peer_identity_key()
+
+    def auth_context(self) -> Mapping[str, Sequence[bytes]]:
+        return self._context.auth_context()
+
+    def time_remaining(self) -> Optional[float]:
+        return self._context.time_remaining()

@@ -1,0 +1,404 @@
+"""`argrpc.aio.server()`: a real grpc.aio server on its port, plus the fast-path server.
+
+The real `grpc.aio` server serves plain gRPC clients and argrpc's bootstrap RPC. Calls
+that come over a fast path (shared memory, verbs) arrive through the engine's
+`_core.Server`, which this server watches from its event loop (`argrpc.aio._loop`): the
+engine posts the server's token when calls arrive or end, the loop takes them with
+non-blocking calls and runs each as a task, as grpc.aio runs its calls. The loop never
+waits inside the engine.
+
+`maximum_concurrent_rpcs` is one count for both ports, kept by the engine: a fast-path
+call is counted when it arrives, a gRPC-port call when the gate interceptor sees it; the
+bootstrap RPC is counted on neither and passes by the user's interceptors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import enum
+import logging
+import weakref
+from concurrent.futures import Executor
+from typing import Any, Awaitable, Callable, Optional, Sequence
+
+import grpc
+from grpc import aio
+
+from .. import _bootstrap, _buffers, _config, _engine, _proto
+from .._server import _OVER_LIMIT_DETAILS, _STOP_CODE, _STOP_DETAILS, _Admission
+from .._server import _Server as _ThreadedServer
+from ._context import RpcState
+from ._loop import LoopBridge, bridge
+from ._server_handlers import HandlerCallDetails, intercept, serve
+
+__all__ = ["Server", "server"]
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class _Stage(enum.Enum):
+    NEW = "new"
+    STARTED = "started"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+# --- the gRPC port ----------------------------------------------------------------------
+async def _refuse_over_limit(request_iterator: Any, context: aio.ServicerContext) -> None:
+    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, _OVER_LIMIT_DETAILS)
+
+
+# Request-streaming, so grpc.aio runs it without waiting for a request message.
+_REFUSE_HANDLER = grpc.stream_unary_rpc_method_handler(_refuse_over_limit)
+
+
+class _Gate(aio.ServerInterceptor):
+    """The one interceptor the real grpc.aio server is given: argrpc's negotiation passes
+    by the user's interceptors and the limit; every other call meets the interceptors in
+    their order and takes a place under the limit until its task ends, as in grpc.aio."""
+
+    def __init__(self, interceptors: Sequence[aio.ServerInterceptor],
+                 admission: Optional[_Admission]) -> None:
+        self._interceptors = tuple(interceptors)
+        self._admission = admission
+
+    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+                                details: grpc.HandlerCallDetails) -> Any:
+        if details.method == _bootstrap.BOOTSTRAP_METHOD:
+            return await continuation(details)
+        admission = self._admission
+        admitted = True
+        if admission is not None:
+            # grpc.aio decides on the limit when the call arrives, before the lookup,
+            # and frees the place when the call's task ends (it runs this interceptor).
+            admitted = admission.admit()
+            task = asyncio.current_task()
+            if admitted and task is not None:
+                task.add_done_callback(lambda _t: admission.release())
+        handler = await intercept(self._interceptors, 0, continuation, details)
+        if handler is None or admitted:
+            return handler  # UNIMPLEMENTED comes before RESOURCE_EXHAUSTED
+        return _REFUSE_HANDLER
+
+
+def _bootstrap_handler(listener: _bootstrap.FastPathListener) -> grpc.GenericRpcHandler:
+    """The bootstrap RPC for grpc.aio. `decide` only issues a secret (shm) or attaches an
+    endpoint (verbs): short enough to run on the loop."""
+
+    async def negotiate(request: Any, context: aio.ServicerContext) -> Any:
+        user_agent = next((str(v) for k, v in context.invocation_metadata()
+                           if k == "user-agent"), "")
+        return listener.decide(request, encrypted=_bootstrap._is_encrypted(context),
+                               user_agent=user_agent)
+
+    return grpc.method_handlers_generic_handler(_bootstrap.BOOTSTRAP_SERVICE, {
+        "Negotiate": grpc.unary_unary_rpc_method_handler(
+            negotiate,
+            request_deserializer=_proto.NegotiateRequest.FromString,
+            response_serializer=_proto.NegotiateResponse.SerializeToString,
+        ),
+    })
+
+
+def _check_interceptors(interceptors: Sequence[Any]) -> None:
+    invalid = [i for i in interceptors if not isinstance(i, aio.ServerInterceptor)]
+    if invalid:
+        raise ValueError(f"Interceptor must be ServerInterceptor, the following are "
+                         f"invalid: {invalid}")
+
+
+# --- the server -------------------------------------------------------------------------
+class Server(aio.Server):
+    """Drop-in for the server `grpc.aio.server()` returns."""
+
+    def __init__(
+        self,
+        thread_pool: Optional[Executor],
+        generic_handlers: Optional[Sequence[grpc.GenericRpcHandler]],
+        interceptors: Optional[Sequence[Any]],
+        options: Any,
+        maximum_concurrent_rpcs: Optional[int],
+        compression: Optional[grpc.Compression],
+    ) -> None:
+        interceptors = tuple(interceptors or ())
+        _check_interceptors(interceptors)
+        if maximum_concurrent_rpcs is not None and maximum_concurrent_rpcs <= 0:
+            raise ValueError("maximum_concurrent_rpcs should be a positive integer")
+        grpc_options, _ = _config.split_options(options)
+        cfg = _config.load(options)
+        max_recv = _config.max_receive_length(grpc_options)
+        self._max_send = _config.max_send_length(grpc_options)
+        self._thread_pool = thread_pool
+        self._interceptors = interceptors
+        self._generic: list[grpc.GenericRpcHandler] = []
+        self._registered: dict[str, grpc.RpcMethodHandler] = {}
+        self._stage = _Stage.NEW
+        # In-flight fast-path calls by ServerCall.key.
+        self._calls: dict[int, RpcState] = {}
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._bridge: Optional[LoopBridge] = None
+        self._token = 0
+        # Each call's task starts from a copy of the context start() ran in, as a
+        # grpc.aio call's task copies its serving task's.
+        self._context = contextvars.copy_context()
+        self._stop_deadline: Optional[float] = None
+        self._stop_task: Optional[asyncio.Task] = None
+        self._changed: Optional[asyncio.Event] = None
+        self._terminated: Optional[asyncio.Event] = None
+
+        self._core = _ThreadedServer._make_core_server(cfg, max_recv, maximum_concurrent_rpcs)
+        self._engine = _engine.get_engine(cfg) if self._core is not None else None
+        admission = (None if maximum_concurrent_rpcs is None
+                     else _Admission(maximum_concurrent_rpcs, self._core))
+        gate = _Gate(interceptors, admission) if interceptors or admission else None
+        self._grpc = aio.server(
+            thread_pool,
+            interceptors=(gate,) if gate is not None else None,
+            options=grpc_options,
+            compression=compression,
+        )
+        # Served on the gRPC port even when the fast path is off, so a client learns why.
+        self._listener = _bootstrap.FastPathListener(self._core, cfg, max_recv)
+        # First, so no catch-all generic handler of the user's can shadow it.
+        self._grpc.add_generic_rpc_handlers((_bootstrap_handler(self._listener),))
+        if generic_handlers:
+            self.add_generic_rpc_handlers(generic_handlers)
+
+    @property
+    def transport_enabled(self) -> bool:
+        """True when this server also serves the fast path."""
+        return self._core is not None
+
+    # --- handlers -----------------------------------------------------------------------
+    def add_generic_rpc_handlers(self, generic_rpc_handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        generic_rpc_handlers = tuple(generic_rpc_handlers)
+        self._grpc.add_generic_rpc_handlers(
+            tuple(_buffers.GrpcGenericHandler(h) for h in generic_rpc_handlers))
+        self._generic.extend(generic_rpc_handlers)
+
+    def add_registered_method_handlers(self, service_name: str,
+                                       method_handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        # grpc.aio warns and ignores once started; forwarding keeps its exact behaviour.
+        self._grpc.add_registered_method_handlers(service_name, {
+            name: _buffers.grpc_method_handler(h) for name, h in method_handlers.items()})
+        if self._stage is not _Stage.NEW:
+            return
+        for method, handler in method_handlers.items():
+            self._registered[f"/{service_name}/{method}"] = handler
+
+    # --- ports --------------------------------------------------------------------------
+    def add_insecure_port(self, address: str) -> int:
+        return self._grpc.add_insecure_port(address)
+
+    def add_secure_port(self, address: str, server_credentials: grpc.ServerCredentials) -> int:
+        return self._grpc.add_secure_port(address, server_credentials)
+
+    # --- lifecycle ----------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._stage is _Stage.STARTED:
+            return
+        if self._stage is not _Stage.NEW:
+            raise aio.UsageError("Server not in ready state")
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._context = contextvars.copy_context()
+        self._changed = asyncio.Event()
+        if self._terminated is None:  # wait_for_termination() may have made it
+            self._terminated = asyncio.Event()
+        core = self._core
+        if core is not None:
+            b = bridge(self._engine)
+            self._bridge = b
+            # Weak: a server nobody holds may be collected (and stopped) while the
+            # loop's bridge lives on.
+            ref = weakref.ref(self)
+
+            def on_events() -> None:
+                srv = ref()
+                if srv is not None:
+                    srv._on_events()
+
+            self._token = b.register(on_events)
+            b.started()  # a server taking calls: the loop polls the engine before sleeping
+            core.watch(b.notifier, self._token)
+        self._stage = _Stage.STARTED
+        await self._grpc.start()
+
+    async def stop(self, grace: Optional[float]) -> None:
+        if self._stage is _Stage.NEW or self._stage is _Stage.STOPPED:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() if grace is None else loop.time() + grace
+        # A later stop() may shorten the grace, never lengthen it (as grpc).
+        if self._stop_deadline is None or deadline < self._stop_deadline:
+            self._stop_deadline = deadline
+            assert self._changed is not None
+            self._changed.set()
+        if self._stage is _Stage.STARTED:
+            self._stage = _Stage.STOPPING
+            self._listener.close()
+            if self._core is not None:
+                self._core.shutdown()  # no new fast-path calls
+            self._stop_task = loop.create_task(self._finish_stop())
+        stopping = self._stop_task
+        assert stopping is not None
+        await asyncio.gather(self._grpc.stop(grace), asyncio.shield(stopping))
+
+    async def _finish_stop(self) -> None:
+        loop = asyncio.get_running_loop()
+        changed = self._changed
+        assert changed is not None
+        # In-flight fast-path calls run until the (possibly shortened) grace ends.
+        while self._calls:
+            remaining = self._stop_deadline - loop.time()  # type: ignore[operator]
+            if remaining <= 0:
+                break
+            changed.clear()
+            try:
+                await asyncio.wait_for(changed.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+        try:
+            core = self._core
+            if core is not None:
+                core.cancel_all(_STOP_CODE, _STOP_DETAILS)
+            states = list(self._calls.values())
+            for state in states:
+                state.close_from_peer()
+            tasks = [s.task for s in states if s.task is not None]
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            # After cancel_all, so in-flight calls end with its status rather than
+            # "connection closed"; frees the connections' rings and fds now.
+            self._listener.close_connections()
+        finally:
+            self._unwatch()
+            try:
+                await self._grpc.wait_for_termination()
+            finally:
+                self._stage = _Stage.STOPPED
+                assert self._terminated is not None
+                self._terminated.set()
+
+    def _unwatch(self) -> None:
+        b = self._bridge
+        if b is not None and self._token:
+            b.unregister(self._token)
+            b.finished()
+            self._token = 0
+
+    async def wait_for_termination(self, timeout: Optional[float] = None) -> bool:
+        # Returns True on timeout (grpc's convention).
+        if self._terminated is None:
+            self._terminated = asyncio.Event()
+        if timeout is None:
+            await self._terminated.wait()
+            return False
+        try:
+            await asyncio.wait_for(self._terminated.wait(), timeout)
+        except asyncio.TimeoutError:
+            return True
+        return False
+
+    def _is_stopped(self) -> bool:
+        return self._stage is _Stage.STOPPED
+
+    def __del__(self) -> None:
+        # grpc.aio schedules a stop of a server collected while running; the engine's
+        # half at least stops taking calls here (a finalizer must not wait).
+        if getattr(self, "_stage", _Stage.NEW) is _Stage.STARTED:
+            core = self._core
+            try:
+                if core is not None:
+                    core.shutdown()
+                self._unwatch()
+                self._listener.close()
+            except Exception:  # noqa: BLE001 - interpreter teardown: best effort
+                pass
+
+    # --- fast-path calls ----------------------------------------------------------------
+    def _on_events(self) -> None:
+        """The engine server's watch fired: take every waiting call, then every event."""
+        core = self._core
+        while True:
+            sc = core.accept(0)
+            if sc is None:
+                break
+            self._start_call(sc, False)
+        while True:
+            kind, sc, _ = core.next_event(0)
+            if kind == "none":
+                break
+            if kind == "cancelled":
+                state = self._calls.get(sc.key)
+                if state is not None:
+                    state.on_change()
+            elif kind == "over_limit":
+                self._start_call(sc, True)
+        sc = None
+
+    def _start_call(self, sc: Any, refused: bool) -> None:
+        loop = self._loop
+        b = self._bridge
+        assert loop is not None and b is not None
+        state = RpcState(sc, self, loop)
+        state.token = b.register(state.on_change)
+        self._calls[state.key] = state
+        sc.watch(b.notifier, state.token)
+        task = loop.create_task(serve(self, state, refused), context=self._context.copy())
+        state.task = task
+        task.add_done_callback(lambda _t: self._end_call(state))
+
+    def _end_call(self, state: RpcState) -> None:
+        if not state.status_sent and not state.client_closed and state.sc.is_active():
+            # A task that ended without a status (no request came, a failed batch):
+            # grpc.aio's core cancels such a call when it lets go of it.
+            state.sc.cancel()
+        b = self._bridge
+        if b is not None:
+            b.unregister(state.token)
+        state.wake_all()  # a task of the handler's own may still wait on the call
+        if self._calls.get(state.key) is state:
+            del self._calls[state.key]
+        state.run_callbacks()
+        state.release()
+        if self._stage is _Stage.STOPPING and self._changed is not None:
+            self._changed.set()
+
+    async def _find_handler(self, state: RpcState) -> Optional[grpc.RpcMethodHandler]:
+        """The call's handler through the interceptors (grpc.aio resolves registered
+        methods first, both by the possibly rewritten details)."""
+        if not self._interceptors:
+            handler = self._registered.get(state.method)
+            if handler is not None:
+                return handler
+            return self._resolve(HandlerCallDetails(state.method, state))
+        return await intercept(self._interceptors, 0, self._resolve_async,
+                               HandlerCallDetails(state.method, state))
+
+    async def _resolve_async(self, details: grpc.HandlerCallDetails) -> Optional[grpc.RpcMethodHandler]:
+        return self._resolve(details)
+
+    def _resolve(self, details: grpc.HandlerCallDetails) -> Optional[grpc.RpcMethodHandler]:
+        handler = self._registered.get(details.method)
+        if handler is not None:
+            return handler
+        for generic in self._generic:
+            handler = generic.service(details)
+            if handler is not None:
+                return handler
+        return None
+
+
+def server(
+    migration_thread_pool: Optional[Executor] = None,
+    handlers: Optional[Sequence[grpc.GenericRpcHandler]] = None,
+    interceptors: Optional[Sequence[Any]] = None,
+    options: Any = None,
+    maximum_concurrent_rpcs: Optional[int] = None,
+    compression: Optional[grpc.Compression] = None,
+) -> Server:
+    """Drop-in for `grpc.aio.server`; see the module docstring."""
+    return Server(migration_thread_pool, handlers, interceptors, options,
+                  maximum_concurrent_rpcs, compression)

@@ -1,0 +1,252 @@
+"""Run one fast-path call's handler on the server's loop, as grpc.aio runs one.
+
+The flow, the statuses and their details follow grpc.aio's server
+(grpc/_cython/_cygrpc/aio/server.pyx.pxi): `async def` handlers run in the call's task,
+plain functions and generators in the migration thread pool (`None`: the loop's default
+executor), an exception becomes UNKNOWN "Unexpected <class ...>: ...", and a call the
+peer ends under its handler has its task cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import traceback
+from concurrent.futures import Executor
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, Sequence
+
+import grpc
+from grpc import aio
+
+from .._server import _OVER_LIMIT_DETAILS
+from ._context import (ExecuteBatchError, RpcState, ServerStoppedError, ServicerContext,
+                       SyncServicerContext, deserialize, serialize)
+
+if TYPE_CHECKING:
+    from ._server import Server
+
+_LOGGER = logging.getLogger(__name__)
+
+_OK = grpc.StatusCode.OK.value[0]
+_UNKNOWN = grpc.StatusCode.UNKNOWN.value[0]
+_UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
+_RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+
+
+class HandlerCallDetails(grpc.HandlerCallDetails):
+    """What generic handlers and interceptors are given about a fast-path call; its
+    metadata is converted only if somebody reads it."""
+
+    __slots__ = ("method", "_state")
+
+    def __init__(self, method: str, state: RpcState) -> None:
+        self.method = method
+        self._state = state
+
+    @property
+    def invocation_metadata(self) -> tuple:
+        return self._state.invocation_metadata()
+
+
+def is_async_handler(handler: Any) -> bool:
+    """grpc.aio's test: what is not async runs in the thread pool."""
+    return (inspect.isawaitable(handler) or inspect.iscoroutinefunction(handler)
+            or inspect.isasyncgenfunction(handler))
+
+
+async def intercept(interceptors: Sequence[aio.ServerInterceptor], index: int,
+                    continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+                    details: grpc.HandlerCallDetails) -> Any:
+    """The handler through `interceptors[index:]`, then `continuation`."""
+    if index == len(interceptors):
+        return await continuation(details)
+    return await interceptors[index].intercept_service(
+        lambda d: intercept(interceptors, index + 1, continuation, d), details)
+
+
+# --- sync code in the thread pool --------------------------------------------------------
+def _blocking_iterator(agen: Any, loop: asyncio.AbstractEventLoop) -> Iterator[Any]:
+    """The request stream for a sync handler: each message fetched on the loop."""
+    try:
+        while True:
+            yield asyncio.run_coroutine_threadsafe(agen.__anext__(), loop).result()
+    except StopAsyncIteration:
+        pass
+
+
+async def _async_responses(gen: Iterator[Any], loop: asyncio.AbstractEventLoop,
+                           pool: Optional[Executor]) -> AsyncIterator[Any]:
+    """A sync handler's response generator, iterated in the pool."""
+    queue: asyncio.Queue = asyncio.Queue()
+    end = object()
+
+    def produce() -> None:
+        try:
+            for item in gen:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+        finally:
+            loop.call_soon_threadsafe(queue.put_nowait, end)
+
+    future = loop.run_in_executor(pool, produce)
+    while True:
+        item = await queue.get()
+        if item is end:
+            break
+        yield item
+    await future  # the generator's exception, if any
+
+
+class _MessageReceiver:
+    """The request iterator of an async request-streaming handler."""
+
+    __slots__ = ("_context", "_agen")
+
+    def __init__(self, context: ServicerContext) -> None:
+        self._context = context
+        self._agen: Optional[AsyncIterator[Any]] = None
+
+    async def _receive(self) -> AsyncIterator[Any]:
+        while True:
+            message = await self._context.read()
+            if message is aio.EOF:
+                break
+            yield message
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        if self._agen is None:
+            self._agen = self._receive()
+        return self._agen
+
+    async def __anext__(self) -> Any:
+        return await self.__aiter__().__anext__()
+
+
+def _request_iterator(context: ServicerContext, behavior: Any) -> Any:
+    receiver = _MessageReceiver(context)
+    if is_async_handler(behavior):
+        return receiver
+    return _blocking_iterator(receiver.__aiter__(), context._loop)
+
+
+# --- the arities ------------------------------------------------------------------------
+async def _unary_response(state: RpcState, behavior: Any, request: Any,
+                          context: ServicerContext, serializer: Optional[Callable]) -> None:
+    if is_async_handler(behavior):
+        response = await behavior(request, context)
+    else:
+        sync_context = SyncServicerContext(context)
+        response = await state.loop.run_in_executor(state.server._thread_pool, behavior,
+                                                    request, sync_context)
+        for callback in sync_context._callbacks:
+            callback()
+    state.raise_for_termination()
+    raw = None
+    if state.status_code == _OK:
+        raw = serialize(serializer, response)
+        too_big = state.check_size(raw)
+        if too_big is not None:
+            state.status_sent = True
+            await state.send_status(_RESOURCE_EXHAUSTED, too_big, ())
+            return
+    # A response beside an error status is dropped by every client: not sent.
+    state.metadata_sent = True
+    state.status_sent = True
+    await state.send_status(state.status_code, state.status_details, state.trailing_metadata,
+                            raw)
+
+
+async def _stream_responses(state: RpcState, behavior: Any, request: Any,
+                            context: ServicerContext) -> None:
+    if inspect.iscoroutinefunction(behavior):
+        await behavior(request, context)  # writes with context.write()
+    else:
+        if inspect.isasyncgenfunction(behavior):
+            responses = behavior(request, context)
+        else:
+            responses = _async_responses(behavior(request, SyncServicerContext(context)),
+                                         state.loop, state.server._thread_pool)
+        async for response in responses:
+            state.raise_for_termination()
+            await context.write(response)
+    state.raise_for_termination()
+    state.metadata_sent = True
+    state.status_sent = True
+    await state.send_status(state.status_code, state.status_details, state.trailing_metadata)
+
+
+async def _handle(state: RpcState, handler: grpc.RpcMethodHandler) -> None:
+    deserializer = handler.request_deserializer
+    serializer = handler.response_serializer
+    if not handler.request_streaming:
+        raw = await state.recv()
+        if raw is None:
+            return  # ended before its request came (grpc.aio: no status either)
+        request = deserialize(deserializer, raw)
+        if handler.response_streaming:
+            await _stream_responses(state, handler.unary_stream, request,
+                                    ServicerContext(state, deserializer, serializer))
+        else:
+            await _unary_response(state, handler.unary_unary, request,
+                                  ServicerContext(state, None, None), serializer)
+    elif handler.response_streaming:
+        context = ServicerContext(state, deserializer, serializer)
+        await _stream_responses(state, handler.stream_stream,
+                                _request_iterator(context, handler.stream_stream), context)
+    else:
+        context = ServicerContext(state, deserializer, None)
+        await _unary_response(state, handler.stream_unary,
+                              _request_iterator(context, handler.stream_unary), context,
+                              serializer)
+
+
+async def _handle_rpc(server: "Server", state: RpcState, refused: bool) -> None:
+    handler = await server._find_handler(state)
+    if handler is None:
+        state.status_sent = True
+        await state.send_status(_UNIMPLEMENTED, "Method not found!", ())
+        return
+    if refused:
+        # Over maximum_concurrent_rpcs: the interceptors saw it, then grpc's status.
+        state.status_sent = True
+        await state.send_status(_RESOURCE_EXHAUSTED, _OVER_LIMIT_DETAILS, ())
+        return
+    await _handle(state, handler)
+
+
+async def serve(server: "Server", state: RpcState, refused: bool = False) -> None:
+    """The call's task: its handler, and grpc.aio's answer to whatever it raises."""
+    method = state.method
+    try:
+        try:
+            await _handle_rpc(server, state, refused)
+        except aio.AbortError as exc:
+            if state.abort_exception is not exc:
+                _LOGGER.error("Abort error has been replaced in method [%s]", method)
+            return
+        else:
+            if state.abort_exception is not None:
+                _LOGGER.error("Abort error unexpectedly suppressed: %s",
+                              traceback.format_exception(state.abort_exception))
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except asyncio.CancelledError:
+        _LOGGER.debug("RPC cancelled for servicer method [%s]", method)
+    except ServerStoppedError:
+        _LOGGER.warning("Aborting method [%s] due to server stop.", method)
+    except ExecuteBatchError:
+        if not state.client_closed:
+            _LOGGER.exception("ExecuteBatchError raised in core by servicer method [%s]",
+                              method)
+    except Exception as exc:  # noqa: BLE001 - the application's: a status, as grpc.aio
+        _LOGGER.exception("Unexpected [%s] raised by servicer method [%s]",
+                          type(exc).__name__, method)
+        if not state.status_sent and not state.client_closed and not server._is_stopped():
+            # A code the handler set wins over UNKNOWN.
+            code = _UNKNOWN if state.status_code == _OK else state.status_code
+            state.status_sent = True
+            try:
+                details = "Unexpected %s: %s" % (type(exc), exc)
+            except Exception:  # noqa: BLE001 - an exception whose __str__ raises
+                details = "Unexpected %s" % (type(exc),)
+            await state.send_status(code, details, state.trailing_metadata)
