@@ -23,7 +23,7 @@ DOCUMENTED_FIELDS = {
     "p99_us": (float, type(None)), "mean_us": (float, type(None)),
     "gbps": (float, type(None)), "rpcs_per_s": (float, type(None)),
     "steps_per_s": (float, type(None)), "workers": (int, type(None)), "env": dict,
-    "note": str, "skipped": bool,
+    "note": str, "skipped": bool, "api": str, "concurrency": int,
 }
 
 
@@ -305,6 +305,8 @@ def _fake_runner(calls: list[Any], fail_mode: str | None = None) -> Any:
         workers: int = 2
         seed: int = 0
         env: dict[str, str] = field(default_factory=dict)
+        api: str = "threaded"
+        concurrency: int = 1
 
     def run(spec: RunSpec, progress: Any = None) -> list[Measurement]:
         calls.append((spec, dict(os.environ)))
@@ -327,6 +329,8 @@ def _fake_runner(calls: list[Any], fail_mode: str | None = None) -> Any:
                      if spec.benchmark == "latency" else bw(t, size, k, mode=spec.mode))
                 m.env = dict(spec.env)   # some left empty on purpose: the CLI fills them
                 out.append(m)
+        for m in out:
+            m.api = spec.api
         return out
 
     mod = types.ModuleType("argrpc.benchtool.runner")
@@ -395,3 +399,158 @@ def test_cli_all_quick_plan_and_failures(monkeypatch: Any, tmp_path: Path,
     doc = json.loads((tmp_path / "x.json").read_text())
     assert doc["meta"]["quick"] is True and len(doc["meta"]["errors"]) == 3
     assert not list(tmp_path.glob("*.png"))
+
+
+# --------------------------------------------------------------------------- asyncio API
+
+def aio(m: Measurement, concurrency: int = 1) -> Measurement:
+    return dataclasses.replace(m, api="aio", concurrency=concurrency)
+
+
+@pytest.fixture()
+def aio_sample() -> list[Measurement]:
+    """Both APIs in one run: threaded shm 8 µs, argrpc.aio 10 µs (1.25× threaded, within
+    1.5×) and 20× below grpc.aio (short of 30×); 64 in flight 12× grpc.aio's RPC/s."""
+    def many(t: str, rate: float) -> Measurement:
+        return aio(dataclasses.replace(lat(t, 64, 900.0, 2000.0), rpcs_per_s=rate), 64)
+
+    return [
+        lat("grpc", 64, 200.0, 400.0), lat("shm", 64, 8.0, 50.0),
+        aio(lat("grpc", 64, 200.0, 400.0)), aio(lat("shm", 64, 10.0, 20.0)),
+        aio(skipped("latency", 64)),
+        many("grpc", 1000.0), many("shm", 12000.0),
+        aio(bw("grpc", 64 * MiB, 0.5)), aio(bw("shm", 64 * MiB, 20.0)),
+    ]
+
+
+def test_aio_rows_are_compared_with_grpc_aio(aio_sample: list[Measurement]) -> None:
+    table = report.benchmark_table(aio_sample, "latency", "aio")
+    assert table.headers[4:6] == ["in flight", "transport"]
+    assert table.headers[-1] == "RPC/s vs grpc"
+    shm = [r for r in table.rows if r[5] == "shm"]
+    assert [r[4] for r in shm] == ["1", "64"]          # ping-pong first, then in flight
+    assert shm[0][-3:] == ["20.0×", "20.0×", "20.0×"]  # vs grpc.aio, not threaded grpc
+    assert shm[1][-1] == "12.0×"                      # 12000 / 1000 RPC/s
+    assert any("skipped: no RDMA device" in c for r in table.rows for c in r)
+    # the threaded table is the one it always was: no aio rows, no extra columns
+    threaded = report.benchmark_table(aio_sample, "latency")
+    assert "in flight" not in threaded.headers and len(threaded.rows) == 2
+    assert report.benchmark_table(aio_sample, "bandwidth", "aio").rows[1][-1] == "40.0×"
+
+
+def test_aio_vs_threaded_table(aio_sample: list[Measurement]) -> None:
+    table = report.api_table(aio_sample, "latency")
+    assert table is not None
+    assert table.headers[-3:] == ["threaded p50 µs", "aio p50 µs", "aio / threaded"]
+    by = {r[4]: r for r in table.rows}
+    assert by["shm"][-3:] == ["8.00", "10.0", "1.25×"]
+    assert by["grpc"][-1] == "1.00×"
+    assert report.api_table(aio_sample, "bandwidth") is None  # no threaded bandwidth
+    only_aio = [m for m in aio_sample if m.api == "aio"]
+    assert report.api_table(only_aio, "latency") is None
+
+
+def test_aio_targets(aio_sample: list[Measurement]) -> None:
+    res = [r for r in report.evaluate_targets(aio_sample) if r.target.api == "aio"]
+    by = {r.target.text.split(" at ")[0]: r for r in res}
+    p50 = by["asyncio: p50"]
+    assert p50.status == "MISS" and p50.ratio == pytest.approx(20.0)
+    assert "short by 1.50×" in p50.detail
+    assert by["asyncio: p99"].status == "PASS"          # 400 / 20 = 20× ≥ 15×
+    many = by["asyncio: 64 calls in flight"]
+    assert many.status == "PASS" and many.ratio == pytest.approx(12.0)
+    assert "64 in flight" in many.where
+    assert by["asyncio: raw bandwidth"].status == "PASS"
+    within = by["asyncio: argrpc.aio p50"]
+    assert within.status == "PASS" and "aio p50 = 1.25× threaded" in within.detail
+    assert within.to_dict()["versus"] == "threaded"
+    text = report.terminal_report(aio_sample)
+    assert "== latency, asyncio API" in text and "== latency: asyncio vs threaded" in text
+    assert "== asyncio targets" in text and "== speed targets" in text
+    assert text.index("== speed targets") < text.index("== asyncio targets")
+
+
+def test_aio_targets_need_their_runs(aio_sample: list[Measurement]) -> None:
+    threaded = [m for m in aio_sample if m.api == "threaded"]
+    assert all(r.target.api == "threaded" for r in report.evaluate_targets(threaded))
+    assert "asyncio" not in report.terminal_report(threaded)
+    only_aio = [m for m in aio_sample if m.api == "aio"]
+    texts = [r.target.text for r in report.evaluate_targets(only_aio)]
+    assert texts and all(t.startswith("asyncio:") for t in texts)
+    assert not any("threaded" in t for t in texts)  # needs both APIs in the run
+    slow = [aio(lat("grpc", 64, 200.0, 400.0)), aio(lat("shm", 64, 24.0, 30.0)),
+            lat("grpc", 64, 200.0, 400.0), lat("shm", 64, 8.0, 50.0)]
+    within = next(r for r in report.evaluate_targets(slow) if r.target.versus == "threaded")
+    assert within.status == "MISS" and "3.00× threaded" in within.detail
+    assert "over by 2.00×" in within.detail
+    res = report.evaluate_targets([aio(lat("grpc", 64, 1.0, 1.0)), aio(lat("shm", 64, 1.0, 1.0))])
+    many = next(r for r in res if "in flight" in r.target.text)
+    assert many.status == "not measured" and "--concurrency 64" in many.detail
+
+
+def test_aio_markdown_and_json(aio_sample: list[Measurement], tmp_path: Path) -> None:
+    md = report.markdown_report(aio_sample, collect_meta(["latency", "--api", "both"]))
+    assert "## latency, asyncio API" in md and "## latency: asyncio vs threaded API" in md
+    assert "| raw | uniform | 64 B | 1 | 64 | shm |" in md
+    assert "## Asyncio targets" in md
+    for block in md.split("\n\n"):
+        rows = [ln for ln in block.splitlines() if ln.startswith("|")]
+        if rows:
+            assert len({r.count(" | ") for r in rows if not r.startswith("|:")}) == 1, block
+    path = tmp_path / "r.json"
+    report.write_json(str(path), aio_sample, {})
+    back, _ = from_json(json.loads(path.read_text()))
+    assert back == aio_sample
+    # a file written before the asyncio API existed loads as threaded, one call in flight
+    old = to_json([lat("shm", 64, 1.0, 2.0)], {})
+    for m in old["measurements"]:
+        del m["api"], m["concurrency"]
+    (m,), _ = from_json(old)
+    assert (m.api, m.concurrency) == ("threaded", 1)
+
+
+def test_aio_plots(aio_sample: list[Measurement], tmp_path: Path) -> None:
+    paths = write_plots(aio_sample, str(tmp_path))
+    assert [os.path.basename(p) for p in paths] == ["latency.png", "bandwidth.png"]
+
+
+def test_cli_parses_apis() -> None:
+    assert cli.parse_apis("threaded") == ["threaded"]
+    assert cli.parse_apis("both") == cli.parse_apis("aio,threaded") == ["threaded", "aio"]
+    a = cli.build_parser().parse_args(["latency"])
+    assert a.api == ["threaded"] and a.concurrency == 64
+
+
+@pytest.mark.parametrize("argv", [
+    ["--api", "trio"], ["--api", ""], ["latency", "--api", "aio", "--concurrency", "0"],
+    ["ps", "--api", "aio"]])
+def test_cli_rejects_bad_api_arguments(argv: list[str], capsys: Any) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    assert "argrpc-bench: error:" in capsys.readouterr().err
+
+
+def test_cli_plans_both_apis_side_by_side(monkeypatch: Any, tmp_path: Path,
+                                          capsys: Any) -> None:
+    import sys
+
+    calls: list[Any] = []
+    monkeypatch.setitem(sys.modules, "argrpc.benchtool.runner", _fake_runner(calls))
+    import argrpc.benchtool as pkg
+    monkeypatch.setattr(pkg, "runner", sys.modules["argrpc.benchtool.runner"], raising=False)
+    rc = cli.main(["all", "--quick", "--api", "both", "--concurrency", "8", "--no-plots",
+                   "--out", str(tmp_path)])
+    assert rc == 0
+    specs = [c[0] for c in calls]
+    assert [(s.benchmark, s.mode, s.api) for s in specs] == [
+        (b, m, api) for b in ("latency", "bandwidth") for m in ("raw", "serialized")
+        for api in ("threaded", "aio")] + [("ps", m, "threaded") for m in ("raw", "serialized")]
+    assert {s.concurrency for s in specs if s.api == "aio"} == {8}
+    assert {s.concurrency for s in specs if s.api == "threaded"} == {1}
+    calls.clear()
+    assert cli.main(["all", "--quick", "--api", "aio", "--no-plots", "--out", str(tmp_path)]) == 0
+    assert {(c[0].benchmark, c[0].api) for c in calls} == {("latency", "aio"),
+                                                           ("bandwidth", "aio")}
+    out = capsys.readouterr().out
+    assert "== latency, asyncio API" in out and "== asyncio targets" in out

@@ -1,6 +1,6 @@
 """argrpc.benchtool.runner: tiny real runs of every benchmark over every transport available
-here, the sweep environment reaching the measured processes (and only them), skipped
-and refused transports. Runs are a few iterations on a tiny payload: seconds each, and
+here, under the threaded and the asyncio API, the sweep environment reaching the
+measured processes (and only them), skipped and refused transports. Runs are a few iterations on a tiny payload: seconds each, and
 nothing is timing-asserted (the machine is shared and noisy)."""
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import math
 import os
 from contextlib import ExitStack
+from pathlib import Path
 
 import pytest
 
@@ -152,3 +153,77 @@ def _deadline() -> float:
     import time
 
     return time.monotonic() + 60
+
+
+# ------------------------------------------------------------------ asyncio API
+
+@pytest.mark.parametrize("kind", ["latency", "bandwidth"])
+def test_tiny_aio_run_gives_rows_for_grpc_aio_and_argrpc_aio(kind: str) -> None:
+    spec = tiny(kind, LIVE, api="aio", concurrency=4)
+    got = runner.run(spec)
+    # latency: per size the ping-pong, then 4 calls in flight; bandwidth: one at a time
+    flights = [1, 4] if kind == "latency" else [1]
+    assert [(m.transport, m.size, m.concurrency) for m in got] == [
+        (t, s, c) for t in LIVE for s in spec.sizes for c in flights]
+    for m in got:
+        assert m.api == "aio"
+        check_measured(m, spec)
+    transports = {m.transport for m in got}
+    assert "grpc" in transports and ("shm" in transports or AVAILABLE["shm"])
+
+
+def test_aio_serialized_run_and_progress_labels() -> None:
+    seen: list[str] = []
+    spec = tiny("latency", LIVE, mode="serialized", sizes=[64], api="aio", concurrency=2)
+    got = runner.run(spec, progress=lambda label, frac: seen.append(label))
+    assert len(got) == 2 * len(LIVE) and all(m.api == "aio" for m in got)
+    assert "aio grpc 64 B" in seen and seen[-1] == "done"
+
+
+def test_aio_unavailable_transport_is_skipped() -> None:
+    got = runner.run(tiny("latency", ["grpc", "shm"], api="aio", concurrency=2,
+                          env={"TF_RDMA_ENABLED": "false"}))
+    shm = [m for m in got if m.transport == "shm"]
+    assert len(shm) == 2 and all(m.skipped and m.api == "aio" for m in shm)
+    assert all(not m.skipped for m in got if m.transport == "grpc")
+
+
+def test_aio_spec_is_checked() -> None:
+    with pytest.raises(ValueError, match="asyncio"):
+        runner.normalize(tiny("ps", ["grpc"], api="aio"))
+    with pytest.raises(ValueError, match="api"):
+        runner.normalize(tiny("latency", ["grpc"], api="trio"))
+    with pytest.raises(ValueError, match="concurrency"):
+        runner.normalize(tiny("latency", ["grpc"], api="aio", concurrency=0))
+
+
+@pytest.mark.skipif(bool(AVAILABLE["shm"]), reason=AVAILABLE["shm"] or "shm available")
+def test_aio_shm_client_on_grpc_aio_fails_loudly_and_leaves_no_process() -> None:
+    env = runner.child_env(runner.normalize(tiny("latency", ["grpc"])))
+    with pytest.raises(runner.TransportError, match="not 'shm'"):
+        with ExitStack() as procs:
+            server, port = runner.start_server(procs, "server", "argrpc.benchtool.aio_server",
+                                               ["--stack", "grpc"], env)
+            client = runner.spawn(procs, "client", "argrpc.benchtool.aio_client", [
+                "--target", f"127.0.0.1:{port}", "--stack", "argrpc", "--transport", "shm",
+                "--benchmark", "latency", "--sizes", "64", "--iterations", "2"], env)
+            client.result(deadline=_deadline())
+    assert server.proc.poll() is not None and client.proc.poll() is not None
+
+
+def test_cli_both_apis_in_one_real_run(tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from argrpc.benchtool import cli
+
+    rc = cli.main(["latency", "--api", "both", "--sizes", "64", "--mode", "raw",
+                   "--iterations", "5", "--warmup", "1", "--concurrency", "3",
+                   "--transports", ",".join(LIVE), "--no-plots", "--out", str(tmp_path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "== latency, asyncio API" in out and "== asyncio targets" in out
+    doc = json.loads((tmp_path / "results.json").read_text())
+    rows = {(m["api"], m["transport"], m["concurrency"]) for m in doc["measurements"]}
+    assert rows == {(api, t, c) for t in LIVE for api, c in
+                    (("threaded", 1), ("aio", 1), ("aio", 3))}
+    if "shm" in LIVE:
+        assert "== latency: asyncio vs threaded API" in out

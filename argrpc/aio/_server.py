@@ -28,6 +28,7 @@ from grpc import aio
 from .. import _bootstrap, _buffers, _config, _engine, _proto
 from .._server import _OVER_LIMIT_DETAILS, _STOP_CODE, _STOP_DETAILS, _Admission
 from .._server import _Server as _ThreadedServer
+from . import _eager
 from ._context import RpcState
 from ._loop import LoopBridge, bridge
 from ._server_handlers import HandlerCallDetails, intercept, serve
@@ -346,7 +347,10 @@ class Server(aio.Server):
         state.token = b.register(state.on_change)
         self._calls[state.key] = state
         sc.watch(b.notifier, state.token)
-        task = loop.create_task(serve(self, state, refused), context=self._context.copy())
+        task = _eager.start(loop, serve(self, state, refused), self._context.copy())
+        if task is None:  # answered without waiting
+            self._end_call(state)
+            return
         state.task = task
         task.add_done_callback(lambda _t: self._end_call(state))
 

@@ -8,7 +8,8 @@ the ratios compare like with like. Run ``argrpc-bench --help`` or
 
 Modules, one job each: ``schemes`` (payload sizes), ``models`` (ResNet-50 variable
 shapes), ``results`` (Measurement + JSON schema), ``runner`` / ``server`` / ``client`` /
-``ps`` / ``messages`` (the measured processes), ``report`` (terminal table, Markdown,
+``ps`` / ``messages`` (the measured processes; ``aio_server`` / ``aio_client`` the same
+point-to-point loops over the asyncio API), ``report`` (terminal table, Markdown,
 targets), ``plots`` (PNG), ``progress`` (stderr progress), ``cli`` (argument parsing).
 """
 from __future__ import annotations
@@ -20,5 +21,8 @@ FAST_TRANSPORTS = names()
 TRANSPORTS = ("grpc", *FAST_TRANSPORTS)
 MODES = ("raw", "serialized")
 SCHEMES = ("uniform", "random", "skew")
+# threaded: grpc.server / grpc.insecure_channel and argrpc's drop-ins; aio: grpc.aio and
+# argrpc.aio, one event loop per process.
+APIS = ("threaded", "aio")
 
-__all__ = ["BENCHMARKS", "FAST_TRANSPORTS", "TRANSPORTS", "MODES", "SCHEMES"]
+__all__ = ["APIS", "BENCHMARKS", "FAST_TRANSPORTS", "TRANSPORTS", "MODES", "SCHEMES"]

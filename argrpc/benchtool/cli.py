@@ -1,9 +1,11 @@
 """``argrpc-bench`` command line: parses options, plans the runs, hands them to the
 runner, then writes the table, JSON, Markdown and plots.
 
-The plan is a list of ``RunSpec``s: one per (benchmark, mode, sweep combination), each
-comparing all requested transports in the same run. This process never changes its own
-environment: sweep values reach only the measured processes, through ``RunSpec.env``.
+The plan is a list of ``RunSpec``s: one per (benchmark, mode, sweep combination, API),
+each comparing all requested transports in the same run; the APIs of one cell run back
+to back so that asyncio and threaded numbers come from the same moment. This process
+never changes its own environment: sweep values reach only the measured processes,
+through ``RunSpec.env``.
 """
 from __future__ import annotations
 
@@ -19,16 +21,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from argrpc._config import KNOBS, ConfigError, load as load_config, parse_size
-from argrpc.benchtool import BENCHMARKS, FAST_TRANSPORTS, MODES, SCHEMES, TRANSPORTS
+from argrpc.benchtool import APIS, BENCHMARKS, FAST_TRANSPORTS, MODES, SCHEMES, TRANSPORTS
 from argrpc.benchtool.progress import Progress
-from argrpc.benchtool.report import (evaluate_targets, fmt_size, markdown_report,
-                                 terminal_report, write_json, write_text)
+from argrpc.benchtool.report import (AIO_TARGET_CONCURRENCY, evaluate_targets, fmt_size,
+                                     markdown_report, terminal_report, write_json,
+                                     write_text)
 from argrpc.benchtool.results import Measurement, collect_meta
 
 if TYPE_CHECKING:
     from argrpc.benchtool.runner import RunSpec
 
 DEFAULT_OUT = "bench-results"
+DEFAULT_CONCURRENCY = AIO_TARGET_CONCURRENCY
 KNOB_NAMES = tuple(k[0] for k in KNOBS)
 
 
@@ -89,6 +93,17 @@ def parse_transports(text: str) -> list[str]:
     return list(dict.fromkeys(ts))  # keep order, drop repeats
 
 
+def parse_apis(text: str) -> list[str]:
+    """'threaded', 'aio', 'both' or a comma list; returned in APIS order."""
+    got = set(APIS) if text.strip() == "both" else set(_csv(text))
+    bad = sorted(got - set(APIS))
+    if bad or not got:
+        raise argparse.ArgumentTypeError(
+            f"unknown api(s) {', '.join(bad) or '(none)'}; choose from "
+            f"{', '.join(APIS)} or both")
+    return [a for a in APIS if a in got]
+
+
 def parse_sweep(text: str) -> tuple[str, list[str]]:
     """'TF_RDMA_ACC_SIZE=4K,8K,16K' -> ('TF_RDMA_ACC_SIZE', ['4K', '8K', '16K'])."""
     name, sep, values = text.partition("=")
@@ -138,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
                "  argrpc-bench bandwidth --scheme skew --buffers 16 --sizes 16M,64M\n"
                "  argrpc-bench ps --workers 2 --duration 5\n"
                "  argrpc-bench bandwidth --sizes 4M --sweep TF_RDMA_ACC_SIZE=4K,8K,16K\n"
+               "  argrpc-bench latency --api both --sizes 64   (grpc.aio vs argrpc.aio, and\n"
+               "                                              against the threaded API)\n"
                "  argrpc-bench soak --duration 600   (long mixed workload with checksums;\n"
                "                                      see argrpc-bench soak --help)\n"
                "  argrpc-bench chaos --trials 40     (peers killed at random moments;\n"
@@ -168,6 +185,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=None,
                    help="repeats per cell (default 3, --quick 1)")
     p.add_argument("--workers", type=int, default=2, help="ps worker processes (default 2)")
+    p.add_argument("--api", type=parse_apis, default=["threaded"],
+                   help="threaded (grpc.server / channels, default), aio (grpc.aio vs "
+                        "argrpc.aio, one event loop per process; latency and bandwidth), "
+                        "or both / threaded,aio: each cell under both APIs in the same run")
+    p.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY,
+                   help="aio latency: besides the ping-pong, this many calls kept in flight "
+                        "from one event loop on one channel (RPC/s); 1: ping-pong only "
+                        f"(default {DEFAULT_CONCURRENCY})")
     p.add_argument("--seed", type=int, default=0, help="payload/scheme seed (default 0)")
     p.add_argument("--sweep", type=parse_sweep, action="append", default=[],
                    metavar="TF_RDMA_*=v1,v2,...",
@@ -186,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
-    for name in ("buffers", "iterations", "repeats", "workers"):
+    for name in ("buffers", "iterations", "repeats", "workers", "concurrency"):
         v = getattr(a, name)
         if v is not None and v < 1:
             p.error(f"--{name} must be >= 1")
@@ -194,6 +219,8 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error("--warmup must be >= 0")
     if a.duration is not None and a.duration <= 0:
         p.error("--duration must be > 0")
+    if a.benchmark == "ps" and "threaded" not in a.api:
+        p.error("--api: the ps benchmark has no asyncio variant; use --api threaded or both")
     try:
         a.envs = sweep_envs(a.sweep)
         for env in a.envs:
@@ -363,7 +390,8 @@ def chaos_main(argv: Sequence[str]) -> int:
 # --------------------------------------------------------------------------- planning
 
 def plan(a: argparse.Namespace) -> list["RunSpec"]:
-    """One RunSpec per (benchmark, mode, sweep env), in that nesting order."""
+    """One RunSpec per (benchmark, mode, sweep env, API), in that nesting order. ps runs
+    under the threaded API only (``all --api aio`` leaves it out)."""
     from argrpc.benchtool.runner import RunSpec
 
     benches = BENCHMARKS if a.benchmark == "all" else (a.benchmark,)
@@ -374,18 +402,23 @@ def plan(a: argparse.Namespace) -> list["RunSpec"]:
         d = table[b]
         iterations = a.iterations
         duration = None if iterations is not None else (a.duration or d.duration)
+        apis = [api for api in a.api
+                if api == "threaded" or b != "ps"]
         for mode in modes:
             for env in getattr(a, "envs", [{}]):
-                kw: dict[str, Any] = dict(
-                    benchmark=b, transports=list(a.transports), mode=mode,
-                    scheme=a.scheme or d.scheme, buffers=a.buffers,
-                    warmup=d.warmup if a.warmup is None else a.warmup,
-                    iterations=iterations, duration=duration,
-                    repeats=a.repeats or d.repeats, workers=a.workers, seed=a.seed,
-                    env=dict(env))
-                if b != "ps":
-                    kw["sizes"] = list(a.sizes or d.sizes)
-                specs.append(RunSpec(**kw))
+                for api in apis:
+                    kw: dict[str, Any] = dict(
+                        benchmark=b, transports=list(a.transports), mode=mode,
+                        scheme=a.scheme or d.scheme, buffers=a.buffers,
+                        warmup=d.warmup if a.warmup is None else a.warmup,
+                        iterations=iterations, duration=duration,
+                        repeats=a.repeats or d.repeats, workers=a.workers, seed=a.seed,
+                        env=dict(env))
+                    if b != "ps":
+                        kw["sizes"] = list(a.sizes or d.sizes)
+                    if api != "threaded":  # threaded specs keep RunSpec's defaults
+                        kw.update(api=api, concurrency=a.concurrency)
+                    specs.append(RunSpec(**kw))
     return specs
 
 
@@ -394,6 +427,7 @@ def _title(spec: "RunSpec") -> str:
     if spec.benchmark != "ps":
         what += " " + ",".join(fmt_size(s) for s in spec.sizes)
     env = " ".join(f"{k}={v}" for k, v in sorted(spec.env.items()))
+    what = what if spec.api == "threaded" else f"{what} ({spec.api})"
     return f"{what} [{spec.mode}, {spec.scheme}]" + (f" {env}" if env else "")
 
 

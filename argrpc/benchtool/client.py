@@ -169,32 +169,42 @@ def timed_phases(call: Callable[[], None], plan: Plan) -> tuple[list[int], float
     return samples, total_s, per_repeat
 
 
-def _latency_call(channel: grpc.Channel, stack: str, mode: str,
-                  bufs: list[Any]) -> Callable[[], None]:
+@dataclass
+class P2PCall:
+    """One point-to-point RPC ready to be made, for either API: the multicallable, its
+    request, and the check of an answer (raises on a wrong one). The blocking and the
+    asyncio clients build it the same way and differ only in how they invoke it."""
+    method: Any
+    request: Any
+    check: Callable[[Any], None]
+    check_each: bool  # bandwidth checks every ack; latency only the first echo
+
+
+def _latency_call(channel: Any, stack: str, mode: str, bufs: list[Any]) -> P2PCall:
     if mode == "serialized":
         req = msg.Payload(buffers=[b.tobytes() for b in bufs])
         echo = channel.unary_unary(msg.path(msg.SERVICE, msg.ECHO),
                                    request_serializer=msg.Payload.SerializeToString,
                                    response_deserializer=msg.Payload.FromString)
-        reply = echo(req, timeout=CALL_TIMEOUT_S)
-        if list(reply.buffers) != list(req.buffers):
-            raise RuntimeError("Echo returned a different payload")
-        return lambda: echo(req, timeout=CALL_TIMEOUT_S)
+
+        def check(reply: Any) -> None:
+            if list(reply.buffers) != list(req.buffers):
+                raise RuntimeError("Echo returned a different payload")
+        return P2PCall(echo, req, check, check_each=False)
     frame = msg.RawFrame([b.nbytes for b in bufs])
     framed = not frame.single
     pack = msg.bytes_only(frame.pack) if stack == "grpc" else frame.pack
     echo = channel.unary_unary(msg.path(msg.SERVICE, msg.ECHO_FRAMED if framed else msg.ECHO_RAW),
                                request_serializer=pack,
                                response_deserializer=lambda d: msg.unpack(d, framed))
-    views = echo(bufs, timeout=CALL_TIMEOUT_S)
-    if len(views) != len(bufs) or any(not (v == b).all() for v, b in zip(views, bufs)):
-        raise RuntimeError("EchoRaw returned a different payload")
-    del views  # a view may pin a pool block of the server's
-    return lambda: echo(bufs, timeout=CALL_TIMEOUT_S)
+
+    def check_raw(views: Any) -> None:
+        if len(views) != len(bufs) or any(not (v == b).all() for v, b in zip(views, bufs)):
+            raise RuntimeError("EchoRaw returned a different payload")
+    return P2PCall(echo, bufs, check_raw, check_each=False)
 
 
-def _bandwidth_call(channel: grpc.Channel, stack: str, mode: str,
-                    bufs: list[Any]) -> Callable[[], None]:
+def _bandwidth_call(channel: Any, stack: str, mode: str, bufs: list[Any]) -> P2PCall:
     size, count = sum(b.nbytes for b in bufs), len(bufs)
     if mode == "serialized":
         req = msg.Payload(buffers=[b.tobytes() for b in bufs])
@@ -202,36 +212,49 @@ def _bandwidth_call(channel: grpc.Channel, stack: str, mode: str,
                                    request_serializer=msg.Payload.SerializeToString,
                                    response_deserializer=msg.Ack.FromString)
 
-        def call() -> None:
-            ack = sink(req, timeout=CALL_TIMEOUT_S)
+        def check(ack: Any) -> None:
             if ack.size != size or ack.count != count:
                 raise RuntimeError(f"Sink acked {ack.size} B in {ack.count} buffers, "
                                    f"sent {size} B in {count}")
-        return call
+        return P2PCall(sink, req, check, check_each=True)
     frame = msg.RawFrame([b.nbytes for b in bufs])
     framed = not frame.single
     pack = msg.bytes_only(frame.pack) if stack == "grpc" else frame.pack
     sink = channel.unary_unary(msg.path(msg.SERVICE, msg.SINK_FRAMED if framed else msg.SINK_RAW),
                                request_serializer=pack, response_deserializer=parse_raw_ack)
 
-    def call_raw() -> None:
-        got = sink(bufs, timeout=CALL_TIMEOUT_S)
+    def check_raw(got: tuple[int, int]) -> None:
         if got != (size, count):
             raise RuntimeError(f"SinkRaw acked {got}, sent {(size, count)}")
-    return call_raw
+    return P2PCall(sink, bufs, check_raw, check_each=True)
+
+
+def p2p_call(channel: Any, benchmark: str, stack: str, mode: str,
+             bufs: list[Any]) -> P2PCall:
+    make = _latency_call if benchmark == "latency" else _bandwidth_call
+    return make(channel, stack, mode, bufs)
+
+
+def blocking_call(rpc: P2PCall) -> Callable[[], None]:
+    """Makes the first call, checked, and returns the timed loop's call."""
+    method, request, check = rpc.method, rpc.request, rpc.check
+    check(method(request, timeout=CALL_TIMEOUT_S))  # not kept: a raw answer's views may
+    # pin a pool block of the server's
+    if rpc.check_each:
+        return lambda: check(method(request, timeout=CALL_TIMEOUT_S))
+    return lambda: method(request, timeout=CALL_TIMEOUT_S)
 
 
 def measure(channel: grpc.Channel, args: argparse.Namespace) -> list[dict[str, Any]]:
     plan = Plan(args.warmup, args.iterations, args.duration, args.repeats)
     sizes = [int(s) for s in args.sizes.split(",") if s]
-    make = _latency_call if args.benchmark == "latency" else _bandwidth_call
     # Bytes moved per call: latency counts the request and the reply.
     per_call = 2 if args.benchmark == "latency" else 1
     out: list[dict[str, Any]] = []
     for i, size in enumerate(sizes):
         bufs = schemes.make_buffers(schemes.buffer_sizes(args.scheme, size, args.buffers,
                                                          args.seed), args.seed)
-        call = make(channel, args.stack, args.mode, bufs)  # its first call checks the data
+        call = blocking_call(p2p_call(channel, args.benchmark, args.stack, args.mode, bufs))
         for _ in range(max(0, args.warmup - 1)):
             call()
         samples, total_s, per_repeat = timed_phases(call, plan)
@@ -263,8 +286,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m argrpc.benchtool.client")
+def arg_parser(prog: str = "python -m argrpc.benchtool.client") -> argparse.ArgumentParser:
+    """The options both point-to-point clients (blocking and asyncio) take."""
+    p = argparse.ArgumentParser(prog=prog)
     p.add_argument("--target", required=True)
     p.add_argument("--stack", choices=("grpc", "argrpc"), required=True)
     p.add_argument("--transport", choices=TRANSPORTS, required=True,
@@ -279,6 +303,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=float)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def parse_args(argv: list[str] | None,
+               parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
+    p = parser or arg_parser()
     args = p.parse_args(argv)
     if (args.iterations is None) == (args.duration is None):
         p.error("give exactly one of --iterations and --duration")

@@ -9,14 +9,15 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-from argrpc.benchtool import MODES, TRANSPORTS
+from argrpc.benchtool import APIS, MODES, TRANSPORTS
 from argrpc.benchtool.report import BASELINE, env_label, fmt_ratio, fmt_size, speedup, \
     baseline_of
 from argrpc.benchtool.results import Measurement
 
-# One colour per transport, the same in every plot; line style per mode.
+# One colour per transport, the same in every plot; line style per mode and API.
 _COLOURS = {"grpc": "#7f7f7f", "shm": "#1f77b4", "verbs": "#d62728"}
-_STYLES = {"raw": "-", "serialized": "--"}
+_STYLES = {("threaded", "raw"): "-", ("threaded", "serialized"): "--",
+           ("aio", "raw"): ":", ("aio", "serialized"): "-."}
 _DPI = 110
 
 
@@ -32,8 +33,12 @@ def _figure(width: float = 7.5, height: float = 4.6) -> Any:
     return Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
 
 
+def _style(m: Measurement) -> str:
+    return _STYLES.get((m.api, m.mode), "-")
+
+
 def _series_label(m: Measurement, vary: set[str]) -> str:
-    parts = [m.transport]
+    parts = [m.transport if m.api == "threaded" else f"{m.api} {m.transport}"]
     if "mode" in vary:
         parts.append(m.mode)
     if "scheme" in vary:
@@ -61,6 +66,7 @@ def _series(ms: Sequence[Measurement]) -> dict[tuple[Any, ...], list[Measurement
     for m in ms:
         key = (TRANSPORTS.index(m.transport) if m.transport in TRANSPORTS else 99,
                m.transport, MODES.index(m.mode) if m.mode in MODES else 99, m.mode,
+               APIS.index(m.api) if m.api in APIS else 99, m.api, m.concurrency,
                m.scheme, m.buffers, tuple(sorted(m.env.items())))
         out.setdefault(key, []).append(m)
     return {k: sorted(v, key=lambda m: m.size) for k, v in sorted(out.items())}
@@ -76,17 +82,18 @@ def _size_axis(ax: Any, sizes: Sequence[int]) -> None:
 
 
 def plot_latency(ms: Sequence[Measurement], path: str) -> str | None:
+    # calls in flight at once have a latency under load, not a round trip: not plotted
     data = [m for m in ms if m.benchmark == "latency" and not m.skipped
-            and m.p50_us is not None]
+            and m.p50_us is not None and m.concurrency == 1]
     if not data:
         return None
     fig = _figure(9.5, 4.8)
     ax = fig.add_subplot()
     vary = _varying(data)
-    for (_, transport, _, mode, *_), line in _series(data).items():
+    for (_, transport, *_), line in _series(data).items():
         xs = [m.size for m in line]
         colour = _COLOURS.get(transport, None)
-        style = _STYLES.get(mode, "-")
+        style = _style(line[0])
         ax.plot(xs, [m.p50_us for m in line], style, marker="o", color=colour,
                 label=_series_label(line[0], vary) + " p50")
         p99 = [(m.size, m.p99_us) for m in line if m.p99_us is not None]
@@ -112,8 +119,8 @@ def plot_bandwidth(ms: Sequence[Measurement], path: str) -> str | None:
     fig = _figure()
     ax = fig.add_subplot()
     vary = _varying(data)
-    for (_, transport, _, mode, *_), line in _series(data).items():
-        ax.plot([m.size for m in line], [m.gbps for m in line], _STYLES.get(mode, "-"),
+    for (_, transport, *_), line in _series(data).items():
+        ax.plot([m.size for m in line], [m.gbps for m in line], _style(line[0]),
                 marker="o", color=_COLOURS.get(transport), label=_series_label(line[0], vary))
     _size_axis(ax, [m.size for m in data])
     ax.set_yscale("log")

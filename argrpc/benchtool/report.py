@@ -1,18 +1,21 @@
 """Turns Measurements into the terminal table, the Markdown report and the target checks.
 
-Every ratio is against plain grpcio measured in the same run, with the same mode, scheme,
-size, buffer count, worker count and sweep environment, so a noisy machine moves both
-sides of a ratio together. Ratios are all "speedup" (higher is better): grpc/transport
-for latency, transport/grpc for GB/s and steps/s.
+Every ratio is against plain grpcio measured in the same run, with the same API, mode,
+scheme, size, buffer count, calls in flight, worker count and sweep environment, so a
+noisy machine moves both sides of a ratio together: under the asyncio API the baseline
+"grpc" is grpc.aio's client and server. Ratios are all "speedup" (higher is better):
+grpc/transport for latency, transport/grpc for GB/s, RPC/s and steps/s. The one
+exception is the asyncio-vs-threaded table, which divides the same transport's numbers
+under the two APIs.
 """
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Sequence
 
-from argrpc.benchtool import BENCHMARKS, MODES, SCHEMES, TRANSPORTS
+from argrpc.benchtool import APIS, BENCHMARKS, MODES, SCHEMES, TRANSPORTS
 from argrpc.benchtool.results import Measurement, to_json
 
 BASELINE = "grpc"
@@ -32,6 +35,12 @@ _COLUMNS: dict[str, list[tuple[str, str, str]]] = {
     "ps": [("steps/s", "steps_per_s", "rate"), ("GB/s", "gbps", "gbps"),
            ("RPC/s", "rpcs_per_s", "rate"), ("steps/s vs grpc", "steps_per_s", "ratio")],
 }
+# Under the asyncio API a latency row may have many calls in flight, whose figure of merit
+# is RPC/s rather than the per-call latency.
+_AIO_COLUMNS: dict[str, list[tuple[str, str, str]]] = {
+    **_COLUMNS,
+    "latency": [*_COLUMNS["latency"], ("RPC/s vs grpc", "rpcs_per_s", "ratio")],
+}
 
 # The one number a sweep table shows per cell.
 PRIMARY: dict[str, str] = {"latency": "p50_us", "bandwidth": "gbps", "ps": "steps_per_s"}
@@ -45,6 +54,9 @@ _DESCRIPTION = {
           "per step; size = bytes per step per worker (pull + push); "
           "speedup = transport steps/s / grpc steps/s",
 }
+_AIO_DESCRIPTION = ("grpc = grpc.aio's client and server, shm/verbs = argrpc.aio's, one event "
+                    "loop per process; in flight = calls kept going by as many tasks on one "
+                    "channel; speedups vs grpc.aio")
 
 
 # --------------------------------------------------------------------------- formatting
@@ -97,7 +109,8 @@ def _env_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
 
 def cell_key(m: Measurement, with_env: bool = True) -> tuple[Any, ...]:
     """Everything but the transport: measurements with equal keys are comparable."""
-    key: tuple[Any, ...] = (m.benchmark, m.mode, m.scheme, m.size, m.buffers, m.workers)
+    key: tuple[Any, ...] = (m.benchmark, m.api, m.concurrency, m.mode, m.scheme, m.size,
+                            m.buffers, m.workers)
     return key + (_env_key(m.env),) if with_env else key
 
 
@@ -129,9 +142,9 @@ def _order(ms: Iterable[Measurement]) -> list[Measurement]:
     for m in ms:
         env_rank.setdefault(_env_key(m.env), len(env_rank))
     return sorted(ms, key=lambda m: (
-        rank(BENCHMARKS, m.benchmark), rank(MODES, m.mode), rank(SCHEMES, m.scheme),
-        m.size, m.buffers, m.workers or 0, env_rank[_env_key(m.env)],
-        rank(TRANSPORTS, m.transport)))
+        rank(BENCHMARKS, m.benchmark), rank(APIS, m.api), rank(MODES, m.mode),
+        rank(SCHEMES, m.scheme), m.concurrency, m.size, m.buffers, m.workers or 0,
+        env_rank[_env_key(m.env)], rank(TRANSPORTS, m.transport)))
 
 
 # --------------------------------------------------------------------------- tables
@@ -178,27 +191,38 @@ def _has_sweep(ms: Sequence[Measurement]) -> bool:
     return len({_env_key(m.env) for m in ms}) > 1 or any(m.env for m in ms)
 
 
-def benchmark_table(ms: Sequence[Measurement], benchmark: str) -> Table:
-    """One row per (cell, transport) for one benchmark, with its speedups vs grpc."""
-    rows_ms = _order(m for m in ms if m.benchmark == benchmark)
+def ran(ms: Sequence[Measurement], benchmark: str, api: str) -> bool:
+    return any(m.benchmark == benchmark and m.api == api for m in ms)
+
+
+def benchmark_table(ms: Sequence[Measurement], benchmark: str, api: str = "threaded") -> Table:
+    """One row per (cell, transport) for one benchmark under one API, with its speedups
+    vs grpc under the same API."""
+    rows_ms = _order(m for m in ms if m.benchmark == benchmark and m.api == api)
     sweep = _has_sweep(rows_ms)
+    in_flight = api != "threaded" and benchmark == "latency"
     size_head = "bytes/step/worker" if benchmark == "ps" else "size"
     bufs_head = "vars" if benchmark == "ps" else "bufs"
     lead = ["mode", "scheme", size_head, bufs_head]
     if benchmark == "ps":
         lead.append("workers")
+    if in_flight:
+        lead.append("in flight")
     if sweep:
         lead.append("env")
     lead.append("transport")
-    cols = _COLUMNS[benchmark]
+    cols = (_COLUMNS if api == "threaded" else _AIO_COLUMNS)[benchmark]
     headers = lead + [c[0] for c in cols]
     numeric = [False, False, True, True] + ([True] if benchmark == "ps" else []) \
-        + ([False] if sweep else []) + [False] + [True] * len(cols)
+        + ([True] if in_flight else []) + ([False] if sweep else []) + [False] \
+        + [True] * len(cols)
     rows: list[list[str]] = []
     for m in rows_ms:
         r = [m.mode, m.scheme, fmt_size(m.size), str(m.buffers)]
         if benchmark == "ps":
             r.append(str(m.workers if m.workers is not None else "–"))
+        if in_flight:
+            r.append(str(m.concurrency))
         if sweep:
             r.append(env_label(m.env))
         r.append(m.transport)
@@ -217,9 +241,10 @@ def benchmark_table(ms: Sequence[Measurement], benchmark: str) -> Table:
     return Table(headers, rows, numeric)
 
 
-def sweep_table(ms: Sequence[Measurement], benchmark: str) -> Table | None:
+def sweep_table(ms: Sequence[Measurement], benchmark: str,
+                api: str = "threaded") -> Table | None:
     """The primary metric per sweep value side by side (None when nothing was swept)."""
-    rows_ms = [m for m in _order(ms) if m.benchmark == benchmark]
+    rows_ms = [m for m in _order(ms) if m.benchmark == benchmark and m.api == api]
     envs: list[tuple[tuple[str, str], ...]] = []
     for m in rows_ms:
         if _env_key(m.env) not in envs:
@@ -234,7 +259,9 @@ def sweep_table(ms: Sequence[Measurement], benchmark: str) -> Table | None:
         [env_label(dict(e)) for e in envs] + ["best"]
     rows = []
     for key, by_env in cells.items():
-        _, mode, scheme, size, bufs, _, transport = key
+        _, _, concurrency, mode, scheme, size, bufs, _, transport = key
+        if concurrency > 1:
+            transport = f"{transport}, {concurrency} in flight"
         vals: list[str] = []
         best: tuple[float, str] | None = None
         for e in envs:
@@ -254,11 +281,50 @@ def sweep_table(ms: Sequence[Measurement], benchmark: str) -> Table | None:
                  + [True] * len(envs) + [False])
 
 
+# --------------------------------------------------------------------------- asyncio
+
+_UNITS = {"p50_us": "p50 µs", "p99_us": "p99 µs", "gbps": "GB/s", "rpcs_per_s": "RPC/s",
+          "steps_per_s": "steps/s"}
+
+
+def api_table(ms: Sequence[Measurement], benchmark: str) -> Table | None:
+    """Each transport under both APIs, one call in flight: the primary metric under each
+    and aio / threaded (a plain quotient: above 1 means a higher latency or more GB/s
+    under asyncio). None unless both APIs measured a common cell."""
+    metric = PRIMARY[benchmark]
+    threaded = {cell_key(m) + (m.transport,): m for m in ms
+                if m.benchmark == benchmark and m.api == "threaded" and not m.skipped}
+    aio_ms = [m for m in _order(ms) if m.benchmark == benchmark and m.api == "aio"
+              and m.concurrency == 1 and not m.skipped]
+    pairs = [(m, threaded.get(cell_key(replace(m, api="threaded")) + (m.transport,)))
+             for m in aio_ms]
+    pairs = [(a, t) for a, t in pairs if t is not None]
+    if not pairs:
+        return None
+    sweep = _has_sweep([a for a, _ in pairs])
+    unit = _UNITS[metric]
+    headers = ["mode", "scheme", "size", "bufs", *(["env"] if sweep else []), "transport",
+               f"threaded {unit}", f"aio {unit}", "aio / threaded"]
+    rows = []
+    for a, t in pairs:
+        va, vt = getattr(a, metric), getattr(t, metric)
+        ratio = va / vt if va and vt else None
+        rows.append([a.mode, a.scheme, fmt_size(a.size), str(a.buffers),
+                     *([env_label(a.env)] if sweep else []), a.transport, fmt_num(vt),
+                     fmt_num(va), fmt_ratio(ratio)])
+    numeric = [False, False, True, True, *([False] if sweep else []), False, True, True, True]
+    return Table(headers, rows, numeric)
+
+
 # --------------------------------------------------------------------------- targets
+
+AIO_TARGET_CONCURRENCY = 64  # the asyncio throughput target's calls in flight
+
 
 @dataclass(frozen=True)
 class Target:
-    """A speed target: TARGET_TRANSPORT at least ``min_ratio``× better."""
+    """A speed target: TARGET_TRANSPORT at least ``min_ratio``× better than ``versus``:
+    grpc under the same API, or (``versus="threaded"``) itself under the threaded API."""
     benchmark: str
     metric: str
     min_ratio: float
@@ -267,6 +333,9 @@ class Target:
     size: int | None = None      # None: any size (ps)
     text: str = ""
     flags: str = ""              # how to cover it when it was not measured
+    api: str = "threaded"
+    concurrency: int = 1         # calls in flight of the cell checked
+    versus: str = BASELINE       # "grpc" or "threaded"
 
 
 TARGETS: tuple[Target, ...] = (
@@ -283,14 +352,39 @@ TARGETS: tuple[Target, ...] = (
     Target("ps", "steps_per_s", 5.0, scheme="skew",
            text="PS throughput, skew scheme ≥ 5× higher",
            flags="argrpc-bench ps --scheme skew"),
+    Target("latency", "p50_us", 30.0, size=64, api="aio",
+           text="asyncio: p50 at 64 B ≥ 30× lower than grpc.aio",
+           flags="argrpc-bench latency --api aio --sizes 64"),
+    Target("latency", "p99_us", 15.0, size=64, api="aio",
+           text="asyncio: p99 at 64 B ≥ 15× lower than grpc.aio",
+           flags="argrpc-bench latency --api aio --sizes 64"),
+    Target("latency", "rpcs_per_s", 10.0, size=64, api="aio",
+           concurrency=AIO_TARGET_CONCURRENCY,
+           text=f"asyncio: {AIO_TARGET_CONCURRENCY} calls in flight at 64 B ≥ 10× "
+                "grpc.aio's RPC/s",
+           flags=f"argrpc-bench latency --api aio --sizes 64 "
+                 f"--concurrency {AIO_TARGET_CONCURRENCY}"),
+    Target("bandwidth", "gbps", 30.0, mode="raw", size=64 * MiB, api="aio",
+           text="asyncio: raw bandwidth at 64 MiB ≥ 30× grpc.aio's",
+           flags="argrpc-bench bandwidth --api aio --mode raw --sizes 64M"),
+    # "within 1.5×": threaded p50 / aio p50 ≥ 1/1.5, shown as aio / threaded
+    Target("latency", "p50_us", 1 / 1.5, size=64, api="aio", versus="threaded",
+           text="asyncio: argrpc.aio p50 at 64 B within 1.5× of threaded argrpc's",
+           flags="argrpc-bench latency --api both --sizes 64"),
 )
+
+_TARGET_HEADINGS = {
+    "threaded": "speed targets (argrpc-shm vs plain grpcio, same run)",
+    "aio": "asyncio targets (argrpc.aio over shm vs grpc.aio, and vs threaded argrpc; "
+           "same run)",
+}
 
 
 @dataclass
 class TargetResult:
     target: Target
     status: str                  # PASS | MISS | not measured | no data
-    ratio: float | None = None
+    ratio: float | None = None   # the speedup over ``versus`` (higher is better)
     where: str = ""              # mode / scheme / buffers / env of the cell checked
     detail: str = ""
 
@@ -303,7 +397,47 @@ class TargetResult:
     def to_dict(self) -> dict[str, Any]:
         return {"target": self.target.text, "status": self.status, "ratio": self.ratio,
                 "min_ratio": self.target.min_ratio, "where": self.where,
-                "detail": self.detail}
+                "detail": self.detail, "api": self.target.api,
+                "versus": self.target.versus}
+
+
+def _applies(t: Target, ms: Sequence[Measurement]) -> bool:
+    """Targets of a benchmark (and API) that did not run are left out."""
+    if not ran(ms, t.benchmark, t.api):
+        return False
+    return t.versus != "threaded" or ran(ms, t.benchmark, "threaded")
+
+
+def _reference(t: Target, m: Measurement, ms: Sequence[Measurement]) -> Measurement | None:
+    if t.versus != "threaded":
+        return baseline_of(m, ms)
+    key = cell_key(replace(m, api="threaded", concurrency=1))
+    return next((b for b in ms if b.transport == m.transport and not b.skipped
+                 and cell_key(b) == key), None)
+
+
+def _verdict(t: Target, r: float) -> tuple[str, str]:
+    if t.versus == "threaded":
+        # shown as the slowdown it bounds: aio / threaded, at most 1 / min_ratio
+        slower, allowed = 1 / r, 1 / t.min_ratio
+        what = f"aio {_UNITS[t.metric].split()[0]} = {fmt_ratio(slower)} threaded"
+        if r >= t.min_ratio:
+            return "PASS", f"{what} (allowed {allowed:g}×)"
+        return "MISS", f"{what}, allowed {allowed:g}×: over by {slower / allowed:.2f}×"
+    if r >= t.min_ratio:
+        return "PASS", f"{fmt_ratio(r)} (needs {t.min_ratio:g}×)"
+    return "MISS", (f"{fmt_ratio(r)}, needs {t.min_ratio:g}×: short by "
+                    f"{t.min_ratio / r:.2f}× ({(1 - r / t.min_ratio) * 100:.0f}% below)")
+
+
+def _where(m: Measurement) -> str:
+    if m.benchmark == "ps":
+        where = f"{m.mode}, {m.scheme}, {m.buffers} vars, {m.workers} workers"
+    else:
+        where = f"{m.mode}, {m.scheme}, {m.buffers} buf" + ("s" if m.buffers != 1 else "")
+    if m.concurrency != 1:
+        where += f", {m.concurrency} in flight"
+    return where + (f", {env_label(m.env)}" if m.env else "")
 
 
 def evaluate_targets(ms: Sequence[Measurement]) -> list[TargetResult]:
@@ -313,12 +447,12 @@ def evaluate_targets(ms: Sequence[Measurement]) -> list[TargetResult]:
     run are left out; a benchmark that ran without the target's cell says how to get it.
     """
     out: list[TargetResult] = []
-    ran = {m.benchmark for m in ms}
     for t in TARGETS:
-        if t.benchmark not in ran:
+        if not _applies(t, ms):
             continue
         cands = [m for m in _order(ms) if m.benchmark == t.benchmark
-                 and m.transport == TARGET_TRANSPORT
+                 and m.transport == TARGET_TRANSPORT and m.api == t.api
+                 and m.concurrency == t.concurrency
                  and (t.mode is None or m.mode == t.mode)
                  and (t.scheme is None or m.scheme == t.scheme)
                  and (t.size is None or m.size == t.size)]
@@ -326,50 +460,63 @@ def evaluate_targets(ms: Sequence[Measurement]) -> list[TargetResult]:
             out.append(TargetResult(t, "not measured", detail=f"run `{t.flags}`"))
             continue
         for m in cands:
-            if m.benchmark == "ps":
-                where = f"{m.mode}, {m.scheme}, {m.buffers} vars, {m.workers} workers"
-            else:
-                where = f"{m.mode}, {m.scheme}, {m.buffers} buf" + \
-                    ("s" if m.buffers != 1 else "")
-            where += f", {env_label(m.env)}" if m.env else ""
+            where = _where(m)
             if m.skipped:
                 out.append(TargetResult(t, "no data", where=where,
                                         detail=f"shm skipped: {m.note}"))
                 continue
-            base = baseline_of(m, ms)
-            r = speedup(m, base, t.metric)
+            ref = _reference(t, m, ms)
+            r = speedup(m, ref, t.metric)
             if r is None:
-                why = "grpc baseline missing or skipped" if base is None else "no value"
-                out.append(TargetResult(t, "no data", where=where, detail=why))
-            elif r >= t.min_ratio:
-                out.append(TargetResult(t, "PASS", r, where,
-                                        f"{fmt_ratio(r)} (needs {t.min_ratio:g}×)"))
-            else:
-                out.append(TargetResult(
-                    t, "MISS", r, where,
-                    f"{fmt_ratio(r)}, needs {t.min_ratio:g}×: short by "
-                    f"{t.min_ratio / r:.2f}× ({(1 - r / t.min_ratio) * 100:.0f}% below)"))
+                missing = ("threaded shm row missing or skipped" if t.versus == "threaded"
+                           else "grpc baseline missing or skipped")
+                out.append(TargetResult(t, "no data", where=where,
+                                        detail=missing if ref is None else "no value"))
+                continue
+            status, detail = _verdict(t, r)
+            out.append(TargetResult(t, status, r, where, detail))
     return out
 
 
 # --------------------------------------------------------------------------- documents
 
+def _sections(ms: Sequence[Measurement]) -> list[tuple[str, str, str, Table]]:
+    """(kind, title, description, table) of every table to show, in report order."""
+    out: list[tuple[str, str, str, Table]] = []
+    for b in BENCHMARKS:
+        for api in APIS:
+            if not ran(ms, b, api):
+                continue
+            if api == "threaded":
+                out.append(("main", b, _DESCRIPTION[b], benchmark_table(ms, b, api)))
+            else:
+                out.append(("main", f"{b}, asyncio API",
+                            f"{_DESCRIPTION[b]}; {_AIO_DESCRIPTION}",
+                            benchmark_table(ms, b, api)))
+            sw = sweep_table(ms, b, api)
+            if sw is not None:
+                label = b if api == "threaded" else f"{b}, asyncio API"
+                out.append(("sweep", label, f"{PRIMARY[b]} per environment", sw))
+        at = api_table(ms, b)
+        if at is not None:
+            out.append(("main", f"{b}: asyncio vs threaded API",
+                        f"the same transport under both APIs, same run, one call in flight; "
+                        f"aio / threaded of {_UNITS[PRIMARY[b]]}", at))
+    return out
+
+
 def terminal_report(ms: Sequence[Measurement]) -> str:
     parts: list[str] = []
-    for b in BENCHMARKS:
-        if not any(m.benchmark == b for m in ms):
-            continue
-        parts.append(f"== {b}: {_DESCRIPTION[b]}")
-        parts.append(benchmark_table(ms, b).text())
-        sw = sweep_table(ms, b)
-        if sw is not None:
-            parts.append(f"-- {b}: sweep, {PRIMARY[b]} per environment")
-            parts.append(sw.text())
-        parts.append("")
+    for kind, title, desc, table in _sections(ms):
+        if kind == "sweep":
+            parts[-1:] = [f"-- {title}: sweep, {desc}", table.text(), ""]
+        else:
+            parts += [f"== {title}: {desc}", table.text(), ""]
     results = evaluate_targets(ms)
-    if results:
-        parts.append("== speed targets (argrpc-shm vs plain grpcio, same run)")
-        parts.extend(r.line() for r in results)
+    for api in APIS:
+        lines = [r.line() for r in results if r.target.api == api]
+        if lines:
+            parts += [f"== {_TARGET_HEADINGS[api]}", *lines, ""]
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -392,21 +539,22 @@ def markdown_report(ms: Sequence[Measurement], meta: dict[str, Any],
             ("duration", g("elapsed_s") is not None and f"{g('elapsed_s')} s")]
     lines += [f"- **{k}**: {v}" for k, v in info if v]
     lines.append("")
-    for b in BENCHMARKS:
-        if not any(m.benchmark == b for m in ms):
-            continue
-        lines += [f"## {b}", "", _DESCRIPTION[b][0].upper() + _DESCRIPTION[b][1:] + ".", "",
-                  benchmark_table(ms, b).markdown(), ""]
-        sw = sweep_table(ms, b)
-        if sw is not None:
-            lines += [f"Sweep ({PRIMARY[b]} per environment):", "", sw.markdown(), ""]
+    for kind, title, desc, table in _sections(ms):
+        if kind == "sweep":
+            lines += [f"Sweep ({desc}):", "", table.markdown(), ""]
+        else:
+            lines += [f"## {title}", "", desc[0].upper() + desc[1:] + ".", "",
+                      table.markdown(), ""]
     results = evaluate_targets(ms)
-    if results:
-        lines += ["## Speed targets (argrpc-shm vs plain grpcio, same run)", "",
-                  "| status | target | where | result |", "|:---|:---|:---|:---|"]
-        lines += [f"| {r.status} | {r.target.text} | {r.where} | {r.detail} |"
-                  for r in results]
-        lines.append("")
+    for api in APIS:
+        rs = [r for r in results if r.target.api == api]
+        if rs:
+            heading = _TARGET_HEADINGS[api]
+            lines += [f"## {heading[0].upper() + heading[1:]}", "",
+                      "| status | target | where | result |", "|:---|:---|:---|:---|"]
+            lines += [f"| {r.status} | {r.target.text} | {r.where} | {r.detail} |"
+                      for r in rs]
+            lines.append("")
     if plots:
         lines += ["## Plots", ""]
         base = os.path.dirname(os.path.abspath(md_path)) if md_path else None

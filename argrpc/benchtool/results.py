@@ -36,6 +36,9 @@ class Measurement:
     env: dict[str, str] = field(default_factory=dict)   # TF_RDMA_* given to the measured processes
     note: str = ""                      # e.g. why a transport was skipped
     skipped: bool = False
+    # Added after the first files were written; the defaults are what those measured.
+    api: str = "threaded"               # "threaded" | "aio" (grpc.aio / argrpc.aio)
+    concurrency: int = 1                # calls in flight at once (aio latency: one loop)
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Measurement))

@@ -9,7 +9,8 @@ imported, so they measure the same code even from an uninstalled checkout.
 
 Transports run one after the other (never two stacks on the two cores at once), in the
 order given. grpc uses ``grpc.server`` / ``grpc.insecure_channel``; shm and verbs use
-``argrpc.server`` / ``argrpc.insecure_channel`` with TF_RDMA_TRANSPORT set to the measured
+``argrpc.server`` / ``argrpc.insecure_channel`` (with ``api="aio"``: ``grpc.aio`` and
+``argrpc.aio``, one event loop per process) with TF_RDMA_TRANSPORT set to the measured
 transport (on one host argrpc picks shm unless verbs is forced; a spec's own
 TF_RDMA_TRANSPORT wins), and every client checks that its channel really is on that
 transport, failing with the fallback reason otherwise.
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from argrpc import _config, _transports
-from argrpc.benchtool import BENCHMARKS, FAST_TRANSPORTS, MODES, SCHEMES, TRANSPORTS
+from argrpc.benchtool import APIS, BENCHMARKS, FAST_TRANSPORTS, MODES, SCHEMES, TRANSPORTS
 from argrpc.benchtool.results import Measurement
 
 ProgressFn = Callable[[str, float], None]
@@ -51,6 +52,11 @@ DEFAULT_SIZES: dict[str, list[int]] = {
 DEFAULT_DURATION: dict[str, float] = {"latency": 1.0, "bandwidth": 1.0, "ps": 3.0}
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
+# (server, client) module of the point-to-point benchmarks per API.
+P2P_MODULES: dict[str, tuple[str, str]] = {
+    "threaded": ("argrpc.benchtool.server", "argrpc.benchtool.client"),
+    "aio": ("argrpc.benchtool.aio_server", "argrpc.benchtool.aio_client"),
+}
 # Pessimistic rates for the time budget of a child (a 2-core machine under load).
 _SLOW_BYTES_PER_S = 50e6
 _SLOW_CALL_S = 0.005
@@ -78,6 +84,8 @@ class RunSpec:
     model_bytes: int | None = None  # ps: scale the model's variables to this total (tests)
     threads: int = 8                # server / PS thread-pool size, the same on every stack
     timeout: float | None = None    # per child process; None: estimated from the spec
+    api: str = "threaded"           # threaded | aio (latency and bandwidth only)
+    concurrency: int = 1            # aio latency: also N calls in flight from one loop
 
 
 class BenchError(RuntimeError):
@@ -365,7 +373,7 @@ def _base(spec: RunSpec, transport: str, size: int, buffers: int, **kw: Any) -> 
     return Measurement(benchmark=spec.benchmark, transport=transport, mode=spec.mode,
                        scheme=spec.scheme, size=size, buffers=buffers,
                        iterations=kw.pop("iterations", spec.iterations or 0),
-                       repeats=spec.repeats, **kw)
+                       repeats=spec.repeats, api=spec.api, **kw)
 
 
 def _ps_sizes(spec: RunSpec) -> list[int]:
@@ -386,19 +394,33 @@ def skipped(spec: RunSpec, transport: str, reason: str) -> list[Measurement]:
 
 # ------------------------------------------------------------------ point to point
 
+def _concurrent(spec: RunSpec) -> bool:
+    """Whether the client also measures calls in flight at once (aio latency only)."""
+    return spec.api == "aio" and spec.benchmark == "latency" and spec.concurrency > 1
+
+
 def run_p2p(spec: RunSpec, transport: str, progress: Callable[[int, int], None]
             ) -> list[Measurement]:
     env = transport_env(spec, transport)
     stack = stack_of(transport)
+    server_module, client_module = P2P_MODULES[spec.api]
+    who = transport if spec.api == "threaded" else f"{transport} {spec.api}"
+    server_args = ["--stack", stack]
+    client_args = [
+        "--stack", stack, "--transport", transport, "--benchmark", spec.benchmark,
+        "--mode", spec.mode, "--scheme", spec.scheme,
+        "--sizes", ",".join(str(s) for s in spec.sizes), "--buffers", str(spec.buffers),
+        "--seed", str(spec.seed), *_plan_args(spec)]
     per_call = [_SLOW_CALL_S + s / _SLOW_BYTES_PER_S for s in spec.sizes]
+    if spec.api == "threaded":
+        server_args += ["--threads", str(spec.threads)]
+    if _concurrent(spec):
+        client_args += ["--concurrency", str(spec.concurrency)]
+        per_call += per_call  # a second phase per size, as many calls (plus a warm-up round)
     with ExitStack() as procs:
-        server, port = start_server(procs, f"{transport} server", "argrpc.benchtool.server",
-                                    ["--stack", stack, "--threads", str(spec.threads)], env)
-        client = spawn(procs, f"{transport} client", "argrpc.benchtool.client", [
-            "--target", f"127.0.0.1:{port}", "--stack", stack, "--transport", transport,
-            "--benchmark", spec.benchmark, "--mode", spec.mode, "--scheme", spec.scheme,
-            "--sizes", ",".join(str(s) for s in spec.sizes), "--buffers", str(spec.buffers),
-            "--seed", str(spec.seed), *_plan_args(spec)], env)
+        server, port = start_server(procs, f"{who} server", server_module, server_args, env)
+        client = spawn(procs, f"{who} client", client_module,
+                       ["--target", f"127.0.0.1:{port}", *client_args], env)
         doc = client.result(time.monotonic() + _budget(spec, per_call), progress)
         server.close()
     check_env(client.name, spec, doc["env"], "client")
@@ -408,7 +430,7 @@ def run_p2p(spec: RunSpec, transport: str, progress: Callable[[int, int], None]
         out.append(_base(spec, transport, int(r["size"]), int(r["buffers"]),
                          iterations=int(r["iterations"]), p50_us=r["p50_us"],
                          p99_us=r["p99_us"], mean_us=r["mean_us"], gbps=r["gbps"],
-                         rpcs_per_s=r["rpcs_per_s"],
+                         rpcs_per_s=r["rpcs_per_s"], concurrency=int(r.get("concurrency", 1)),
                          env=reported_env(spec, transport, doc["env"])))
     return out
 
@@ -490,6 +512,12 @@ def normalize(spec: RunSpec) -> RunSpec:
     bad = [t for t in spec.transports if t not in TRANSPORTS]
     if bad or not spec.transports:
         raise ValueError(f"unknown transport(s) {bad or '(none)'}")
+    if spec.api not in APIS:
+        raise ValueError(f"unknown api {spec.api!r}")
+    if spec.api != "threaded" and spec.benchmark == "ps":
+        raise ValueError("the ps benchmark has no asyncio variant (api='threaded')")
+    if spec.concurrency < 1:
+        raise ValueError("concurrency must be >= 1")
     if spec.iterations is not None and spec.duration is not None:
         raise ValueError("give iterations or duration, not both")
     if spec.buffers < 1 or spec.repeats < 1 or spec.workers < 1 or spec.warmup < 0:
@@ -528,7 +556,9 @@ def run(spec: RunSpec, progress: ProgressFn | None = None) -> list[Measurement]:
             out.extend(skipped(spec, transport, reason))
             continue
 
-        def on_progress(done: int, total: int, t: str = transport) -> None:
+        def on_progress(done: int, total: int,
+                        t: str = transport if spec.api == "threaded" else
+                        f"{spec.api} {transport}") -> None:
             if progress is not None:
                 what = (f"{t} {spec.sizes[done - 1]} B" if spec.benchmark != "ps" and done
                         else f"{t} {done}/{total}")

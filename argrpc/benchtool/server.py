@@ -74,7 +74,7 @@ def raw_serializer(stack: str) -> Callable[[Any], Any]:
     return msg.bytes_only(msg.identity) if stack == "grpc" else msg.identity
 
 
-def _handlers(stack: str) -> dict[str, grpc.RpcMethodHandler]:
+def handlers(stack: str) -> dict[str, grpc.RpcMethodHandler]:
     uu = grpc.unary_unary_rpc_method_handler
     out_raw = raw_serializer(stack)
 
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="server thread-pool size, the same for every stack")
     args = p.parse_args(argv)
     server = make_server(args.stack, args.threads)
-    handler = grpc.method_handlers_generic_handler(msg.SERVICE, _handlers(args.stack))
+    handler = grpc.method_handlers_generic_handler(msg.SERVICE, handlers(args.stack))
     return serve(server, [handler])
 
 

@@ -1,0 +1,45 @@
+"""Starting a call's coroutine at once, in the loop callback that took the call, instead
+of in a task the loop runs on its next round (asyncio's ``eager_task_factory``, which
+Python 3.11 lacks). A handler that answers without waiting (most unary ones) then
+finishes with no task and no extra round of the loop; one that waits becomes a task at
+that point, resumed exactly where it waited."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import types
+from typing import Any, Coroutine, Generator, Optional
+
+__all__ = ["start"]
+
+
+def start(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any],
+          context: contextvars.Context) -> Optional[asyncio.Task]:
+    """Runs `coro` up to its first wait in `context`; None if it finished (its exceptions
+    propagate, as its own), else the task that carries on from there."""
+    try:
+        yielded = context.run(coro.send, None)
+    except StopIteration:
+        return None
+    return loop.create_task(_resume(coro, yielded), context=context)
+
+
+@types.coroutine
+def _resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Generator[Any, Any, Any]:
+    # What a task does with a coroutine, from the point where it first waited: hand
+    # the task each future the coroutine waits on, and the coroutine what the task
+    # sends or throws back (a cancellation among them).
+    while True:
+        try:
+            sent = yield yielded
+        except BaseException as exc:  # noqa: BLE001 - the coroutine's to handle
+            try:
+                yielded = coro.throw(exc)
+            except StopIteration as done:
+                return done.value
+            continue
+        try:
+            yielded = coro.send(sent)
+        except StopIteration as done:
+            return done.value
