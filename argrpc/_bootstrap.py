@@ -114,7 +114,10 @@ async def negotiate_async(aio_channel: Any, cfg: Config, max_recv: int, timeout:
             try:
                 answer: Any = await rpc(request, timeout=timeout, wait_for_ready=wait_for_ready)
             except Exception as e:  # noqa: BLE001 - every failure is a reason to fall back
-                answer = e
+                # Without its traceback: the frames in it hold the failed call, which
+                # keeps the grpc.aio channel from shutting down (its state watchers
+                # wait) until the garbage collector breaks the cycle.
+                answer = e.with_traceback(None)
             request = steps.send(answer)
     except StopIteration as done:
         return _logged(done.value)

@@ -15,7 +15,8 @@ import logging
 import time
 import traceback
 import weakref
-from typing import Any, AsyncIterable, AsyncIterator, Callable, Generator, Optional
+from typing import (Any, AsyncIterable, AsyncIterator, Callable, Generator, NoReturn,
+                    Optional)
 
 import grpc
 from grpc import aio
@@ -37,8 +38,8 @@ _API_STYLE_ERROR = "The iterator and read/write APIs may not be mixed on a singl
 CHANNEL_CLOSED = "Channel closed!"
 _CANCELLED = grpc.StatusCode.CANCELLED
 _CANCELLED_INT = _CANCELLED.value[0]
-_UNAVAILABLE_INT = grpc.StatusCode.UNAVAILABLE.value[0]
 _DEADLINE_INT = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
+_INTERNAL_INT = grpc.StatusCode.INTERNAL.value[0]
 _OK = grpc.StatusCode.OK
 _POOL_RETRY_FIRST_S = 0.001
 _POOL_RETRY_MAX_S = 0.010
@@ -61,6 +62,19 @@ def _set_done(fut: asyncio.Future) -> None:
         fut.set_result(None)
 
 
+def serialize(serializer: Optional[Callable], request: Any) -> Any:
+    """The request's payload. As grpc.aio: a serializer that raises is logged and an
+    empty message goes out instead, as for one that returns None."""
+    if serializer is None:
+        return request
+    try:
+        payload = serializer(request)
+    except Exception:  # noqa: BLE001 - user code
+        _LOGGER.exception("Exception serializing message!")
+        return b""
+    return b"" if payload is None else payload
+
+
 def _deserialize(raw: Any, deserializer: Optional[Callable]) -> Any:
     # grpc.aio logs a failing deserializer and hands the application None.
     if deserializer is None:
@@ -75,6 +89,16 @@ def _deserialize(raw: Any, deserializer: Optional[Callable]) -> Any:
 class FastCall:
     """What every fast-path call shares: its engine call, its watch, its waiters, its
     status and done callbacks (``grpc.aio.Call``'s part)."""
+
+    # A request the engine could not take (not a buffer): grpc.aio raises its TypeError
+    # where the call is awaited or read, not where it is made.
+    _send_error: Optional[BaseException] = None
+    # A response read ahead to tell whether a streaming call has any left (read()).
+    _peeked: Any = None
+    # What sends for the call after it was made: the request a unary call could not
+    # send at once, the requests of an iterator.
+    _sender: Optional[asyncio.Task] = None
+    _request_poller: Optional[asyncio.Task] = None
 
     def __init__(self, channel: Any, bridge: LoopBridge, core_call: Any, token: int,
                  timeout: Optional[float], response_deserializer: Optional[Callable]) -> None:
@@ -106,7 +130,10 @@ class FastCall:
     def _on_end(self) -> None:
         self._ended = True
         self._bridge.finished()
-        self._channel.inflight -= 1
+        channel = self._channel
+        channel.inflight -= 1
+        if channel.closing:
+            channel.call_ended()
         callbacks, self._done_callbacks = self._done_callbacks, []
         for cb in callbacks:
             self._run_callback(cb)
@@ -117,13 +144,15 @@ class FastCall:
         except Exception:  # noqa: BLE001 - user code must not break the loop's dispatch
             _LOGGER.exception("argrpc.aio: a done callback raised")
 
-    async def _changed(self) -> None:
+    async def _changed(self, cancel_call: bool = False) -> None:
+        """Waits for the next change. A reader whose task is cancelled cancels the call
+        (`cancel_call`); one waiting for metadata or the status does not (grpc.aio)."""
         fut = self._loop.create_future()
         self._waiters.append(fut)
         try:
             await fut
         except asyncio.CancelledError:
-            if not self.done():
+            if cancel_call and not self.done():
                 self.cancel()
             raise
 
@@ -137,6 +166,8 @@ class FastCall:
                     self._core.cancel(_CANCELLED_INT, _GC_CANCEL)
                 self._bridge.finished()
                 self._channel.inflight -= 1
+                if self._channel.closing:
+                    self._channel.call_ended()
             self._bridge.unregister(self._token)
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
@@ -159,7 +190,7 @@ class FastCall:
             return False
         self._locally_cancelled = True
         self._core.cancel(_CANCELLED_INT, LOCAL_CANCEL)
-        for task in (getattr(self, "_request_poller", None), getattr(self, "_sender", None)):
+        for task in (self._request_poller, self._sender):
             if task is not None and not task.done():
                 task.cancel()
         return True
@@ -197,9 +228,11 @@ class FastCall:
             if raw is None:
                 return None
             code, details, tmd = raw
-            if self._channel._closed and code in (_CANCELLED_INT, _UNAVAILABLE_INT) and \
-                    details != LOCAL_CANCEL:
-                status, details = _CANCELLED, CHANNEL_CLOSED
+            if code == _CANCELLED_INT and details == CHANNEL_CLOSED and self._channel.closing:
+                # grpc.aio's close() cancels the calls in flight, as cancel() does: the
+                # engine's close of the connection stands for that here.
+                self._locally_cancelled = True
+                status, details = _CANCELLED, LOCAL_CANCEL
             else:
                 status, details = code_from_int(code, details)
             self._status = (status, details, tmd)
@@ -221,13 +254,15 @@ class FastCall:
     async def wait_for_connection(self) -> None:
         # The fast path is connected before a call starts; a call that already failed
         # says so, as grpc.aio's does.
-        if self.done():
+        if self.done() or self._send_error is not None:
             await self._raise_for_status()
 
     async def _raise_for_status(self) -> None:
+        if self._send_error is not None:
+            raise self._send_error
+        status = await self._wait_status()
         if self._locally_cancelled:
             raise asyncio.CancelledError()
-        status = await self._wait_status()
         if status[0] is not _OK:
             raise await self._error(status)
 
@@ -278,16 +313,34 @@ class FastCall:
     # -- receiving ---------------------------------------------------------------
     async def _read_raw(self) -> Any:
         """The next message (raw), or aio.EOF."""
+        if self._send_error is not None:
+            raise self._send_error
+        msg = self._peeked
+        if msg is not None:
+            self._peeked = None
+            return msg
         while True:
             msg = self._core.try_recv()
             if msg is None and self._bridge.may_poll() and self._bridge.poll():
                 msg = self._core.try_recv()
             if msg is None:
-                await self._changed()
+                await self._changed(True)
                 continue
             if msg is False:
                 return aio.EOF
             return msg
+
+    def _drained(self) -> bool:
+        """The call ended and every response was read: what grpc.aio's done() means for
+        a streaming call, whose status waits for the reader there."""
+        if self._peeked is not None or not self._core.done():
+            return False
+        msg = self._core.try_recv()
+        if msg is False:
+            return True
+        if msg is not None:
+            self._peeked = msg
+        return False
 
 
 class _UnaryResponse(FastCall):
@@ -312,6 +365,8 @@ class _UnaryResponse(FastCall):
                 raise
             if not self._ended:
                 self._on_end()
+            if self._send_error is not None:
+                raise self._send_error
             code, details, imd, tmd, response = outcome
             if self._imd is None:
                 self._imd = aio_metadata(imd)
@@ -329,14 +384,22 @@ class _UnaryResponse(FastCall):
 class UnaryUnaryCall(_UnaryResponse, aio.UnaryUnaryCall):
     """``grpc.aio.UnaryUnaryCall``: request, headers and half-close in one batch."""
 
+    async def wait_for_connection(self) -> None:
+        # grpc.aio's waits for the whole unary call here (and cancels it if the waiting
+        # task is cancelled), then raises its error if it failed.
+        try:
+            await self
+        except aio.AioRpcError:
+            pass
+        await FastCall.wait_for_connection(self)
+
     def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list,
                  timeout: Optional[float], request: Any,
                  response_deserializer: Optional[Callable]) -> None:
         token = bridge.register(_weak_callback(self))
         core = conn.start_watched(method, metadata, timeout, bridge.notifier, token, False)
         super().__init__(channel, bridge, core, token, timeout, response_deserializer)
-        if core.try_send(request, True) < 0:
-            self._sender = self._loop.create_task(self._send(request, True))
+        _send_request(self, core, request)
 
 
 class StreamUnaryCall(_UnaryResponse, aio.StreamUnaryCall):
@@ -365,8 +428,7 @@ class UnaryStreamCall(FastCall, aio.UnaryStreamCall):
         core = conn.start_watched(method, metadata, timeout, bridge.notifier, token, False)
         super().__init__(channel, bridge, core, token, timeout, response_deserializer)
         _init_responses(self)
-        if core.try_send(request, True) < 0:
-            self._sender = self._loop.create_task(self._send(request, True))
+        _send_request(self, core, request)
 
     __aiter__ = None  # replaced below
     read = None
@@ -389,6 +451,18 @@ class StreamStreamCall(FastCall, aio.StreamStreamCall):
     read = None
     write = None
     done_writing = None
+
+
+def _send_request(call: FastCall, core: Any, request: Any) -> None:
+    """Sends a unary call's request (with its headers and half-close) in one batch."""
+    try:
+        sent = core.try_send(request, True)
+    except TypeError as e:  # not a buffer: the server never hears of the call
+        call._send_error = e
+        core.cancel(_INTERNAL_INT, str(e))
+        return
+    if sent < 0:
+        call._sender = call._loop.create_task(call._send(request, True))
 
 
 def _weak_callback(call: FastCall) -> Callable[[], None]:
@@ -442,6 +516,11 @@ def _response_aiter(self: Any) -> AsyncIterator[Any]:
 
 
 async def _read(self: Any) -> Any:
+    # Before the style check, as grpc.aio: a finished call reads EOF (or its error)
+    # whichever way its responses were read.
+    if self._drained():
+        await self._raise_for_status()
+        return aio.EOF
     _update_response_style(self, _READER_WRITER_STYLE)
     message = await _read_message(self)
     if message is aio.EOF:
@@ -450,8 +529,8 @@ async def _read(self: Any) -> Any:
 
 
 for _cls in (UnaryStreamCall, StreamStreamCall):
-    _cls.__aiter__ = _response_aiter  # type: ignore[method-assign]
-    _cls.read = _read  # type: ignore[method-assign]
+    _cls.__aiter__ = _response_aiter  # type: ignore[method-assign, assignment]
+    _cls.read = _read  # type: ignore[method-assign, assignment]
 
 
 # -- streaming requests -----------------------------------------------------------
@@ -472,15 +551,7 @@ async def _write_one(call: Any, request: Any) -> None:
         raise asyncio.InvalidStateError(_ALREADY_FINISHED)
     if call._done_writing_flag:
         raise asyncio.InvalidStateError(_HALF_CLOSED)
-    payload = request
-    if call._serializer is not None:
-        try:
-            payload = call._serializer(request)
-        except Exception:  # noqa: BLE001 - user code; grpc.aio logs it and sends None
-            _LOGGER.exception("Exception serializing message!")
-            payload = None
-    if payload is None:
-        raise TypeError("argrpc.aio: the request serializer returned None")
+    payload = serialize(call._serializer, request)
     if not await call._send(payload):
         await call._raise_for_status()
 
@@ -533,17 +604,30 @@ for _cls in (StreamUnaryCall, StreamStreamCall):
 
 class FailedCall:
     """A call that ended before it started (a forced transport that is impossible,
-    invalid metadata): every operation reports `error`, as grpc.aio's call would."""
+    invalid metadata, its channel closed while it waited for negotiation): every
+    operation reports `error`, as grpc.aio's call would; a cancelled one raises
+    asyncio.CancelledError where grpc.aio's does."""
 
-    def __init__(self, error: aio.AioRpcError) -> None:
+    def __init__(self, error: aio.AioRpcError, cancelled: bool = False) -> None:
         self._error = error
+        self._cancelled = cancelled
 
     @staticmethod
     def make(kind: str, error: aio.AioRpcError) -> Any:
         return _FAILED[kind](error)
 
+    @staticmethod
+    def cancelled_call(kind: str) -> Any:
+        """A call cancelled before it started, as by close() of its channel."""
+        return _FAILED[kind](rpc_error(_CANCELLED, LOCAL_CANCEL), True)
+
+    def _raise(self) -> NoReturn:
+        if self._cancelled:
+            raise asyncio.CancelledError()
+        raise self._error
+
     def cancelled(self) -> bool:
-        return False
+        return self._cancelled
 
     def done(self) -> bool:
         return True
@@ -573,24 +657,24 @@ class FailedCall:
         return self._error.debug_error_string() or ""
 
     async def wait_for_connection(self) -> None:
-        raise self._error
+        self._raise()
 
     def __await__(self) -> Generator[Any, None, Any]:
-        raise self._error
+        self._raise()
         yield  # noqa: unreachable - makes this a generator
 
     def __aiter__(self) -> AsyncIterator[Any]:
-        return self._raise()
+        return self._responses()
 
-    async def _raise(self) -> AsyncIterator[Any]:
-        raise self._error
+    async def _responses(self) -> AsyncIterator[Any]:
+        self._raise()
         yield  # noqa: unreachable - makes this an async generator
 
     async def read(self) -> Any:
-        raise self._error
+        self._raise()
 
     async def write(self, request: Any) -> None:
-        raise self._error
+        raise asyncio.InvalidStateError(_ALREADY_FINISHED)
 
     async def done_writing(self) -> None:
         return None

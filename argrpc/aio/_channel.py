@@ -28,6 +28,7 @@ from ._pending import PendingCall
 __all__ = ["Channel", "insecure_channel", "secure_channel"]
 
 _LOGGER = logging.getLogger("argrpc")
+_running_loop = asyncio._get_running_loop  # None outside a loop, and cheap
 
 _NEGOTIATION_TIMEOUT_S = _config.LIMITS.negotiation_timeout_s
 _RETRY_INTERVAL_S = 1.0
@@ -51,6 +52,10 @@ class Channel(aio.Channel):
         else:
             self._grpc = aio.secure_channel(target, credentials, grpc_options, compression)
         self._interceptors = _interceptors.split(interceptors)
+        # grpc.aio binds a channel to the loop it was made on (or the thread's default
+        # loop) and its calls fail on any other; so do the fast path's, by going where
+        # grpc.aio's error comes from.
+        self._loop: Optional[asyncio.AbstractEventLoop] = getattr(self._grpc, "_loop", None)
         self._target = target
         self._max_recv = _config.max_receive_length(grpc_options)
         self._max_send = _config.max_send_length(grpc_options)
@@ -64,11 +69,14 @@ class Channel(aio.Channel):
         self._closed = False
         self._negotiation: Optional[asyncio.Task] = None
         self.inflight = 0  # fast-path calls not ended (close(grace) waits for them)
+        self.closing = False  # close() began: no new fast-path calls
+        self._closing_fast: Any = None  # the connection close() ends after the grace
+        self._drained: Optional[asyncio.Future] = None
 
     # ------------------------------------------------------------------ routing
     def _settled(self, wait_for_ready: Optional[bool]) -> bool:
         """Whether a call can be routed now, without negotiating first."""
-        if self._closed or self._state == _GRPC:
+        if self.closing or self._state == _GRPC:
             return True
         fast = self._fast
         if fast is not None:
@@ -115,7 +123,7 @@ class Channel(aio.Channel):
             transport, conn, reason, retryable, forced = ("grpc", None,
                                                           f"negotiation failed: {e}", False, "")
         if transport in names() and conn is not None:
-            if self._closed:
+            if self.closing:
                 conn.close()
                 return
             self._fast, self._fast_name, self._state = conn, transport, _FAST
@@ -138,8 +146,13 @@ class Channel(aio.Channel):
             _LOGGER.log(level, "argrpc: channel to %s uses plain gRPC: %s%s", self._target,
                         forced or self._reason, " (will retry)" if retryable else "")
 
+    def foreign_loop(self) -> bool:
+        """Not on the loop this channel belongs to (grpc.aio's calls fail there)."""
+        loop = self._loop
+        return loop is not None and _running_loop() is not loop
+
     def _forced_failure(self) -> Optional[aio.AioRpcError]:
-        if self._fast is None and self._forced_error and not self._closed:
+        if self._fast is None and self._forced_error and not self.closing:
             return _call.rpc_error(grpc.StatusCode.UNAVAILABLE, self._forced_error)
         return None
 
@@ -149,7 +162,7 @@ class Channel(aio.Channel):
         first call or ``await channel_ready()`` negotiated."""
         if self._fast is not None:
             return self._fast_name
-        return "pending" if self._state == _NEW and not self._closed else "grpc"
+        return "pending" if self._state == _NEW and not self.closing else "grpc"
 
     @property
     def fallback_reason(self) -> str:
@@ -170,16 +183,36 @@ class Channel(aio.Channel):
         await self._close(grace)
 
     async def _close(self, grace: Optional[float]) -> None:
-        if not self._closed and grace:
-            # Calls in flight get the grace to finish, as grpc.aio's close(grace) gives.
-            end = time.monotonic() + grace
-            while self.inflight > 0 and time.monotonic() < end:
-                await asyncio.sleep(0.005)
-        self._closed = True
-        fast, self._fast = self._fast, None
-        if fast is not None:
-            fast.close()
-        await self._grpc.close(grace)
+        if self._closed:
+            return
+        if grace and grace < 0:
+            raise ValueError(f"grace must be non-negative, got {grace}.")
+        # New calls go to the inner channel, which refuses them from now on.
+        self.closing = True
+        if self._fast is not None:
+            self._closing_fast, self._fast = self._fast, None
+        # Calls in flight on both paths get the same grace to finish, as grpc.aio's
+        # close(grace) gives; then those left are cancelled. A second close() during
+        # the grace cuts it short, as in grpc.aio.
+        try:
+            if grace and self.inflight > 0:
+                if self._drained is None:
+                    self._drained = asyncio.get_running_loop().create_future()
+                await asyncio.gather(asyncio.wait([self._drained], timeout=grace),
+                                     self._grpc.close(grace))
+            else:
+                await self._grpc.close(grace)
+        finally:
+            self._closed = True
+            fast, self._closing_fast = self._closing_fast, None
+            if fast is not None:
+                fast.close()
+
+    def call_ended(self) -> None:
+        """A fast-path call ended while close(grace) waits for them."""
+        drained = self._drained
+        if self.inflight <= 0 and drained is not None and not drained.done():
+            drained.set_result(None)
 
     def get_state(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity:
         return self._grpc.get_state(try_to_connect)
@@ -218,11 +251,11 @@ class Channel(aio.Channel):
 
     def __del__(self) -> None:
         try:
-            fast = self._fast
-            if fast is not None:
-                self._closed = True
-                self._fast = None
-                fast.close()
+            for fast in (self._fast, self._closing_fast):
+                if fast is not None:
+                    self.closing = self._closed = True
+                    fast.close()
+            self._fast = self._closing_fast = None
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
 
@@ -237,7 +270,6 @@ def _core_metadata(metadata: Any) -> list:
 
 class _MultiCallable:
     _kind = ""
-    _fast_class: Any = None
 
     def __init__(self, channel: Channel, method: str, request_serializer: Optional[Callable],
                  response_deserializer: Optional[Callable], registered: Optional[bool]) -> None:
@@ -249,6 +281,7 @@ class _MultiCallable:
         self._grpc = factory(method, _buffers.bytes_serializer(request_serializer),
                              response_deserializer, registered)
         self._intercepted = channel._interceptors.get(self._kind, ())
+        # The channel's loop and its bridge, once a fast-path call was made on it.
         self._loop: Any = None
         self._loop_bridge: Any = None
 
@@ -265,13 +298,15 @@ class _MultiCallable:
                wait_for_ready: Optional[bool], compression: Any) -> Any:
         """The call itself, below any interceptor."""
         channel = self._channel
-        if credentials is not None or channel._settled(wait_for_ready):
+        if credentials is not None or channel.foreign_loop() or channel._settled(wait_for_ready):
             return self._start(request, timeout, metadata, credentials, wait_for_ready,
                                compression)
         start = time.monotonic()
 
         async def routed() -> Any:
             await channel._negotiate(timeout, wait_for_ready)
+            if channel.closing:  # made before close(), which cancels it in grpc.aio
+                return _call.FailedCall.cancelled_call(self._kind)
             left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
             return self._start(request, left, metadata, credentials, wait_for_ready,
                                compression)
@@ -286,20 +321,27 @@ class _MultiCallable:
             failure = channel._forced_failure()
             if failure is not None:
                 return _call.FailedCall.make(self._kind, failure)
-            return self._grpc(request, timeout=timeout, metadata=metadata,
-                              credentials=credentials, wait_for_ready=wait_for_ready,
-                              compression=compression)
-        try:
-            md = _core_metadata(metadata)
-        except InvalidMetadataError as e:
-            _LOGGER.error("%s", e)
-            return _call.FailedCall.make(self._kind, _call.rpc_error(
-                grpc.StatusCode.INTERNAL, "Invalid metadata", debug=""))
-        return self._fast_call(self._bridge(), fast, md, timeout, request)
+        b = None if fast is None else self._bridge()
+        if b is not None:
+            try:
+                md = _core_metadata(metadata)
+            except InvalidMetadataError as e:
+                _LOGGER.error("%s", e)
+                return _call.FailedCall.make(self._kind, _call.rpc_error(
+                    grpc.StatusCode.INTERNAL, "Invalid metadata"))
+            except TypeError:
+                b = None  # grpc.aio's own TypeError, raised where the call is awaited
+            else:
+                return self._fast_call(b, fast, md, timeout, request)
+        return self._grpc(request, timeout=timeout, metadata=metadata, credentials=credentials,
+                          wait_for_ready=wait_for_ready, compression=compression)
 
     def _bridge(self) -> Any:
-        loop = asyncio.get_running_loop()
+        """The running loop's bridge; None if that is not the channel's loop."""
+        loop = _running_loop()
         if loop is not self._loop:
+            if loop is None or self._channel.foreign_loop():
+                return None
             self._loop = loop
             self._loop_bridge = bridge(get_engine(self._channel._cfg))
         return self._loop_bridge
@@ -307,19 +349,6 @@ class _MultiCallable:
     def _fast_call(self, b: Any, fast: Any, md: list, timeout: Optional[float],
                    request: Any) -> Any:
         raise NotImplementedError
-
-
-def _serialize_unary(serializer: Optional[Callable], request: Any) -> Any:
-    if serializer is None:
-        return request
-    try:
-        payload = serializer(request)
-    except Exception:  # noqa: BLE001 - user code: grpc.aio logs it
-        _LOGGER.exception("Exception serializing message!")
-        payload = None
-    if payload is None:
-        raise TypeError("argrpc.aio: the request serializer returned None")
-    return payload
 
 
 class UnaryUnaryMultiCallable(_MultiCallable, aio.UnaryUnaryMultiCallable):
@@ -332,20 +361,18 @@ class UnaryUnaryMultiCallable(_MultiCallable, aio.UnaryUnaryMultiCallable):
         # The common case in as few steps as possible: every Python call costs here.
         fast = self._channel._fast
         if fast is None or credentials is not None or self._intercepted or not fast.alive \
-                or metadata:
+                or metadata or _running_loop() is not self._loop:
             return super().__call__(request, timeout=timeout, metadata=metadata,
                                     credentials=credentials, wait_for_ready=wait_for_ready,
                                     compression=compression)
-        loop = asyncio.get_running_loop()
-        b = self._loop_bridge if loop is self._loop else self._bridge()
-        return _call.UnaryUnaryCall(self._channel, b, fast, self._method, [], timeout,
-                                    _serialize_unary(self._serializer, request),
+        return _call.UnaryUnaryCall(self._channel, self._loop_bridge, fast, self._method, [],
+                                    timeout, _call.serialize(self._serializer, request),
                                     self._deserializer)
 
     def _fast_call(self, b: Any, fast: Any, md: list, timeout: Optional[float],
                    request: Any) -> Any:
         return _call.UnaryUnaryCall(self._channel, b, fast, self._method, md, timeout,
-                                    _serialize_unary(self._serializer, request),
+                                    _call.serialize(self._serializer, request),
                                     self._deserializer)
 
 
@@ -355,7 +382,7 @@ class UnaryStreamMultiCallable(_MultiCallable, aio.UnaryStreamMultiCallable):
     def _fast_call(self, b: Any, fast: Any, md: list, timeout: Optional[float],
                    request: Any) -> Any:
         return _call.UnaryStreamCall(self._channel, b, fast, self._method, md, timeout,
-                                     _serialize_unary(self._serializer, request),
+                                     _call.serialize(self._serializer, request),
                                      self._deserializer)
 
 

@@ -2,16 +2,17 @@
 above both of a channel's paths: each interceptor gets a continuation that makes the
 next one's call, and the last one's continuation starts the real call (fast path or
 grpc.aio). What an interceptor returns that is not a call (a response, or an async
-iterator of responses) becomes a finished call carrying it, as in grpc.aio."""
+iterator of responses) becomes a call carrying it, as in grpc.aio."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, AsyncIterator, Generator, Optional
 
 import grpc
 from grpc import aio
 
-from ._pending import PendingCall
+from ._pending import PendingCall, RequestProxy
 
 __all__ = ["intercept", "split"]
 
@@ -21,6 +22,7 @@ _KINDS = (
     (aio.StreamUnaryClientInterceptor, "stream_unary", "intercept_stream_unary"),
     (aio.StreamStreamClientInterceptor, "stream_stream", "intercept_stream_stream"),
 )
+_ALREADY_FINISHED = "RPC already finished."
 _CALL_CLASS = {"unary_unary": aio.UnaryUnaryCall, "unary_stream": aio.UnaryStreamCall,
                "stream_unary": aio.StreamUnaryCall, "stream_stream": aio.StreamStreamCall}
 
@@ -41,14 +43,27 @@ def split(interceptors: Any) -> dict[str, list]:
     return out
 
 
+def _call_metadata(metadata: Any) -> aio.Metadata:
+    """What grpc.aio gives interceptors: always a Metadata, empty when there is none."""
+    if isinstance(metadata, aio.Metadata):
+        return metadata
+    return aio.Metadata.from_tuple(tuple(metadata)) if metadata else aio.Metadata()
+
+
 def intercept(multi: Any, request: Any, timeout: Optional[float], metadata: Any,
               credentials: Any, wait_for_ready: Optional[bool], compression: Any) -> Any:
     kind = multi._kind
     method_name = next(name for _, k, name in _KINDS if k == kind)
     chain = list(multi._intercepted)
-    details = aio.ClientCallDetails(multi._method.encode(), timeout,
-                                    aio.Metadata(*tuple(metadata)) if metadata is not None
-                                    else None, credentials, wait_for_ready)
+    details = aio.ClientCallDetails(multi._method.encode(), timeout, _call_metadata(metadata),
+                                    credentials, wait_for_ready)
+    requests = None
+    if kind.startswith("stream") and request is None:
+        requests = RequestProxy()
+        request = requests.iterate()
+    # The call the level below returned: a response iterator an interceptor returns
+    # instead of a call gets its status and metadata from it (grpc.aio).
+    below: list[Any] = [None]
 
     async def run(index: int, call_details: Any, req: Any) -> Any:
         if index == len(chain):
@@ -61,62 +76,81 @@ def intercept(multi: Any, request: Any, timeout: Optional[float], metadata: Any,
                                  call_details.credentials, call_details.wait_for_ready,
                                  compression)
             if isinstance(call, PendingCall):
-                call = await call._inner()
+                call = await call.real_call()
+            below[0] = call
             return call
 
         async def continuation(next_details: Any, next_req: Any) -> Any:
             return await run(index + 1, next_details, next_req)
 
         outcome = await getattr(chain[index], method_name)(continuation, call_details, req)
-        if isinstance(outcome, _CALL_CLASS[kind]):
-            return outcome
-        return _Outcome.make(kind, outcome)
+        if not isinstance(outcome, _CALL_CLASS[kind]):
+            outcome = _Outcome.make(kind, outcome, below[0])
+        below[0] = outcome
+        return outcome
 
-    return PendingCall.make(kind, run(0, details, request))
+    loop = multi._channel._loop or asyncio.get_running_loop()
+    call = PendingCall.intercepted(kind, run(0, details, request), loop, requests)
+    if requests is not None:
+        requests.bind(call)
+    return call
 
 
 class _Outcome:
-    """A finished OK call standing for what an interceptor returned instead of a call."""
+    """What an interceptor returned instead of a call: a response (a finished OK call,
+    as grpc.aio's UnaryUnaryCallResponse), or a response iterator whose status and
+    metadata are those of the call below it."""
 
-    def __init__(self, value: Any) -> None:
+    def __init__(self, value: Any, call: Any) -> None:
         self._value = value
+        self._call = call
 
     @staticmethod
-    def make(kind: str, value: Any) -> Any:
-        return (_Response if kind.endswith("unary") else _Responses)(value)
+    def make(kind: str, value: Any, call: Any) -> Any:
+        if kind.endswith("unary"):
+            return _Response(value, None)
+        return _Responses(value, call)
 
     def cancelled(self) -> bool:
-        return False
+        return self._call.cancelled() if self._call is not None else False
 
     def done(self) -> bool:
-        return True
+        return self._call.done() if self._call is not None else True
 
     def time_remaining(self) -> Optional[float]:
-        return None
+        return self._call.time_remaining() if self._call is not None else None
 
     def cancel(self) -> bool:
-        return False
+        return self._call.cancel() if self._call is not None else False
 
     def add_done_callback(self, callback: Any) -> None:
-        callback(self)
+        if self._call is not None:
+            self._call.add_done_callback(lambda _c: callback(self))
+        else:
+            callback(self)
 
-    async def initial_metadata(self) -> aio.Metadata:
-        return aio.Metadata()
+    async def initial_metadata(self) -> Optional[aio.Metadata]:
+        return await self._call.initial_metadata() if self._call is not None else None
 
-    async def trailing_metadata(self) -> aio.Metadata:
-        return aio.Metadata()
+    async def trailing_metadata(self) -> Optional[aio.Metadata]:
+        return await self._call.trailing_metadata() if self._call is not None else None
 
     async def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.OK
+        return await self._call.code() if self._call is not None else grpc.StatusCode.OK
 
     async def details(self) -> str:
-        return ""
+        return await self._call.details() if self._call is not None else ""
 
-    async def debug_error_string(self) -> str:
-        return ""
+    async def debug_error_string(self) -> Optional[str]:
+        return await self._call.debug_error_string() if self._call is not None else None
 
     async def wait_for_connection(self) -> None:
-        return None
+        if self._call is not None:
+            await self._call.wait_for_connection()
+
+    @property
+    def _done_writing_flag(self) -> bool:
+        return bool(getattr(self._call, "_done_writing_flag", False))
 
 
 class _Response(_Outcome, aio.UnaryUnaryCall, aio.StreamUnaryCall):
@@ -125,7 +159,7 @@ class _Response(_Outcome, aio.UnaryUnaryCall, aio.StreamUnaryCall):
         yield  # noqa: unreachable - makes this a generator
 
     async def write(self, request: Any) -> None:
-        return None
+        raise asyncio.InvalidStateError(_ALREADY_FINISHED)
 
     async def done_writing(self) -> None:
         return None
@@ -142,7 +176,7 @@ class _Responses(_Outcome, aio.UnaryStreamCall, aio.StreamStreamCall):
             return aio.EOF
 
     async def write(self, request: Any) -> None:
-        return None
+        await self._call.write(request)
 
     async def done_writing(self) -> None:
-        return None
+        await self._call.done_writing()

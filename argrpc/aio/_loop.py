@@ -17,6 +17,7 @@ without a hand-off. Loops without a selector (uvloop) get every completion throu
 from __future__ import annotations
 
 import asyncio
+import os
 import selectors
 import threading
 import weakref
@@ -37,7 +38,10 @@ class LoopBridge:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, engine: Any) -> None:
         core = core_module()
-        self.loop = loop
+        # Weak: the loop holds this bridge (its reader callback), and _BRIDGES is keyed
+        # by the loop weakly; a strong reference back would keep every loop ever used
+        # (and its notifier's eventfd) alive.
+        self._loop = weakref.ref(loop)
         self.engine = engine
         self.notifier = core.Notifier()
         self._callbacks: dict[int, Callable[[], None]] = {}
@@ -46,6 +50,13 @@ class LoopBridge:
         self._closed = False
         loop.add_reader(self.notifier.fd, self.dispatch)
         self.polling = _install_poll(loop, self)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop()
+        if loop is None:
+            raise RuntimeError("argrpc.aio: the event loop is gone")
+        return loop
 
     def register(self, callback: Callable[[], None]) -> int:
         """A token for a call or server: `callback` runs on this loop after each change."""
@@ -70,7 +81,22 @@ class LoopBridge:
         return self._inflight > 0
 
     def dispatch(self) -> None:
-        self._run(self.notifier.drain())
+        """The notifier's fd is readable: run the callbacks of what changed."""
+        notifier = self.notifier
+        tokens = notifier.drain()
+        if tokens:
+            self._run(tokens)
+        else:
+            # A post that races with a drain can leave the eventfd readable with nothing
+            # posted, which would wake a level-triggered loop forever: clear it.
+            try:
+                os.read(notifier.fd, 8)
+            except BlockingIOError:
+                pass
+        if notifier.pending:
+            # The same race can leave a token posted with the eventfd cleared (nothing
+            # would wake the loop for it): look again at once.
+            self.loop.call_soon(self.dispatch)
 
     def _run(self, tokens: list) -> None:
         callbacks = self._callbacks
@@ -93,7 +119,7 @@ class LoopBridge:
         """The loop has nothing ready to run, so a coroutine about to wait for a call may
         poll for it right here instead of going round the loop (asyncio's own loop
         only: others do not say)."""
-        ready = getattr(self.loop, "_ready", None)
+        ready = getattr(self._loop(), "_ready", None)
         return ready is not None and not ready
 
     def close(self) -> None:
@@ -114,9 +140,20 @@ def bridge(engine: Any) -> LoopBridge:
         with _BRIDGES_LOCK:
             b = _BRIDGES.get(loop)
             if b is None or b._closed:
+                _forget_closed_loops()
                 b = LoopBridge(loop, engine)
                 _BRIDGES[loop] = b
     return b
+
+
+def _forget_closed_loops() -> None:
+    """Drops the bridges of closed loops. A loop that is gone takes its bridge along,
+    but grpc.aio keeps every loop it ran on, closed or not; a closed loop's bridge
+    would keep its notifier's eventfd open for good."""
+    for loop, b in list(_BRIDGES.items()):
+        if loop.is_closed():
+            b.close()
+            _BRIDGES.pop(loop, None)
 
 
 class _PollingSelector(selectors.BaseSelector):

@@ -86,8 +86,15 @@ async def count(request: bytes, context: aio.ServicerContext) -> AsyncIterator[b
 async def hang_stream(request: bytes, context: aio.ServicerContext) -> AsyncIterator[bytes]:
     tag = request.decode()
     _record(tag, "start", context.time_remaining())
-    yield b"first"
-    await _hang(tag, context)
+    try:
+        yield b"first"
+        await asyncio.sleep(HANG_S)
+        _record(tag, "woke")
+    except (asyncio.CancelledError, GeneratorExit):
+        # A cancellation that comes while the server writes "first" closes the
+        # generator at its yield instead.
+        _record(tag, "cancelled")
+        raise
 
 
 async def fail_stream(request: bytes, context: aio.ServicerContext) -> AsyncIterator[bytes]:
