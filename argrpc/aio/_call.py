@@ -129,6 +129,7 @@ class FastCall:
 
     def _on_end(self) -> None:
         self._ended = True
+        self._bridge.unregister(self._token)  # what held a unary call lets go of it
         self._bridge.finished()
         channel = self._channel
         channel.inflight -= 1
@@ -344,6 +345,10 @@ class FastCall:
 
 
 class _UnaryResponse(FastCall):
+    """A call with one response. Its loop's bridge holds it until it ends, as grpc.aio's
+    task does: a call nobody awaits still runs to its end (fire and forget). A call
+    with a response stream is the caller's alone: dropped, it is cancelled."""
+
     _result: Any = None
     _have_result = False
 
@@ -396,7 +401,7 @@ class UnaryUnaryCall(_UnaryResponse, aio.UnaryUnaryCall):
     def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list,
                  timeout: Optional[float], request: Any,
                  response_deserializer: Optional[Callable]) -> None:
-        token = bridge.register(_weak_callback(self))
+        token = bridge.register(self._on_change)  # alive until it ends: see _UnaryResponse
         core = conn.start_watched(method, metadata, timeout, bridge.notifier, token, False)
         super().__init__(channel, bridge, core, token, timeout, response_deserializer)
         _send_request(self, core, request)
@@ -409,7 +414,7 @@ class StreamUnaryCall(_UnaryResponse, aio.StreamUnaryCall):
                  timeout: Optional[float], request_iterator: Any,
                  request_serializer: Optional[Callable],
                  response_deserializer: Optional[Callable]) -> None:
-        token = bridge.register(_weak_callback(self))
+        token = bridge.register(self._on_change)  # alive until it ends: see _UnaryResponse
         core = conn.start_watched(method, metadata, timeout, bridge.notifier, token, True)
         super().__init__(channel, bridge, core, token, timeout, response_deserializer)
         _init_requests(self, request_iterator, request_serializer)
@@ -466,8 +471,8 @@ def _send_request(call: FastCall, core: Any, request: Any) -> None:
 
 
 def _weak_callback(call: FastCall) -> Callable[[], None]:
-    """The bridge's callback for `call`, which must not keep the call alive (dropping an
-    unfinished call cancels it, as grpc.aio's do)."""
+    """The bridge's callback for a streaming call, which must not keep the call alive
+    (dropping an unfinished one cancels it, as grpc.aio's do)."""
     ref = weakref.ref(call)
 
     def callback() -> None:

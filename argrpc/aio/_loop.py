@@ -17,7 +17,6 @@ without a hand-off. Loops without a selector (uvloop) get every completion throu
 from __future__ import annotations
 
 import asyncio
-import os
 import selectors
 import threading
 import weakref
@@ -82,21 +81,7 @@ class LoopBridge:
 
     def dispatch(self) -> None:
         """The notifier's fd is readable: run the callbacks of what changed."""
-        notifier = self.notifier
-        tokens = notifier.drain()
-        if tokens:
-            self._run(tokens)
-        else:
-            # A post that races with a drain can leave the eventfd readable with nothing
-            # posted, which would wake a level-triggered loop forever: clear it.
-            try:
-                os.read(notifier.fd, 8)
-            except BlockingIOError:
-                pass
-        if notifier.pending:
-            # The same race can leave a token posted with the eventfd cleared (nothing
-            # would wake the loop for it): look again at once.
-            self.loop.call_soon(self.dispatch)
+        self._run(self.notifier.drain())
 
     def _run(self, tokens: list) -> None:
         callbacks = self._callbacks

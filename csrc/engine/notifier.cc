@@ -24,14 +24,15 @@ Notifier::Notifier() : efd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
 }
 
 void Notifier::post(std::shared_ptr<Watch> w) {
-  bool wake = false;
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    posted_.push_back(std::move(w));
-    count_.store(posted_.size(), std::memory_order_release);
-    if (!signalled_ && !polling_) signalled_ = wake = true;
-  }
-  if (wake) {
+  // The eventfd is written and read under mu_, so signalled_ always says whether it
+  // holds a count: a write between drain()'s unlock and its read would otherwise be
+  // swallowed (a loop watching only the fd then sleeps forever), or one after it left
+  // the fd readable with nothing to drain (a level-triggered loop spins).
+  std::lock_guard<std::mutex> g(mu_);
+  posted_.push_back(std::move(w));
+  count_.store(posted_.size(), std::memory_order_release);
+  if (!signalled_ && !polling_) {
+    signalled_ = true;
     const uint64_t one = 1;
     ssize_t r = ::write(efd_.get(), &one, sizeof one);
     (void)r;  // EAGAIN only when the counter is full, and then it is readable anyway
@@ -40,18 +41,16 @@ void Notifier::post(std::shared_ptr<Watch> w) {
 
 std::vector<uint64_t> Notifier::drain() {
   std::vector<std::shared_ptr<Watch>> got;
-  bool was_signalled;
   {
     std::lock_guard<std::mutex> g(mu_);
     got.swap(posted_);
     count_.store(0, std::memory_order_release);
-    was_signalled = signalled_;
-    signalled_ = false;
-  }
-  if (was_signalled) {
-    uint64_t v;
-    ssize_t r = ::read(efd_.get(), &v, sizeof v);
-    (void)r;
+    if (signalled_) {
+      uint64_t v;
+      ssize_t r = ::read(efd_.get(), &v, sizeof v);
+      (void)r;
+      signalled_ = false;
+    }
   }
   std::vector<uint64_t> tokens;
   tokens.reserve(got.size());

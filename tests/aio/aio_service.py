@@ -86,13 +86,14 @@ async def count(request: bytes, context: aio.ServicerContext) -> AsyncIterator[b
 async def hang_stream(request: bytes, context: aio.ServicerContext) -> AsyncIterator[bytes]:
     tag = request.decode()
     _record(tag, "start", context.time_remaining())
+    context.add_done_callback(lambda ctx: _record(tag, "done", ctx.cancelled()))
     try:
         yield b"first"
         await asyncio.sleep(HANG_S)
         _record(tag, "woke")
     except (asyncio.CancelledError, GeneratorExit):
-        # A cancellation that comes while the server writes "first" closes the
-        # generator at its yield instead.
+        # A cancellation that comes while the server writes "first" leaves the
+        # generator at its yield, closed whenever it is collected: "done" says it.
         _record(tag, "cancelled")
         raise
 
@@ -111,6 +112,7 @@ async def join(requests: Any, context: aio.ServicerContext) -> bytes:
 async def hang_client_stream(requests: Any, context: aio.ServicerContext) -> bytes:
     tag = (await context.read()).decode()
     _record(tag, "start", context.time_remaining())
+    context.add_done_callback(lambda ctx: _record(tag, "done", ctx.cancelled()))
     await _hang(tag, context)
     return b"woke"
 
