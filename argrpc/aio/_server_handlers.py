@@ -166,9 +166,17 @@ async def _stream_responses(state: RpcState, behavior: Any, request: Any,
         else:
             responses = _async_responses(behavior(request, SyncServicerContext(context)),
                                          state.loop, state.server._thread_pool)
-        async for response in responses:
-            state.raise_for_termination()
-            await context.write(response)
+        try:
+            async for response in responses:
+                state.raise_for_termination()
+                await context.write(response)
+        finally:
+            # Cancelled while writing: the generator is suspended at its yield, and
+            # its own cleanup (finally, except CancelledError) runs now, not whenever
+            # the garbage collector gets to it.
+            close = getattr(responses, "aclose", None)
+            if close is not None:
+                await close()
     state.raise_for_termination()
     state.metadata_sent = True
     state.status_sent = True
