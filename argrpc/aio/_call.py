@@ -109,8 +109,10 @@ class FastCall:
         self._token = token
         self._deadline = None if timeout is None else time.time() + timeout
         self._deserializer = response_deserializer
-        self._waiters: list[asyncio.Future] = []
-        self._done_callbacks: list[Callable[[Any], None]] = []
+        # Made when first needed: most unary calls never wait on a future or get a
+        # callback, and every object a call makes costs on this path.
+        self._waiters: Optional[list[asyncio.Future]] = None
+        self._done_callbacks: Optional[list[Callable[[Any], None]]] = None
         self._status: Optional[tuple] = None  # (StatusCode, details, trailing md (core))
         self._imd: Any = None
         self._locally_cancelled = False
@@ -120,10 +122,12 @@ class FastCall:
 
     # -- the watch --------------------------------------------------------------
     def _on_change(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
+        waiters = self._waiters
+        if waiters:
+            self._waiters = None
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
         if not self._ended and self._core.done():
             self._on_end()
 
@@ -135,9 +139,11 @@ class FastCall:
         channel.inflight -= 1
         if channel.closing:
             channel.call_ended()
-        callbacks, self._done_callbacks = self._done_callbacks, []
-        for cb in callbacks:
-            self._run_callback(cb)
+        callbacks = self._done_callbacks
+        if callbacks:
+            self._done_callbacks = None
+            for cb in callbacks:
+                self._run_callback(cb)
 
     def _run_callback(self, cb: Callable[[Any], None]) -> None:
         try:
@@ -145,11 +151,19 @@ class FastCall:
         except Exception:  # noqa: BLE001 - user code must not break the loop's dispatch
             _LOGGER.exception("argrpc.aio: a done callback raised")
 
+    def _future(self) -> asyncio.Future:
+        """A future the next change of the call completes."""
+        fut = self._loop.create_future()
+        if self._waiters is None:
+            self._waiters = [fut]
+        else:
+            self._waiters.append(fut)
+        return fut
+
     async def _changed(self, cancel_call: bool = False) -> None:
         """Waits for the next change. A reader whose task is cancelled cancels the call
         (`cancel_call`); one waiting for metadata or the status does not (grpc.aio)."""
-        fut = self._loop.create_future()
-        self._waiters.append(fut)
+        fut = self._future()
         try:
             await fut
         except asyncio.CancelledError:
@@ -202,6 +216,8 @@ class FastCall:
                 self._on_end()
             self._run_callback(callback)
         else:
+            if self._done_callbacks is None:
+                self._done_callbacks = []
             self._done_callbacks.append(callback)
 
     # -- grpc.aio.Call ----------------------------------------------------------
@@ -298,8 +314,7 @@ class FastCall:
             if self._deadline is not None and time.time() >= self._deadline:
                 self._core.cancel(_DEADLINE_INT, "Deadline Exceeded")
                 return False
-            fut = self._loop.create_future()
-            self._waiters.append(fut)
+            fut = self._future()
             timer = self._loop.call_later(delay, _set_done, fut)
             try:
                 await fut
@@ -361,8 +376,7 @@ class _UnaryResponse(FastCall):
                         outcome = self._core.try_unary()
                     if outcome is not None:
                         break
-                    fut = self._loop.create_future()
-                    self._waiters.append(fut)
+                    fut = self._future()
                     yield from fut
             except asyncio.CancelledError:
                 if not self.done():
@@ -373,13 +387,13 @@ class _UnaryResponse(FastCall):
             if self._send_error is not None:
                 raise self._send_error
             code, details, imd, tmd, response = outcome
-            if self._imd is None:
-                self._imd = aio_metadata(imd)
-            status = self._final_status()
-            if self._locally_cancelled:
-                raise asyncio.CancelledError()
-            if status is not None and status[0] is not _OK:
-                raise rpc_error(status[0], status[1], imd, tmd)
+            # OK needs no status object; initial metadata is made on demand.
+            if code or self._locally_cancelled:
+                status = self._final_status()  # may find the channel's close() did it
+                if self._locally_cancelled:
+                    raise asyncio.CancelledError()
+                if status is not None and status[0] is not _OK:
+                    raise rpc_error(status[0], status[1], imd, tmd)
             self._result = _deserialize(response, self._deserializer) if response is not None \
                 else None
             self._have_result = True

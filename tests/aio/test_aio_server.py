@@ -611,7 +611,7 @@ def test_client_cancel_reaches_the_handler(stack: str) -> None:
             transport, cancelled, first = await in_thread(client, target)
             assert transport.startswith(expected_transport(stack))
             assert (cancelled, first) == (True, b"tick")
-            for _ in range(100):
+            for _ in range(500):  # a busy machine can take seconds
                 if len(events) == 4:
                     break
                 await asyncio.sleep(0.02)
