@@ -42,6 +42,10 @@ class Routing:
         self._logged = False
         self._closed = False
 
+    def _closing(self) -> bool:
+        """close() has begun: no new fast connection."""
+        return self._closed
+
     def _negotiation_due(self, wait_for_ready: Optional[bool]) -> bool:
         """No live fast connection and it is time to ask (again). A wait_for_ready call
         waits for the server anyway: it asks at once instead of after the interval."""
@@ -73,7 +77,7 @@ class Routing:
             neg = Negotiation(transport="grpc", reason=f"negotiation failed: {error}")
         conn = neg.connection
         if neg.transport in names() and conn is not None:
-            if self._closed:  # close() ran while we negotiated
+            if self._closing():  # close() ran while we negotiated
                 conn.close()
                 return
             self._fast, self._fast_name, self._state = conn, neg.transport, FAST

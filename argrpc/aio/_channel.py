@@ -20,7 +20,7 @@ from grpc import aio
 from .. import _bootstrap, _buffers, _config
 from .._engine import get_engine
 from .._metadata import InvalidMetadataError, to_core
-from .._transports import names
+from .._routing import GRPC, NEW, Routing
 from . import _call, _interceptors
 from ._loop import bridge
 from ._pending import PendingCall
@@ -31,12 +31,10 @@ _LOGGER = logging.getLogger("argrpc")
 _running_loop = asyncio._get_running_loop  # None outside a loop, and cheap
 
 _NEGOTIATION_TIMEOUT_S = _config.LIMITS.negotiation_timeout_s
-_RETRY_INTERVAL_S = 1.0
-
-_NEW, _FAST, _GRPC, _RETRY, _FORCED = "new", "fast", "grpc", "retry", "forced"
 
 
-class Channel(aio.Channel):
+
+class Channel(Routing, aio.Channel):
     """Drop-in for what ``grpc.aio.insecure_channel``/``secure_channel`` return."""
 
     def __init__(self, target: str, credentials: Optional[grpc.ChannelCredentials] = None,
@@ -59,14 +57,7 @@ class Channel(aio.Channel):
         self._target = target
         self._max_recv = _config.max_receive_length(grpc_options)
         self._max_send = _config.max_send_length(grpc_options)
-        self._fast: Any = None
-        self._fast_name = ""
-        self._state = _NEW
-        self._reason = ""
-        self._forced_error = ""
-        self._next_try = 0.0
-        self._logged = False
-        self._closed = False
+        self._init_routing()
         self._negotiation: Optional[asyncio.Task] = None
         self.inflight = 0  # fast-path calls not ended (close(grace) waits for them)
         self.closing = False  # close() began: no new fast-path calls
@@ -74,31 +65,19 @@ class Channel(aio.Channel):
         self._drained: Optional[asyncio.Future] = None
 
     # ------------------------------------------------------------------ routing
+    def _closing(self) -> bool:
+        return self.closing
+
     def _settled(self, wait_for_ready: Optional[bool]) -> bool:
         """Whether a call can be routed now, without negotiating first."""
-        if self.closing or self._state == _GRPC:
+        if self.closing or self._state == GRPC:
             return True
         fast = self._fast
         if fast is not None:
             if fast.alive:
                 return True
-            self._lost(fast)
-        if self._state == _NEW:
-            return False
-        if self._state in (_RETRY, _FORCED):
-            return not (time.monotonic() >= self._next_try
-                        or (wait_for_ready and self._state == _RETRY))
-        return True
-
-    def _lost(self, fast: Any) -> None:
-        self._fast = None
-        self._state = _NEW
-        _LOGGER.info("argrpc: %s connection to %s lost (%s); renegotiating", self._fast_name,
-                     self._target, fast.error or "closed")
-        try:
-            fast.close()
-        except Exception:  # noqa: BLE001 - already dead; nothing to release
-            pass
+            self._drop_lost(fast)
+        return not self._negotiation_due(wait_for_ready)
 
     async def _negotiate(self, timeout: Optional[float], wait_for_ready: Optional[bool]) -> None:
         if self._settled(wait_for_ready):
@@ -116,35 +95,10 @@ class Channel(aio.Channel):
             neg = await _bootstrap.negotiate_async(
                 self._grpc, self._cfg, self._max_recv, timeout=neg_timeout,
                 wait_for_ready=bool(wait_for_ready), secure=self._secure, target=self._target)
-            transport, conn = neg.transport, neg.connection
-            reason, retryable, forced = neg.reason, neg.retryable, neg.forced_error
         except Exception as e:  # noqa: BLE001 - negotiation must never break a call
-            _LOGGER.warning("argrpc: negotiation failed unexpectedly", exc_info=True)
-            transport, conn, reason, retryable, forced = ("grpc", None,
-                                                          f"negotiation failed: {e}", False, "")
-        if transport in names() and conn is not None:
-            if self.closing:
-                conn.close()
-                return
-            self._fast, self._fast_name, self._state = conn, transport, _FAST
-            self._reason = self._forced_error = ""
+            self._settle(None, e)
             return
-        if conn is not None:
-            conn.close()
-        self._reason = reason or "no fast transport"
-        self._forced_error = forced
-        if retryable:
-            self._state, self._next_try = _RETRY, time.monotonic() + _RETRY_INTERVAL_S
-        elif forced:
-            self._state, self._next_try = _FORCED, float("inf")
-        else:
-            self._state = _GRPC
-        if not self._logged:
-            self._logged = True
-            level = logging.WARNING if forced or self._cfg.transport not in ("auto", "grpc") \
-                else logging.INFO
-            _LOGGER.log(level, "argrpc: channel to %s uses plain gRPC: %s%s", self._target,
-                        forced or self._reason, " (will retry)" if retryable else "")
+        self._settle(neg)
 
     def foreign_loop(self) -> bool:
         """Not on the loop this channel belongs to (grpc.aio's calls fail there)."""
@@ -162,15 +116,13 @@ class Channel(aio.Channel):
         first call or ``await channel_ready()`` negotiated."""
         if self._fast is not None:
             return self._fast_name
-        return "pending" if self._state == _NEW and not self.closing else "grpc"
+        return "pending" if self._state == NEW and not self.closing else "grpc"
 
     @property
     def fallback_reason(self) -> str:
         """Why the channel is not on a fast transport ("" when it is, or before it
         negotiated)."""
-        if self._fast is not None:
-            return ""
-        return self._forced_error or self._reason
+        return self._fallback_text()
 
     # ------------------------------------------------------------------ grpc.aio.Channel
     async def __aenter__(self) -> "Channel":
