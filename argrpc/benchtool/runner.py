@@ -423,6 +423,9 @@ def run_p2p(spec: RunSpec, transport: str, progress: Callable[[int, int], None]
                        ["--target", f"127.0.0.1:{port}", *client_args], env)
         doc = client.result(time.monotonic() + _budget(spec, per_call), progress)
         server.close()
+    # The child's last PROGRESS line (stderr) may come after its result (stdout): the
+    # two are read by different threads, so the run reports its end itself.
+    progress(len(spec.sizes), len(spec.sizes))
     check_env(client.name, spec, doc["env"], "client")
     check_env(client.name, spec, doc["server_env"], "server")
     out = []
