@@ -98,35 +98,31 @@ async def _async_responses(gen: Iterator[Any], loop: asyncio.AbstractEventLoop,
 
 
 class _MessageReceiver:
-    """The request iterator of an async request-streaming handler."""
+    """The request iterator of an async request-streaming handler. An iterator object,
+    not an async generator: a generator suspended at its yield keeps the message it
+    yielded, and one a cancelled handler left behind keeps it (a large message: a view
+    of the peer's pool, and with it the connection) until the garbage collector runs."""
 
-    __slots__ = ("_context", "_agen")
+    __slots__ = ("_context",)
 
     def __init__(self, context: ServicerContext) -> None:
         self._context = context
-        self._agen: Optional[AsyncIterator[Any]] = None
 
-    async def _receive(self) -> AsyncIterator[Any]:
-        while True:
-            message = await self._context.read()
-            if message is aio.EOF:
-                break
-            yield message
-
-    def __aiter__(self) -> AsyncIterator[Any]:
-        if self._agen is None:
-            self._agen = self._receive()
-        return self._agen
+    def __aiter__(self) -> "_MessageReceiver":
+        return self
 
     async def __anext__(self) -> Any:
-        return await self.__aiter__().__anext__()
+        message = await self._context.read()
+        if message is aio.EOF:
+            raise StopAsyncIteration
+        return message
 
 
 def _request_iterator(context: ServicerContext, behavior: Any) -> Any:
     receiver = _MessageReceiver(context)
     if is_async_handler(behavior):
         return receiver
-    return _blocking_iterator(receiver.__aiter__(), context._loop)
+    return _blocking_iterator(receiver, context._loop)
 
 
 # --- the arities ------------------------------------------------------------------------
@@ -174,9 +170,13 @@ async def _stream_responses(state: RpcState, behavior: Any, request: Any,
             # Cancelled while writing: the generator is suspended at its yield, and
             # its own cleanup (finally, except CancelledError) runs now, not whenever
             # the garbage collector gets to it.
+            # (Not one still running: its own frame is unwinding the cancellation.)
             close = getattr(responses, "aclose", None)
-            if close is not None:
-                await close()
+            if close is not None and not getattr(responses, "ag_running", False):
+                try:
+                    await close()
+                except RuntimeError:  # closed meanwhile by its own unwinding
+                    pass
     state.raise_for_termination()
     state.metadata_sent = True
     state.status_sent = True
