@@ -105,6 +105,9 @@ async def _server_killed_trial(rng: random.Random) -> None:
             assert await channel.unary_unary(method("echo"))(b"hi", timeout=30) == b"hi"
             assert channel.transport == "shm", channel.fallback_reason
             before = _fds(os.getpid())
+            # What other calls of this process hold is theirs: only this trial's blocks
+            # must come back.
+            pool_before = peek_engine().pool_stats()["in_use"]
             outcomes: list = []
             tasks = [asyncio.create_task(_traffic(channel, s * 7, outcomes)) for s in range(6)]
             await asyncio.sleep(rng.uniform(0.0, 0.4))
@@ -121,9 +124,9 @@ async def _server_killed_trial(rng: random.Random) -> None:
             del tasks, done
         engine = peek_engine()
         deadline = time.monotonic() + 5
-        while engine.pool_stats()["in_use"] and time.monotonic() < deadline:
+        while engine.pool_stats()["in_use"] > pool_before and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        assert engine.pool_stats()["in_use"] == 0, engine.pool_stats()
+        assert engine.pool_stats()["in_use"] <= pool_before, (pool_before, engine.pool_stats())
         assert _fds(os.getpid())[0] <= before[0], (before, _fds(os.getpid()))
     finally:
         server.kill()
