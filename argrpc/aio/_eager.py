@@ -22,7 +22,22 @@ def start(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any],
         yielded = context.run(coro.send, None)
     except StopIteration:
         return None
-    return loop.create_task(_resume(coro, yielded), context=context)
+    task = loop.create_task(_resume(coro, yielded), context=context)
+    task.add_done_callback(lambda _t: _cancel_unstarted(coro, context))
+    return task
+
+
+def _cancel_unstarted(coro: Coroutine[Any, Any, Any], context: contextvars.Context) -> None:
+    """A task cancelled before its first step never runs _resume, so the coroutine it
+    carries would only be closed when collected, its `except CancelledError` skipped:
+    deliver the cancellation to it here, as its task would have."""
+    if coro.cr_frame is None:  # finished
+        return
+    try:
+        context.run(coro.throw, asyncio.CancelledError())
+    except BaseException:  # noqa: BLE001 - the cancellation (or what it raised) ends it
+        return
+    coro.close()  # it waited again while cancelled: nothing will resume it
 
 
 @types.coroutine
