@@ -101,7 +101,26 @@ class _CallState:
                 _LOGGER.exception("Exception calling callback!")
 
 
-class _ServicerContext(grpc.ServicerContext):
+class FastPathPeer:
+    """What a fast-path call's context says of its peer, for both APIs: the engine's
+    name for it, and no TLS identity (the fast paths are not authenticated by TLS)."""
+
+    _state: Any
+
+    def peer(self) -> str:
+        return self._state.sc.peer
+
+    def peer_identities(self) -> Optional[Sequence[bytes]]:
+        return None
+
+    def peer_identity_key(self) -> Optional[str]:
+        return None
+
+    def auth_context(self) -> Mapping[str, Sequence[bytes]]:
+        return {}
+
+
+class _ServicerContext(FastPathPeer, grpc.ServicerContext):
     __slots__ = ("_state",)
 
     def __init__(self, state: _CallState) -> None:
@@ -128,18 +147,6 @@ class _ServicerContext(grpc.ServicerContext):
     # --- ServicerContext ------------------------------------------------------------
     def invocation_metadata(self) -> tuple:
         return self._state.invocation_metadata()
-
-    def peer(self) -> str:
-        return self._state.sc.peer
-
-    def peer_identities(self) -> Optional[Sequence[bytes]]:
-        return None
-
-    def peer_identity_key(self) -> Optional[str]:
-        return None
-
-    def auth_context(self) -> Mapping[str, Sequence[bytes]]:
-        return {}
 
     def set_compression(self, compression: grpc.Compression) -> None:
         # Shared memory is not compressed; accepted so servicers written for grpc run.

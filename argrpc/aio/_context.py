@@ -19,6 +19,7 @@ import grpc
 from grpc import aio
 
 from .. import _metadata
+from .._context import FastPathPeer
 
 if TYPE_CHECKING:
     from ._server import Server
@@ -332,7 +333,7 @@ class RpcState:
             _LOGGER.exception("Error in callback for method [%s]", self.method)
 
 
-class ServicerContext(aio.ServicerContext):
+class ServicerContext(FastPathPeer, aio.ServicerContext):
     """What an `async def` handler of a fast-path call is given."""
 
     def __init__(self, state: RpcState, request_deserializer: Optional[Callable],
@@ -428,18 +429,6 @@ class ServicerContext(aio.ServicerContext):
 
     def disable_next_message_compression(self) -> None:
         self._state.disable_next_compression = True
-
-    def peer(self) -> str:
-        return self._state.sc.peer
-
-    def peer_identities(self) -> Optional[Sequence[bytes]]:
-        return None
-
-    def peer_identity_key(self) -> Optional[str]:
-        return None
-
-    def auth_context(self) -> Mapping[str, Sequence[bytes]]:
-        return {}
 
     def time_remaining(self) -> Optional[float]:
         remaining = self._state.sc.time_remaining()
