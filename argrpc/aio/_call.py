@@ -128,7 +128,7 @@ class FastCall:
             for fut in waiters:
                 if not fut.done():
                     fut.set_result(None)
-        if not self._ended and self._core.done():
+        if not self._ended and self._core.settled():
             self._on_end()
 
     def _on_end(self) -> None:
@@ -193,7 +193,7 @@ class FastCall:
         return status is not None and status[0] is _CANCELLED
 
     def done(self) -> bool:
-        return self._ended or self._core.done()
+        return self._ended or self._core.settled()
 
     def time_remaining(self) -> Optional[float]:
         if self._deadline is None:

@@ -109,6 +109,18 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
         if (c.inherited()) return py::bool_(false);
         return try_recv(c.s);
       })
+      // Ended, and nothing it received is still being pulled: no change will come. A
+      // call can end (its trailers arrive) while its last large message is still
+      // pulled, and its reader needs that completion's post; done() alone would let
+      // the loop stop listening too early.
+      .def("settled", [](PyClientCall& c) {
+        if (c.inherited()) return true;
+        std::lock_guard<std::mutex> g(c.s->mu);
+        if (!c.s->ended) return false;
+        for (const auto& in : c.s->inbox)
+          if (!in.ready()) return false;
+        return true;
+      })
       // The initial metadata, None while it has not come, False if the call ended without.
       .def("try_initial_metadata", [](PyClientCall& c) -> py::object {
         if (c.inherited()) return py::bool_(false);

@@ -1202,10 +1202,6 @@ def test_no_resources_kept_per_event_loop(aio_servers: AioServers) -> None:
     assert fds() <= before + 2
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "a rare stall on uvloop under load (about 1 run in 6 with both cores busy): a "
-    "streamed 70 KB message is not delivered although the call ended OK; under "
-    "investigation, see the issue notes"))
 def test_uvloop(aio_servers: AioServers) -> None:
     """A loop without a selector gets every completion through the notifier's fd."""
     uvloop = pytest.importorskip("uvloop")
