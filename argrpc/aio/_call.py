@@ -416,9 +416,17 @@ class UnaryUnaryCall(_UnaryResponse, aio.UnaryUnaryCall):
                  timeout: Optional[float], request: Any,
                  response_deserializer: Optional[Callable]) -> None:
         token = bridge.register(self._on_change)  # alive until it ends: see _UnaryResponse
-        core = conn.start_watched(method, metadata, timeout, bridge.notifier, token, False)
+        try:
+            core, sent = conn.start_unary_watched(method, metadata, timeout, bridge.notifier,
+                                                  token, request)
+        except TypeError:  # not a buffer: _send_request reports it as grpc.aio does
+            core = conn.start_watched(method, metadata, timeout, bridge.notifier, token, False)
+            super().__init__(channel, bridge, core, token, timeout, response_deserializer)
+            _send_request(self, core, request)
+            return
         super().__init__(channel, bridge, core, token, timeout, response_deserializer)
-        _send_request(self, core, request)
+        if sent < 0:
+            self._sender = self._loop.create_task(self._send(request, True))
 
 
 class StreamUnaryCall(_UnaryResponse, aio.StreamUnaryCall):

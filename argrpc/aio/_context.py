@@ -282,6 +282,17 @@ class RpcState:
             code, details, md, message = _INTERNAL, _INVALID_METADATA, [], None
         await self._finish(code, details, md, message)
 
+    def try_send_status(self, message: Any) -> bool:
+        """The final batch of a unary response with the status the handler set, if it
+        can go out now without waiting (the common case: no coroutine for it); False
+        if the caller must await send_status instead. The caller has set status_sent."""
+        trailing = self.trailing_metadata
+        details = self.status_details
+        if trailing or not isinstance(details, str):
+            return False  # to_core's checks and the details' conversion: send_status
+        # quiet: the call's end is not posted to the loop (nobody waits for it).
+        return self.sc.try_finish(self.status_code, details, [], message, True) >= 0
+
     async def _finish(self, code: int, details: Any, md: list, message: Any) -> None:
         sc = self.sc
         details = details if isinstance(details, str) else str(details or "")

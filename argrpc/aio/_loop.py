@@ -11,7 +11,9 @@ thread reads the peer, then wakes the loop), which the measurements in docs/desi
 price at tens of microseconds. So on loops built on a selector (asyncio's default loop)
 the loop's own thread drives the engine for up to ``TF_RDMA_SPIN_US`` before it would
 sleep, while it has calls in flight: an answer that arrives within that time is seen
-without a hand-off. Loops without a selector (uvloop) get every completion through the fd.
+without a hand-off. On such loops a post made by the loop's own thread (its engine calls
+ending a call, say) writes no eventfd either: the selector drains pending tokens before
+every sleep. Loops without a selector (uvloop) get every completion through the fd.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ class LoopBridge:
         self._closed = False
         loop.add_reader(self.notifier.fd, self.dispatch)
         self.polling = _install_poll(loop, self)
+        if self.polling:
+            # Made on the loop's thread (bridge() runs there); _PollingSelector looks at
+            # `pending` before every sleep.
+            self.notifier.look_before_sleeping()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -160,9 +166,15 @@ class _PollingSelector(selectors.BaseSelector):
 
     def select(self, timeout: Optional[float] = None) -> list:
         owner = self._owner()
-        if owner is not None and owner.busy and (timeout is None or timeout > 0):
-            if owner.poll(timeout):
-                timeout = 0  # the notifier's fd is readable now
+        if owner is not None:
+            if owner.busy and (timeout is None or timeout > 0):
+                if owner.poll(timeout):
+                    timeout = 0  # callbacks ran: what they readied runs first
+            elif owner.notifier.pending:
+                # Posted by this thread's own engine calls, which write no eventfd
+                # (Notifier::set_looker): drained here, before any sleep.
+                owner.dispatch()
+                timeout = 0
         return self._inner.select(timeout)
 
     def close(self) -> None:

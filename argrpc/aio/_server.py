@@ -18,6 +18,7 @@ import asyncio
 import contextvars
 import enum
 import logging
+import sys
 import weakref
 from concurrent.futures import Executor
 from typing import Any, Awaitable, Callable, Optional, Sequence
@@ -36,6 +37,25 @@ from ._server_handlers import HandlerCallDetails, intercept, serve
 __all__ = ["Server", "server"]
 
 _LOGGER = logging.getLogger(__name__)
+
+
+def _refs_of_a_local_passed_on() -> int:
+    """What sys.getrefcount says of an object that only a caller's local and the
+    callee's argument refer to (3 on CPython 3.11: those two and getrefcount's own),
+    measured rather than assumed: interpreters differ in what a local costs."""
+    def callee(obj: object, _flag: bool) -> int:
+        return sys.getrefcount(obj)
+
+    def caller() -> int:
+        obj = object()
+        return callee(obj, True)
+
+    return caller()
+
+
+# References to a call's state while _end_call runs for a call answered at once, when
+# nothing else holds it (see _end_call).
+_ONLY_OURS = _refs_of_a_local_passed_on()
 
 
 class _Stage(enum.Enum):
@@ -321,23 +341,19 @@ class Server(aio.Server):
     # --- fast-path calls ----------------------------------------------------------------
     def _on_events(self) -> None:
         """The engine server's watch fired: take every waiting call, then every event."""
-        core = self._core
-        while True:
-            sc = core.accept(0)
-            if sc is None:
-                break
+        calls, changes = self._core.take_events()
+        sc: Any = None
+        for sc in calls:
             self._start_call(sc, False)
-        while True:
-            kind, sc, _ = core.next_event(0)
-            if kind == "none":
-                break
+        for kind, sc in changes:
             if kind == "cancelled":
                 state = self._calls.get(sc.key)
                 if state is not None:
                     state.on_change()
-            elif kind == "over_limit":
+            else:  # over_limit
                 self._start_call(sc, True)
-        sc = None
+        # The last handle must not outlive this pass (it holds its connection).
+        del calls, changes, sc
 
     def _start_call(self, sc: Any, refused: bool) -> None:
         loop = self._loop
@@ -349,12 +365,12 @@ class Server(aio.Server):
         sc.watch(b.notifier, state.token)
         task = _eager.start(loop, serve(self, state, refused), self._context.copy())
         if task is None:  # answered without waiting
-            self._end_call(state)
+            self._end_call(state, True)
             return
         state.task = task
         task.add_done_callback(lambda _t: self._end_call(state))
 
-    def _end_call(self, state: RpcState) -> None:
+    def _end_call(self, state: RpcState, answered_at_once: bool = False) -> None:
         if not state.status_sent and not state.client_closed and state.sc.is_active():
             # A task that ended without a status (no request came, a failed batch):
             # grpc.aio's core cancels such a call when it lets go of it.
@@ -366,18 +382,27 @@ class Server(aio.Server):
         if self._calls.get(state.key) is state:
             del self._calls[state.key]
         state.run_callbacks()
-        state.release()
+        # A call answered without waiting had no task, and so no traceback cycle that
+        # could keep its state: if nothing but this method and its caller refer to
+        # it (the handler kept no context), it goes, engine handle and all, when they
+        # return, and the release (five engine reads) is not needed.
+        if not answered_at_once or sys.getrefcount(state) > _ONLY_OURS:
+            state.release()
         if self._stage is _Stage.STOPPING and self._changed is not None:
             self._changed.set()
+
+    def _find_handler_now(self, state: RpcState) -> Optional[grpc.RpcMethodHandler]:
+        """The call's handler when there are no interceptors (nothing to await)."""
+        handler = self._registered.get(state.method)
+        if handler is not None:
+            return handler
+        return self._resolve(HandlerCallDetails(state.method, state))
 
     async def _find_handler(self, state: RpcState) -> Optional[grpc.RpcMethodHandler]:
         """The call's handler through the interceptors (grpc.aio resolves registered
         methods first, both by the possibly rewritten details)."""
         if not self._interceptors:
-            handler = self._registered.get(state.method)
-            if handler is not None:
-                return handler
-            return self._resolve(HandlerCallDetails(state.method, state))
+            return self._find_handler_now(state)
         return await intercept(self._interceptors, 0, self._resolve_async,
                                HandlerCallDetails(state.method, state))
 

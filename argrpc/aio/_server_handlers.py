@@ -49,10 +49,24 @@ class HandlerCallDetails(grpc.HandlerCallDetails):
         return self._state.invocation_metadata()
 
 
+_ASYNC_SEEN: dict[Any, bool] = {}
+
+
 def is_async_handler(handler: Any) -> bool:
-    """grpc.aio's test: what is not async runs in the thread pool."""
-    return (inspect.isawaitable(handler) or inspect.iscoroutinefunction(handler)
-            or inspect.isasyncgenfunction(handler))
+    """grpc.aio's test: what is not async runs in the thread pool. Remembered per
+    behaviour (three inspect calls cost about a microsecond, every call)."""
+    try:
+        return _ASYNC_SEEN[handler]
+    except (KeyError, TypeError):  # TypeError: an unhashable behaviour
+        pass
+    verdict = (inspect.isawaitable(handler) or inspect.iscoroutinefunction(handler)
+               or inspect.isasyncgenfunction(handler))
+    try:
+        if len(_ASYNC_SEEN) < 4096:  # behaviours are a service's methods: few, long-lived
+            _ASYNC_SEEN[handler] = verdict
+    except TypeError:
+        pass
+    return verdict
 
 
 async def intercept(interceptors: Sequence[aio.ServerInterceptor], index: int,
@@ -148,8 +162,9 @@ async def _unary_response(state: RpcState, behavior: Any, request: Any,
     # A response beside an error status is dropped by every client: not sent.
     state.metadata_sent = True
     state.status_sent = True
-    await state.send_status(state.status_code, state.status_details, state.trailing_metadata,
-                            raw)
+    if not state.try_send_status(raw):
+        await state.send_status(state.status_code, state.status_details,
+                                state.trailing_metadata, raw)
 
 
 async def _stream_responses(state: RpcState, behavior: Any, request: Any,
@@ -187,7 +202,9 @@ async def _handle(state: RpcState, handler: grpc.RpcMethodHandler) -> None:
     deserializer = handler.request_deserializer
     serializer = handler.response_serializer
     if not handler.request_streaming:
-        raw = await state.recv()
+        raw = state.sc.try_recv()  # a unary request is usually there already
+        if raw is None or raw is False:
+            raw = await state.recv()
         if raw is None:
             return  # ended before its request came (grpc.aio: no status either)
         request = deserialize(deserializer, raw)
@@ -209,7 +226,8 @@ async def _handle(state: RpcState, handler: grpc.RpcMethodHandler) -> None:
 
 
 async def _handle_rpc(server: "Server", state: RpcState, refused: bool) -> None:
-    handler = await server._find_handler(state)
+    handler = server._find_handler_now(state) if not server._interceptors \
+        else await server._find_handler(state)
     if handler is None:
         state.status_sent = True
         await state.send_status(_UNIMPLEMENTED, "Method not found!", ())

@@ -9,6 +9,8 @@
 
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "bindings/bindings.h"
 #include "common/status.h"
@@ -30,8 +32,11 @@ void watch_stream(const std::shared_ptr<Stream>& s, PyNotifier& n, uint64_t toke
   auto w = std::make_shared<Watch>(n.n, token);
   std::lock_guard<std::mutex> g(s->mu);
   s->watch = w;
-  // What happened before the watch is not lost: the loop looks once.
-  if (s->ended || s->have_initial_md || !s->inbox.empty() || s->peer_half_closed) w->fire();
+  // Whoever waits on the call asks it before waiting, so what came before the watch
+  // is seen without a post; an end is posted, because a call's end is also acted on
+  // by nobody waiting (a handler cancelled under it, done callbacks). A post of
+  // anything else would cost every new call an eventfd write and a pass of the loop.
+  if (s->ended) w->fire();
 }
 
 int send_result(SendResult r) {
@@ -74,6 +79,11 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
         if (n.here.inherited()) return std::vector<uint64_t>();
         return n.n->drain();
       })
+      // The calling thread (the loop's) checks `pending` before it sleeps: posts it
+      // makes itself write no eventfd.
+      .def("look_before_sleeping", [](PyNotifier& n) {
+        n.n->set_looker(std::this_thread::get_id());
+      })
       // Drives the engine for up to min(spin_us, limit_us) while nothing is posted, then
       // drains: the tokens posted.
       .def("poll", [](PyNotifier& n, PyEngine& e, int64_t limit_us) {
@@ -99,6 +109,34 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
       },
       py::arg("method"), py::arg("metadata"), py::arg("timeout"), py::arg("notifier"),
       py::arg("token"), py::arg("send_headers_now") = true);
+
+  // A unary call in one step: started, watched and its request sent with its headers
+  // and half-close, or queued to be (the result says which, as try_send's). A request
+  // that is not a buffer raises TypeError before anything starts.
+  connection.def(
+      "start_unary_watched",
+      [](PyConnection& c, const std::string& method, py::object md, py::object timeout,
+         PyNotifier& n, uint64_t token, py::object request) {
+        BufferView b(request);
+        auto conn = c.need();
+        Metadata meta = to_metadata(md);
+        const double t = timeout_arg(timeout);
+        std::shared_ptr<Stream> s;
+        SendResult r;
+        {
+          NoGil nogil;
+          s = conn->start_call(method, meta, t, false);
+          {
+            std::lock_guard<std::mutex> g(s->mu);
+            s->watch = std::make_shared<Watch>(n.n, token);
+            if (s->ended) s->watch->fire();  // born on a dead connection
+          }
+          r = conn->try_send(s, b.data(), b.size(), true);
+        }
+        return py::make_tuple(std::make_unique<PyClientCall>(c.engine, s), send_result(r));
+      },
+      py::arg("method"), py::arg("metadata"), py::arg("timeout"), py::arg("notifier"),
+      py::arg("token"), py::arg("request"));
 
   client_call
       .def("try_send", [](PyClientCall& c, py::object msg, bool half_close) {
@@ -164,6 +202,31 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
   server.def("watch", [](PyServer& s, PyNotifier& n, uint64_t token) {
     s.server->set_watch(std::make_shared<Watch>(n.n, token));
   }, py::arg("notifier"), py::arg("token"));
+  // Everything waiting, without waiting: ([new calls], [("cancelled" | "over_limit",
+  // call)]), in one crossing instead of an accept() and a next_event() per item.
+  server.def("take_events", [](PyServer& s) -> py::tuple {
+    std::vector<std::shared_ptr<Stream>> calls;
+    std::vector<ServerEvent> events;
+    {
+      NoGil nogil;
+      const Deadline now = Deadline::after_seconds(0);
+      while (auto st = s.server->accept(now)) calls.push_back(std::move(st));
+      for (;;) {
+        ServerEvent ev = s.server->next_event(now);
+        if (ev.kind == ServerEvent::Kind::kNone) break;
+        if (ev.kind != ServerEvent::Kind::kStarved) events.push_back(std::move(ev));
+      }
+    }
+    py::list new_calls, changes;
+    for (auto& st : calls) new_calls.append(py::cast(std::make_unique<PyServerCall>(s.engine, st, true)));
+    for (auto& ev : events) {
+      if (ev.kind == ServerEvent::Kind::kCancelled)  // a second, non-owning handle
+        changes.append(py::make_tuple("cancelled", std::make_unique<PyServerCall>(s.engine, ev.stream, false)));
+      else
+        changes.append(py::make_tuple("over_limit", std::make_unique<PyServerCall>(s.engine, ev.stream, true)));
+    }
+    return py::make_tuple(new_calls, changes);
+  });
 
   server_call
       .def("watch", [](PyServerCall& c, PyNotifier& n, uint64_t token) {
@@ -174,17 +237,31 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
            py::arg("message"))
       .def("try_finish",
            [](PyServerCall& c, uint32_t code, std::string details, py::object trailing,
-              py::object message) {
+              py::object message, bool quiet) {
              Metadata md = to_metadata(trailing);
              std::unique_ptr<BufferView> b;
              if (!message.is_none()) b = std::make_unique<BufferView>(message);
              NoGil nogil;
-             return send_result(c.s->conn->try_finish(c.s, code, details, md,
-                                                      b ? b->data() : nullptr,
-                                                      b ? b->size() : 0, b != nullptr));
+             // quiet: the caller lets go of the call once this is sent, so the end this
+             // send causes is not posted (a post nobody reads costs the loop a pass).
+             std::shared_ptr<Watch> w;
+             if (quiet) {
+               std::lock_guard<std::mutex> g(c.s->mu);
+               w = std::move(c.s->watch);
+             }
+             const SendResult r = c.s->conn->try_finish(c.s, code, details, md,
+                                                        b ? b->data() : nullptr,
+                                                        b ? b->size() : 0, b != nullptr);
+             if (w && r != SendResult::kSent) {
+               // Still the caller's to watch; a change meanwhile went unposted: post once.
+               std::lock_guard<std::mutex> g(c.s->mu);
+               c.s->watch = w;
+               w->fire();
+             }
+             return send_result(r);
            },
            py::arg("code"), py::arg("details"), py::arg("trailing_md"),
-           py::arg("message") = py::none());
+           py::arg("message") = py::none(), py::arg("quiet") = false);
   (void)engine;
 }
 

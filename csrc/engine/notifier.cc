@@ -31,7 +31,8 @@ void Notifier::post(std::shared_ptr<Watch> w) {
   std::lock_guard<std::mutex> g(mu_);
   posted_.push_back(std::move(w));
   count_.store(posted_.size(), std::memory_order_release);
-  if (!signalled_ && !polling_) {
+  if (!signalled_ && !polling_ &&
+      looker_.load(std::memory_order_acquire) != std::this_thread::get_id()) {
     signalled_ = true;
     const uint64_t one = 1;
     ssize_t r = ::write(efd_.get(), &one, sizeof one);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "common/unique_fd.h"
@@ -47,6 +48,10 @@ class Notifier {
   // `limit_us` from now, if sooner) while nothing is posted, then drain. The loop's own
   // thread is awake meanwhile, so posts do not write the eventfd.
   std::vector<uint64_t> poll(Engine& engine, int64_t limit_us);
+  // The loop's thread looks at pending() before it sleeps (a selector loop that polls),
+  // so a post made on that thread, by its own engine calls, need not write the
+  // eventfd: that write would only make the loop take one more turn to read it.
+  void set_looker(std::thread::id t) { looker_.store(t, std::memory_order_release); }
 
  private:
   friend class Watch;
@@ -58,6 +63,7 @@ class Notifier {
   std::atomic<size_t> count_{0};
   bool signalled_ = false;  // the eventfd holds a count nobody read yet
   bool polling_ = false;    // the loop's thread is in poll(): no need to wake it
+  std::atomic<std::thread::id> looker_{};  // see set_looker(); none by default
 };
 
 }  // namespace argrpc

@@ -975,3 +975,49 @@ def test_server_api_edges() -> None:
             await srv.start()
 
     run(body())
+
+
+def _open_fds() -> int:
+    import os
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_kept_context_keeps_no_connection() -> None:
+    """A handler may keep its context after the call (a log, a cache of recent calls).
+    The call's engine handle must still go when the call ends, whether the handler
+    answered at once or waited first, so a client's connection (socket, rings,
+    segments) closes when the client goes, not when the kept context does."""
+    kept: list = []
+
+    async def keep_now(request: bytes, context: aio.ServicerContext) -> bytes:
+        kept.append(context)
+        return request
+
+    async def keep_later(request: bytes, context: aio.ServicerContext) -> bytes:
+        await asyncio.sleep(0.001)
+        kept.append(context)
+        return request
+
+    def client(target: str, name: str) -> str:
+        with argrpc.insecure_channel(target) as ch:
+            assert ch.unary_unary(method(name))(b"x", timeout=10) == b"x"
+            return transport_of(ch)
+
+    handlers = {"keep_now": grpc.unary_unary_rpc_method_handler(keep_now),
+                "keep_later": grpc.unary_unary_rpc_method_handler(keep_later)}
+
+    async def body() -> None:
+        async with serving(handlers) as (_, target):
+            assert await in_thread(client, target, "keep_now") == "shm"
+            await asyncio.sleep(0.2)
+            baseline = _open_fds()
+            for name in ("keep_now", "keep_later") * 2:
+                assert await in_thread(client, target, name) == "shm"
+            deadline = time.monotonic() + 10
+            while _open_fds() > baseline and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert _open_fds() <= baseline, (baseline, _open_fds())
+            assert len(kept) == 5
+            assert all(not c.cancelled() for c in kept)
+
+    run(body())
