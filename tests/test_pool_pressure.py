@@ -15,15 +15,13 @@ The server is an ordinary argrpc echo server (tests.support.servicer.hold_handle
 """
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
 
 import grpc
 import pytest
 
 from tests.support.clients import UNLIMITED_SERVER_ARGS
-from tests.support.procs import run_python
+from tests.support.procs import script_result
 
 MiB = 1 << 20
 POOL = 64 * MiB
@@ -182,14 +180,8 @@ os._exit(0)  # held/blocked calls are all finished; skip slow interpreter teardo
 
 
 def _run(case: str, target: str, stubs_dir: str) -> dict[str, Any]:
-    drop = [k for k in os.environ if k.startswith("TF_RDMA_")]
-    proc = run_python(CLIENT_SCRIPT, env={
-        "ECHO_CASE": case, "ECHO_TARGET": target, "ECHO_STUBS": stubs_dir,
-        "TF_RDMA_BUF_SIZE": "64M"}, drop_env=drop, timeout=300)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert lines, f"client process failed (rc={proc.returncode}):\n{proc.stderr[-4000:]}"
-    result = json.loads(lines[-1][len("RESULT "):])
-    assert "error" not in result, result["error"]
+    result = script_result(CLIENT_SCRIPT, {"ECHO_CASE": case, "ECHO_TARGET": target,
+                                           "ECHO_STUBS": stubs_dir, "TF_RDMA_BUF_SIZE": "64M"})
     assert result["capacity"] == POOL, result
     return result
 

@@ -310,9 +310,13 @@ class FastCall:
                 return r == 1
             # No window (the watch fires when the reader makes room) or no pool room
             # (retry shortly). The deadline ends the call in the engine either way, except
-            # before its headers went out, which only this side knows.
+            # before its headers went out, which only this side knows: there the last
+            # try ends it as a thread's send would (no pool room names TF_RDMA_BUF_SIZE).
             if self._deadline is not None and time.time() >= self._deadline:
-                self._core.cancel(_DEADLINE_INT, "Deadline Exceeded")
+                if self._core.try_send(payload, half_close, True) == 1:
+                    return True
+                if not self._core.done():
+                    self._core.cancel(_DEADLINE_INT, "Deadline Exceeded")
                 return False
             fut = self._future()
             timer = self._loop.call_later(delay, _set_done, fut)

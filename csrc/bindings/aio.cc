@@ -60,9 +60,14 @@ py::object try_recv(const std::shared_ptr<Stream>& s) {
   return r == 0 ? py::object(py::none()) : py::object(py::bool_(false));
 }
 
-int try_send(const std::shared_ptr<Stream>& s, const py::object& msg, bool half_close) {
+int try_send(const std::shared_ptr<Stream>& s, const py::object& msg, bool half_close,
+             bool give_up = false) {
   BufferView b(msg);
   NoGil nogil;
+  // give_up: the call's deadline has passed while the send waited; the blocking send
+  // ends the call as it would for a thread (no pool room: RESOURCE_EXHAUSTED naming
+  // TF_RDMA_BUF_SIZE), without waiting, since the deadline is over.
+  if (give_up) return s->conn->send(s, b.data(), b.size(), half_close) ? 1 : 0;
   return send_result(s->conn->try_send(s, b.data(), b.size(), half_close));
 }
 
@@ -139,10 +144,10 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
       py::arg("token"), py::arg("request"));
 
   client_call
-      .def("try_send", [](PyClientCall& c, py::object msg, bool half_close) {
+      .def("try_send", [](PyClientCall& c, py::object msg, bool half_close, bool give_up) {
         if (c.inherited()) return 0;
-        return try_send(c.s, msg, half_close);
-      }, py::arg("message"), py::arg("half_close") = false)
+        return try_send(c.s, msg, half_close, give_up);
+      }, py::arg("message"), py::arg("half_close") = false, py::arg("give_up") = false)
       .def("try_recv", [](PyClientCall& c) -> py::object {
         if (c.inherited()) return py::bool_(false);
         return try_recv(c.s);

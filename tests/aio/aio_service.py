@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import sys
 from typing import Any, AsyncIterator
@@ -122,6 +123,16 @@ async def bidi(requests: Any, context: aio.ServicerContext) -> AsyncIterator[byt
         yield r
 
 
+async def hold(request: Any, context: aio.ServicerContext) -> bytes:
+    """Keeps the request (over the fast path a large one is a view of the client's pool
+    block) for x-hold-ms milliseconds, then answers {"sha256", "size"} of it."""
+    ms = int(dict(context.invocation_metadata()).get("x-hold-ms", "0"))
+    digest = hashlib.sha256(request).hexdigest()
+    size = memoryview(request).nbytes
+    await asyncio.sleep(ms / 1000)
+    return json.dumps({"sha256": digest, "size": size}).encode()
+
+
 async def obs(request: bytes, context: aio.ServicerContext) -> bytes:
     return json.dumps(_OBS.get(request.decode(), [])).encode()
 
@@ -132,6 +143,7 @@ HANDLERS = {
     "fail": grpc.unary_unary_rpc_method_handler(fail),
     "hang": grpc.unary_unary_rpc_method_handler(hang),
     "delay": grpc.unary_unary_rpc_method_handler(delay),
+    "hold": grpc.unary_unary_rpc_method_handler(hold),
     "obs": grpc.unary_unary_rpc_method_handler(obs),
     "count": grpc.unary_stream_rpc_method_handler(count),
     "hang_stream": grpc.unary_stream_rpc_method_handler(hang_stream),

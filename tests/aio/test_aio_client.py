@@ -14,9 +14,6 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -28,10 +25,9 @@ import pytest
 from grpc import aio
 
 import argrpc.aio
-from argrpc.benchtool.chaos import reap
 from tests.aio.aio_service import TRAILING, UNLIMITED, method
+from tests.aio.servers import AioServer
 from tests.support.clients import SHM_AND_REFERENCE, UNLIMITED_SERVER_ARGS, pair_id
-from tests.support.procs import REPO_ROOT, child_env
 
 LOCAL_CANCEL = "Locally cancelled by application!"
 DEAD_PEER_BOUND_S = 2.0
@@ -39,37 +35,6 @@ MiB = 1 << 20
 
 
 # --- servers ---------------------------------------------------------------------------
-class AioServer:
-    """One tests.aio.aio_service process; `target` is its host:port."""
-
-    def __init__(self, stack: str, port: int = 0) -> None:
-        self.stack = stack
-        self._log = tempfile.NamedTemporaryFile(prefix=f"aio-server-{stack}-", suffix=".log",
-                                                delete=False)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.aio.aio_service", "--stack", stack,
-             "--port", str(port)],
-            cwd=REPO_ROOT, env=child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=self._log, text=True)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line.startswith("PORT "):
-            self.kill()
-            raise RuntimeError(f"{stack} aio server did not start: {line!r}")
-        self.port = int(line.split()[1])
-        self.target = f"127.0.0.1:{self.port}"
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self) -> None:
-        reap(self.proc, self._log)
-        try:
-            os.unlink(self._log.name)
-        except OSError:
-            pass
-
-
 class AioServers:
     """The shared servers, one per stack, restarted if one died."""
 

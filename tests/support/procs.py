@@ -132,3 +132,17 @@ def run_python(code: str, env: Mapping[str, str] | None = None,
     return subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT,
                           env=child_env(env, drop_env), capture_output=True, text=True,
                           timeout=timeout)
+
+
+def script_result(code: str, env: Mapping[str, str], timeout: float = 300.0) -> dict[str, Any]:
+    """Runs a client script whose last "RESULT <json>" line says what it saw, in a fresh
+    interpreter with no TF_RDMA_* but those of `env`; that JSON, which must not carry
+    an "error"."""
+    drop = [k for k in os.environ if k.startswith("TF_RDMA_")]
+    proc = run_python(code, env=env, drop_env=drop, timeout=timeout)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert lines, f"client process failed (rc={proc.returncode}):\n{proc.stderr[-4000:]}"
+    result = json.loads(lines[-1][len("RESULT "):])
+    assert "error" not in result, result["error"]
+    return result
+
