@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 import grpc
 
-from . import _buffers, _config
+from . import _buffers, _config, _plain
 from ._calls import DoneWatcher, StreamStream, StreamUnary, UnaryStream, UnaryUnary
 from ._errors import local_error
 from ._routing import GRPC, Routing
@@ -35,9 +35,9 @@ class Channel(Routing, grpc.Channel):
         grpc_options, _ = _config.split_options(options)
         self._secure = credentials is not None
         if credentials is None:
-            self._grpc = grpc.insecure_channel(target, grpc_options, compression)
+            self._grpc = _plain.insecure_channel(target, grpc_options, compression)
         else:
-            self._grpc = grpc.secure_channel(target, credentials, grpc_options, compression)
+            self._grpc = _plain.secure_channel(target, credentials, grpc_options, compression)
         self._target = target
         self._max_recv = _config.max_receive_length(grpc_options)
         self._max_send = _config.max_send_length(grpc_options)

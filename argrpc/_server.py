@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import grpc
 
-from . import _bootstrap, _buffers, _config, _engine, _handlers
+from . import _bootstrap, _buffers, _config, _engine, _handlers, _plain
 from ._context import _CallState, _ServicerContext
 
 _LOGGER = logging.getLogger(__name__)
@@ -358,7 +358,7 @@ class _Server(grpc.Server):
         gate = None
         if self._interceptors or admission is not None:
             gate = _Gate(self._interceptors, admission)
-        self._grpc = grpc.server(
+        self._grpc = _plain.server(
             self._executor,
             interceptors=(gate,) if gate is not None else None,
             options=grpc_options,

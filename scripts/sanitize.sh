@@ -96,9 +96,10 @@ cd "$SRC"
 "$PY" -c 'import argrpc._core; print("[sanitize] engine:", argrpc._core.__file__)'
 
 if [ "$#" -eq 0 ]; then
-    # The files that drive the engine; the bench, README, config and doctor tests barely
-    # touch it, and tests/verbs needs a device (it runs in the Soft-RoCE guest). The
-    # grpc/grpc pair is plain grpcio on both ends, so it never loads the engine.
+    # The files that drive the engine (tests/aio: the event-loop side of it); the bench,
+    # README, config and doctor tests barely touch it, and tests/verbs needs a device (it
+    # runs in the Soft-RoCE guest). The grpc/grpc pair is plain grpcio on both ends (and
+    # grpc.aio's, under the same id), so it never loads the engine.
     set -- \
         tests/test_arities.py tests/test_payloads.py tests/test_deadline_cancel.py \
         tests/test_concurrency.py tests/test_pool_pressure.py tests/test_dead_peer.py \
@@ -108,7 +109,7 @@ if [ "$#" -eq 0 ]; then
         tests/test_interceptors.py tests/test_same_host.py tests/test_environment.py \
         tests/test_tls.py tests/test_fork.py tests/test_hostile_peer.py \
         tests/test_fail_points.py tests/test_server_pool.py tests/test_signals.py \
-        tests/test_nonblocking_handlers.py tests/test_sim_fabric.py \
+        tests/test_nonblocking_handlers.py tests/test_sim_fabric.py tests/aio \
         -k "not client_grpc-server_grpc"
 fi
 rc=0  # pipefail: pytest's own status survives the tee

@@ -61,6 +61,9 @@ pip_install "setuptools>=64" wheel "pybind11>=2.12" \
 # examples/ps_training: the digits data set ships inside scikit-learn; the TFJob manifest
 # test reads YAML and checks it against a JSON Schema.
 pip_install scikit-learn PyYAML jsonschema
+# tests/aio/test_aio_library.py: an asyncio gRPC framework that builds its own
+# grpc.aio server, run unchanged on argrpc.aio.
+pip_install "fastgrpc2==0.5.0"
 
 # ------------------------------------------------------------------------ argrpc
 # Rebuild only when the extension is missing, fails to import, or is older than any of

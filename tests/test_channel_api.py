@@ -115,3 +115,32 @@ def test_server_appears_later(stack: str, spawn: Callable[..., Any], pb: Any) ->
         check_transport(channel, stack, "argrpc")
     finally:
         channel.close()
+
+
+def test_replacing_grpcs_constructors_with_argrpcs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program may switch a library that builds its own server and channels by
+    replacing grpc.server / grpc.insecure_channel with argrpc's. argrpc then still builds
+    its inner grpc objects with grpc's own functions (no recursion), and what the
+    library gets is argrpc's, on the fast path."""
+    from concurrent import futures
+
+    import argrpc
+
+    monkeypatch.setattr(grpc, "server", argrpc.server)
+    monkeypatch.setattr(grpc, "insecure_channel", argrpc.insecure_channel)
+
+    def echo(request: bytes, context: grpc.ServicerContext) -> bytes:
+        return request
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "t.Swap", {"Echo": grpc.unary_unary_rpc_method_handler(echo)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            assert channel.unary_unary("/t.Swap/Echo")(b"swap", timeout=10) == b"swap"
+            assert isinstance(channel, argrpc.Channel)
+            assert channel.transport == "shm", channel.fallback_reason
+    finally:
+        server.stop(None)

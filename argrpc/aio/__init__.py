@@ -3,18 +3,20 @@
 Swap ``grpc.aio.insecure_channel``/``secure_channel`` for ``argrpc.aio.insecure_channel``/
 ``secure_channel`` and ``grpc.aio.server`` for ``argrpc.aio.server``; generated stubs and
 ``async def`` servicers stay unchanged. The rest of grpc.aio's names (``AioRpcError``,
-``EOF``, the interceptor classes, ``Metadata``...) are re-exported here, so
+``EOF``, the interceptor classes, ``Metadata``, ``Server`` as the abstract type...)
+are re-exported here, so
 ``from argrpc import aio`` can stand in for ``from grpc import aio``.
 """
 
 from grpc.aio import (AbortError, AioRpcError, BaseError, Call, ClientCallDetails,
-                      ClientInterceptor, EOF, InternalError, Metadata, RpcContext,
-                      ServerInterceptor, ServicerContext, StreamStreamCall,
+                      ClientInterceptor, EOF, InterceptedUnaryUnaryCall, InternalError,
+                      Metadata, RpcContext, Server, ServerInterceptor, ServicerContext,
+                      StreamStreamCall,
                       StreamStreamClientInterceptor, StreamStreamMultiCallable,
                       StreamUnaryCall, StreamUnaryClientInterceptor, StreamUnaryMultiCallable,
                       UnaryStreamCall, UnaryStreamClientInterceptor, UnaryStreamMultiCallable,
                       UnaryUnaryCall, UnaryUnaryClientInterceptor, UnaryUnaryMultiCallable,
-                      UsageError)
+                      UsageError, init_grpc_aio, shutdown_grpc_aio)
 
 from ._channel import Channel, insecure_channel, secure_channel
 
@@ -27,10 +29,11 @@ def server(*args, **kwargs):  # type: ignore[no-untyped-def]
 
 
 __all__ = ["AbortError", "AioRpcError", "BaseError", "Call", "Channel", "ClientCallDetails",
-           "ClientInterceptor", "EOF", "InternalError", "Metadata", "RpcContext",
-           "ServerInterceptor", "ServicerContext", "StreamStreamCall",
+           "ClientInterceptor", "EOF", "InterceptedUnaryUnaryCall", "InternalError", "Metadata",
+           "RpcContext", "Server", "ServerInterceptor", "ServicerContext", "StreamStreamCall",
            "StreamStreamClientInterceptor", "StreamStreamMultiCallable", "StreamUnaryCall",
            "StreamUnaryClientInterceptor", "StreamUnaryMultiCallable", "UnaryStreamCall",
            "UnaryStreamClientInterceptor", "UnaryStreamMultiCallable", "UnaryUnaryCall",
            "UnaryUnaryClientInterceptor", "UnaryUnaryMultiCallable", "UsageError",
-           "insecure_channel", "secure_channel", "server"]
+           "init_grpc_aio", "insecure_channel", "secure_channel", "server",
+           "shutdown_grpc_aio"]

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 import grpc
 from grpc import aio
 
-from .. import _bootstrap, _buffers, _config
+from .. import _bootstrap, _buffers, _config, _plain
 from .._engine import get_engine
 from .._metadata import InvalidMetadataError, to_core
 from .._routing import GRPC, NEW, Routing
@@ -46,9 +46,9 @@ class Channel(Routing, aio.Channel):
         # The inner channel has no interceptors: they run above both paths (the bootstrap
         # RPC is not theirs to see).
         if credentials is None:
-            self._grpc = aio.insecure_channel(target, grpc_options, compression)
+            self._grpc = _plain.aio_insecure_channel(target, grpc_options, compression)
         else:
-            self._grpc = aio.secure_channel(target, credentials, grpc_options, compression)
+            self._grpc = _plain.aio_secure_channel(target, credentials, grpc_options, compression)
         self._interceptors = _interceptors.split(interceptors)
         # grpc.aio binds a channel to the loop it was made on (or the thread's default
         # loop) and its calls fail on any other; so do the fast path's, by going where

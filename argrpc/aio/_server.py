@@ -26,7 +26,7 @@ from typing import Any, Awaitable, Callable, Optional, Sequence
 import grpc
 from grpc import aio
 
-from .. import _bootstrap, _buffers, _config, _engine, _proto
+from .. import _bootstrap, _buffers, _config, _engine, _plain, _proto
 from .._server import _OVER_LIMIT_DETAILS, _STOP_CODE, _STOP_DETAILS, _Admission
 from .._server import _Server as _ThreadedServer
 from . import _eager
@@ -173,7 +173,7 @@ class Server(aio.Server):
         admission = (None if maximum_concurrent_rpcs is None
                      else _Admission(maximum_concurrent_rpcs, self._core))
         gate = _Gate(interceptors, admission) if interceptors or admission else None
-        self._grpc = aio.server(
+        self._grpc = _plain.aio_server(
             thread_pool,
             interceptors=(gate,) if gate is not None else None,
             options=grpc_options,
