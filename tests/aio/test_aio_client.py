@@ -1193,3 +1193,15 @@ def test_uvloop(aio_servers: AioServers) -> None:
         runner.run(asyncio.wait_for(body(), 20))
     finally:
         runner.close()
+
+
+def test_every_grpc_aio_name_is_there() -> None:
+    """`from argrpc import aio` stands in for `from grpc import aio` in a whole module:
+    every public name of grpc.aio is argrpc.aio's too (the same object, but for the
+    channel and server factories and the Channel class, which are argrpc's)."""
+    own = {"insecure_channel", "secure_channel", "server", "Channel"}
+    missing = sorted(set(aio.__all__) - set(argrpc.aio.__all__))
+    assert not missing, missing
+    for name in set(aio.__all__) - own:
+        assert getattr(argrpc.aio, name) is getattr(aio, name), name
+    assert issubclass(argrpc.aio.Channel, aio.Channel)
