@@ -52,6 +52,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import grpc
 
+from argrpc._config import knob
 from argrpc.benchtool import FAST_TRANSPORTS
 from argrpc.benchtool import server as bench_server
 
@@ -69,8 +70,9 @@ SHM_BOUND_S = 2.0
 # 10 s (keepalive_timeout_ms), noticed by the 5 ms sweep; plus scheduling on a busy box.
 KEEPALIVE_BOUND_S = 1.0 + 10.0 + 1.0
 # Over verbs a dead peer may only show through the keepalive; a QP's retries add
-# TF_RDMA_QP_RETRY+1 tries of 4.096 us * 2^TF_RDMA_QP_TIMEOUT (7 x 67 ms at the defaults).
-VERBS_BOUND_S = KEEPALIVE_BOUND_S + 7 * 0.067
+# TF_RDMA_QP_RETRY+1 tries of 4.096 us * 2^TF_RDMA_QP_TIMEOUT (7 x 1.07 s at the defaults).
+VERBS_BOUND_S = KEEPALIVE_BOUND_S + (knob("TF_RDMA_QP_RETRY").default + 1) * 4.096e-6 * \
+    2 ** knob("TF_RDMA_QP_TIMEOUT").default
 SETTLE_S = 10.0          # resources are back within this after the calls ended
 HANG_S = 45.0            # no end by then: a hang (stacks are dumped)
 WITNESS_SIZES = (0, 1000, 8 * K + 1, 4 * M + 1)
