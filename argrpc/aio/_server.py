@@ -398,11 +398,9 @@ class Server(aio.Server):
             return handler
         return self._resolve(HandlerCallDetails(state.method, state))
 
-    async def _find_handler(self, state: RpcState) -> Optional[grpc.RpcMethodHandler]:
+    async def _intercepted_handler(self, state: RpcState) -> Optional[grpc.RpcMethodHandler]:
         """The call's handler through the interceptors (grpc.aio resolves registered
         methods first, both by the possibly rewritten details)."""
-        if not self._interceptors:
-            return self._find_handler_now(state)
         return await intercept(self._interceptors, 0, self._resolve_async,
                                HandlerCallDetails(state.method, state))
 

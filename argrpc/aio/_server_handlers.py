@@ -227,7 +227,7 @@ async def _handle(state: RpcState, handler: grpc.RpcMethodHandler) -> None:
 
 async def _handle_rpc(server: "Server", state: RpcState, refused: bool) -> None:
     handler = server._find_handler_now(state) if not server._interceptors \
-        else await server._find_handler(state)
+        else await server._intercepted_handler(state)
     if handler is None:
         state.status_sent = True
         await state.send_status(_UNIMPLEMENTED, "Method not found!", ())

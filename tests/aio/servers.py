@@ -1,17 +1,15 @@
 """A tests.aio.aio_service process for a test to call (and kill)."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
 from typing import Mapping, Optional
 
-from argrpc.benchtool.chaos import reap
-from tests.support.procs import REPO_ROOT, child_env
+from tests.support.procs import REPO_ROOT, LoggedChild, child_env
 
 
-class AioServer:
+class AioServer(LoggedChild):
     """One tests.aio.aio_service process; `target` is its host:port."""
 
     def __init__(self, stack: str, port: int = 0,
@@ -31,13 +29,3 @@ class AioServer:
             raise RuntimeError(f"{stack} aio server did not start: {line!r}")
         self.port = int(line.split()[1])
         self.target = f"127.0.0.1:{self.port}"
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self) -> None:
-        reap(self.proc, self._log)
-        try:
-            os.unlink(self._log.name)
-        except OSError:
-            pass

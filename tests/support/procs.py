@@ -30,11 +30,29 @@ def child_env(extra: Mapping[str, str] | None = None,
     return env
 
 
+class LoggedChild:
+    """A child process whose stderr goes to a temporary log: kill() reaps it (with the
+    chaos peer's reaper) and removes the log."""
+
+    proc: subprocess.Popen[str]
+    _log: Any
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        reap(self.proc, self._log)
+        try:
+            os.unlink(self._log.name)
+        except OSError:
+            pass
+
+
 class ServerError(RuntimeError):
     """The server process failed to start; carries its ERROR line or log tail."""
 
 
-class ServerProcess:
+class ServerProcess(LoggedChild):
     """One tests.support.echo_server process; `target` is its host:port."""
 
     def __init__(self, stack: str, stubs_dir: str | os.PathLike[str],
@@ -106,16 +124,6 @@ class ServerProcess:
             raise ServerError(f"{self.stack} server gave no report ({line})\n{self.log_tail()}")
         self.proc.wait(timeout=30)
         return json.loads(line.split(" ", 1)[1])
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self) -> None:
-        reap(self.proc, self._log)
-        try:
-            os.unlink(self._log.name)
-        except OSError:
-            pass
 
     def log_tail(self, lines: int = 40) -> str:
         try:
