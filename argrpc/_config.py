@@ -313,6 +313,13 @@ class Config:
         "TF_RDMA_STREAM_WINDOW", "size", 1 * MiB,
         "eager bytes one stream may have unread at the receiver (flow control)",
         lo=64 * KiB, hi=1 * GiB, engine="ConnConfig")
+    keepalive_timeout_ms: int = _knob(
+        "TF_RDMA_KEEPALIVE_TIMEOUT_MS", "int", 10000,
+        "a PING the peer leaves unanswered this long fails the connection and its calls "
+        "(UNAVAILABLE): the peer died where the fabric cannot tell, or it hangs. Anything "
+        "the peer's process writes (a batch, returned ring credits) answers it; raise it "
+        "for peers whose handlers hold the GIL or whose CPUs are starved for longer",
+        lo=1000, hi=3_600_000, what="integer number of milliseconds", engine="ConnConfig")
     zero_copy_min: int = _knob(
         "TF_RDMA_ZERO_COPY_MIN", "size", 1 * MiB,
         "shm only: a received message at least this big is handed to the deserializer "
@@ -408,10 +415,6 @@ class Limits:
     idle_keepalive_ms: int = _fixed(
         2000, "the same for an idle connection on a fabric without a liveness fd (verbs), "
         "so a peer that died between calls is found before the next call", engine=True)
-    keepalive_timeout_ms: int = _fixed(
-        10000, "a PING unanswered this long fails the connection and its calls "
-        "(UNAVAILABLE): the peer died where the fabric cannot tell, or it hangs",
-        engine=True)
     interrupt_poll_ms: int = _fixed(
         50, "a sleeping wait on the main thread runs Python's signal handlers this often",
         engine=True)

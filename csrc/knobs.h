@@ -58,6 +58,12 @@ inline constexpr Knob kReadsInFlight{"TF_RDMA_READS_IN_FLIGHT", 4, 1, 64};
 // control)
 inline constexpr Knob kStreamWindow{"TF_RDMA_STREAM_WINDOW", 1048576, 65536, 1073741824};
 
+// ConnConfig::keepalive_timeout_ms: a PING the peer leaves unanswered this long fails the
+// connection and its calls (UNAVAILABLE): the peer died where the fabric cannot tell, or
+// it hangs. Anything the peer's process writes (a batch, returned ring credits) answers
+// it; raise it for peers whose handlers hold the GIL or whose CPUs are starved for longer
+inline constexpr Knob kKeepaliveTimeoutMs{"TF_RDMA_KEEPALIVE_TIMEOUT_MS", 10000, 1000, 3600000};
+
 // ConnConfig::zero_copy_min: shm only: a received message at least this big is handed to
 // the deserializer as a read-only view of the sender's pool block (one copy fewer); the
 // sender's block returns when the view is released. At most 1/4 of the sender's pool is
@@ -83,10 +89,6 @@ inline constexpr int64_t kKeepaliveMs = 1000;
 // the same for an idle connection on a fabric without a liveness fd (verbs), so a peer
 // that died between calls is found before the next call
 inline constexpr int64_t kIdleKeepaliveMs = 2000;
-
-// a PING unanswered this long fails the connection and its calls (UNAVAILABLE): the peer
-// died where the fabric cannot tell, or it hangs
-inline constexpr int64_t kKeepaliveTimeoutMs = 10000;
 
 // a sleeping wait on the main thread runs Python's signal handlers this often
 inline constexpr int64_t kInterruptPollMs = 50;

@@ -39,7 +39,7 @@ struct ConnConfig {
   // their deadlines. Idle ones do the same after idle_keepalive_ms (0: never).
   uint32_t keepalive_ms = knobs::kKeepaliveMs;
   uint32_t idle_keepalive_ms = knobs::kIdleKeepaliveMs;
-  uint32_t keepalive_timeout_ms = knobs::kKeepaliveTimeoutMs;
+  uint32_t keepalive_timeout_ms = uint32_t(knobs::kKeepaliveTimeoutMs.def);
   // On fabrics that can map the sender's pool (shm), messages at least this big are
   // handed to the reader as a view of the sender's block instead of copied (0: never).
   size_t zero_copy_min = knobs::kZeroCopyMin.def;

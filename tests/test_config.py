@@ -252,7 +252,8 @@ def test_knob_table() -> None:
                      "TF_RDMA_QP_TIMEOUT", "TF_RDMA_QP_RETRY", "TF_RDMA_CQ_DEPTH",
                      "TF_RDMA_CHUNK_SIZE", "TF_RDMA_ACC_SIZE", "TF_RDMA_BUF_SIZE",
                      "TF_RDMA_RING_SIZE", "TF_RDMA_SPIN_US", "TF_RDMA_READS_IN_FLIGHT",
-                     "TF_RDMA_STREAM_WINDOW", "TF_RDMA_ZERO_COPY_MIN", "TF_RDMA_OVER_TLS", "TF_RDMA_MALLOC_TUNING"]
+                     "TF_RDMA_STREAM_WINDOW", "TF_RDMA_KEEPALIVE_TIMEOUT_MS", "TF_RDMA_ZERO_COPY_MIN",
+                     "TF_RDMA_OVER_TLS", "TF_RDMA_MALLOC_TUNING"]
     assert all(len(k) == 3 and all(isinstance(x, str) and x for x in k) for k in _config.KNOBS)
     table = _config.knob_table_markdown()
     lines = table.strip().splitlines()

@@ -127,6 +127,7 @@ ConnConfig conn_config(const py::dict& d) {
   c.stream_window = get_or<size_t>(d, "stream_window", c.stream_window);
   c.max_recv = get_or<int64_t>(d, "max_recv", c.max_recv);
   c.zero_copy_min = get_or<size_t>(d, "zero_copy_min", c.zero_copy_min);
+  c.keepalive_timeout_ms = get_or<uint32_t>(d, "keepalive_timeout_ms", c.keepalive_timeout_ms);
   check_knob(knobs::kRingSize, int64_t(c.ring_size), power_of_two(c.ring_size),
              ": ring_size must be a power of two");
   check_knob(knobs::kAccSize, int64_t(c.acc_size), c.acc_size <= c.ring_size / 4,
@@ -134,6 +135,7 @@ ConnConfig conn_config(const py::dict& d) {
   check_knob(knobs::kChunkSize, int64_t(c.chunk_size));
   check_knob(knobs::kReadsInFlight, c.reads_in_flight);
   check_knob(knobs::kStreamWindow, int64_t(c.stream_window));
+  check_knob(knobs::kKeepaliveTimeoutMs, int64_t(c.keepalive_timeout_ms));
   if (c.zero_copy_min == 0)
     c.zero_copy_min = ~size_t(0);  // off: no message is that big
   else

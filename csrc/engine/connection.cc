@@ -36,9 +36,21 @@ Connection::~Connection() {
 
 void Connection::keepalive(uint64_t now) {
   if (!alive()) return;
+  {
+    // Credits are written by the peer's engine as it consumes our batches: the peer's
+    // process is alive even when none of its own batches got through yet (its ring
+    // toward us full, or a long rendezvous ahead of them).
+    uint64_t bytes = 0, batches = 0;
+    fabric_->peer_consumed(&bytes, &batches);
+    if (batches != peer_consumed_seen_) {
+      peer_consumed_seen_ = batches;
+      last_heard_us_.store(now, std::memory_order_relaxed);
+      last_recv_us_.store(now, std::memory_order_relaxed);
+    }
+  }
   if (ping_sent_us_) {
     if (last_recv_us_.load(std::memory_order_relaxed) >= ping_sent_us_) {
-      ping_sent_us_ = 0;  // answered (any batch will do)
+      ping_sent_us_ = 0;  // answered (any batch or credit will do)
     } else if (now - ping_sent_us_ >= uint64_t(cfg_.keepalive_timeout_ms) * 1000) {
       fail(kUnavailable, "argrpc: peer " + peer_name_ + " did not answer a keepalive for " +
                              (cfg_.keepalive_timeout_ms % 1000

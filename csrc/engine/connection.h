@@ -287,6 +287,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<uint64_t> last_heard_us_{0};  // any completion, ours included
   std::atomic<uint64_t> last_recv_us_{0};   // the last batch from the peer
   uint64_t ping_sent_us_ = 0;  // the oldest unanswered PING (0: none); progress thread only
+  uint64_t peer_consumed_seen_ = 0;  // the peer's returned credits at the last keepalive (same)
   std::vector<uint8_t> scratch_;
   struct Read {
     std::shared_ptr<Pull> pull;

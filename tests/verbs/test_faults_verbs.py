@@ -291,13 +291,6 @@ def test_client_kill_server_keeps_serving_and_frees(verbs_env: None, stubs_dir: 
         server.kill()
 
 
-# Known failure in the Soft-RoCE guest as built on 2026-11-23 (kernel 6.1.0-56): the
-# client's call ends "did not answer a keepalive for 10 s" while the server is alive and
-# busy with the 256 MiB transfer (server log silent). Commit 613b471, which passed CI
-# before, fails the same way in that guest: the keepalive under a slow emulated fabric,
-# not a regression of the code. Not strict: it counts as passing again once fixed.
-@pytest.mark.xfail(strict=False, reason="Soft-RoCE guest: a busy live peer misses the 10 s "
-                   "keepalive during a 256 MiB transfer")
 def test_256mib_unary_echo_byte_exact(rdma: SimpleNamespace, stubs_dir: str) -> None:
     size = 256 * MiB
     server = _server(stubs_dir, env=BIG_ENV)

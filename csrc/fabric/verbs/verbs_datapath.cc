@@ -76,27 +76,15 @@ void VerbsFabric::drain_locked() {
       rest.push_back(q);
       continue;
     }
-    if (q.mw) {
-      const int rc = ibv_bind_mw(ep_->qps_[q.qp].get(), q.mw, &q.bind);
-      if (rc || q.mw->rkey != q.rkey) {
-        set_error(rc ? std::string("ibv_bind_mw failed: ") + std::strerror(rc)
-                     : std::string("ibv_bind_mw gave an rkey other than the one announced"));
-        fail_pending_.store(true);
-        blocked[q.qp] = true;
-        rest.push_back(q);
-        continue;
-      }
-    } else {
-      q.wr.sg_list = q.wr.num_sge ? &q.sge : nullptr;
-      q.wr.next = nullptr;
-      ibv_send_wr* bad = nullptr;
-      if (int rc = ibv_post_send(ep_->qps_[q.qp].get(), &q.wr, &bad)) {
-        set_error(std::string("ibv_post_send(") + tag_name(tag_of(q.wr.wr_id)) + ") failed: " + std::strerror(rc));
-        fail_pending_.store(true);
-        blocked[q.qp] = true;
-        rest.push_back(q);
-        continue;
-      }
+    q.wr.sg_list = q.wr.num_sge ? &q.sge : nullptr;
+    q.wr.next = nullptr;
+    ibv_send_wr* bad = nullptr;
+    if (int rc = ibv_post_send(ep_->qps_[q.qp].get(), &q.wr, &bad)) {
+      set_error(std::string("ibv_post_send(") + tag_name(tag_of(q.wr.wr_id)) + ") failed: " + std::strerror(rc));
+      fail_pending_.store(true);
+      blocked[q.qp] = true;
+      rest.push_back(q);
+      continue;
     }
     --sq_free_[q.qp];
     --queued_on_[q.qp];

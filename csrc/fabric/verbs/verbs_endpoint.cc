@@ -117,6 +117,7 @@ std::unique_ptr<VerbsEndpoint> VerbsEndpoint::create(const ConnConfig& cfg, cons
     ep->psns_.push_back(rd() & 0xffffff);
     ep->qps_.push_back(std::move(qp));
   }
+  if (ep->dom_->windows()) ep->make_bind_qp();
   // One RECV per CQ slot: the peer never has more than cq_slots batches unconsumed
   // and each is reposted as soon as it is polled. No SGE: the data lands by RDMA.
   std::vector<ibv_recv_wr> wrs(cfg.cq_slots);
@@ -129,6 +130,56 @@ std::unique_ptr<VerbsEndpoint> VerbsEndpoint::create(const ConnConfig& cfg, cons
   if (int rc = ibv_post_recv(ep->qps_[0].get(), wrs.data(), &bad))
     throw CoreError(std::string("ibv_post_recv: ") + std::strerror(rc));
   return ep;
+}
+
+// A queue pair connected to itself that only ever executes memory-window binds (see
+// verbs_fabric.h): it sends no packet, so nothing on it is ever retransmitted.
+void VerbsEndpoint::make_bind_qp() {
+  const Api& a = require();
+  bind_cq_.reset(a.create_cq(dom_->ctx(), kBindSlots, nullptr, nullptr, 0));
+  if (!bind_cq_) throw CoreError(errno_text("ibv_create_cq(memory-window binds)"));
+  ibv_qp_init_attr ia{};
+  ia.send_cq = bind_cq_.get();
+  ia.recv_cq = bind_cq_.get();
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = kBindSlots;
+  ia.cap.max_recv_wr = 1;
+  ia.cap.max_send_sge = 1;
+  ia.cap.max_recv_sge = 1;
+  bind_qp_.reset(a.create_qp(dom_->pd(), &ia));
+  if (!bind_qp_) throw CoreError(errno_text("ibv_create_qp(RC, memory-window binds)"));
+  ibv_qp_attr at{};
+  at.qp_state = IBV_QPS_INIT;
+  at.port_num = static_cast<uint8_t>(sel_.port);
+  at.qp_access_flags = 0;
+  if (a.modify_qp(bind_qp_.get(), &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0)
+    throw CoreError(errno_text("ibv_modify_qp(INIT, memory-window binds)"));
+  at = ibv_qp_attr{};
+  at.qp_state = IBV_QPS_RTR;
+  at.path_mtu = static_cast<ibv_mtu>(sel_.mtu_enum);
+  at.dest_qp_num = bind_qp_->qp_num;
+  at.ah_attr.port_num = static_cast<uint8_t>(sel_.port);
+  at.ah_attr.dlid = static_cast<uint16_t>(sel_.lid);
+  if (sel_.link_layer == "Ethernet") {
+    at.ah_attr.is_global = 1;
+    std::memcpy(at.ah_attr.grh.dgid.raw, sel_.gid_raw, 16);
+    at.ah_attr.grh.sgid_index = static_cast<uint8_t>(sel_.gid_index);
+    at.ah_attr.grh.hop_limit = 1;
+  }
+  at.min_rnr_timer = 12;
+  if (a.modify_qp(bind_qp_.get(), &at,
+                  IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                      IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0)
+    throw CoreError(errno_text("ibv_modify_qp(RTR, memory-window binds)"));
+  at = ibv_qp_attr{};
+  at.qp_state = IBV_QPS_RTS;
+  at.timeout = 14;
+  at.retry_cnt = 1;
+  at.rnr_retry = 1;
+  if (a.modify_qp(bind_qp_.get(), &at,
+                  IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                      IBV_QP_MAX_QP_RD_ATOMIC) != 0)
+    throw CoreError(errno_text("ibv_modify_qp(RTS, memory-window binds)"));
 }
 
 std::string VerbsEndpoint::blob() const {

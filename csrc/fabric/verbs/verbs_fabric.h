@@ -10,9 +10,12 @@
 // device context, the PD and the pool's registrations, shared by every connection.
 // Remote access: the ring and mailbox are remote-writable (QP 0 only). The pool has no
 // remote rights of its own: each block announced in an RTS gets a type 1 memory window
-// (remote read of exactly that block, a fresh rkey per bind), bound on QP 0 before the
-// RTS is written on QP 0 and unbound at the FIN; a failed connection deallocates its
-// windows. A device without memory windows falls back to a remote-readable pool, which
+// (remote read of exactly that block, a fresh rkey per bind), bound and completed before
+// the RTS is written and unbound at the FIN; a failed connection deallocates its windows.
+// Binds go to a queue pair of their own, connected to itself, which never sends a
+// packet: Soft-RoCE replays the local operations still in a send queue when it
+// retransmits that queue's remote ones, and a replayed bind (its rkey already advanced)
+// fails and leaves the queue pair hung. A device without memory windows falls back to a remote-readable pool, which
 // the set-up log and `argrpc doctor` say.
 // One .cc per concern (registration, QP set-up, data path, remote access); each group
 // below names the file that defines it.
@@ -107,14 +110,16 @@ class VerbsEndpoint {
  private:
   friend class VerbsFabric;
   VerbsEndpoint() = default;
+  void make_bind_qp();
   ConnConfig cfg_;
   VerbsConfig vcfg_;
   Selection sel_;
   std::shared_ptr<VerbsDomain> dom_;
   Mapping ring_mem_, mbox_mem_;
   Chan chan_;
-  Cq cq_;
+  Cq cq_, bind_cq_;
   Mr ring_mr_, mbox_mr_;
+  Qp bind_qp_;           // memory-window binds only (when the domain uses windows)
   std::vector<Qp> qps_;  // destroyed first (declared last)
   std::vector<uint32_t> psns_;
   uint32_t sq_depth_ = 0, max_inline_ = 0, max_msg_ = 0, rd_atom_ = 0, init_rd_atom_ = 0;
@@ -154,13 +159,10 @@ class VerbsFabric final : public Fabric {
   void shutdown() override;
 
  private:
-  struct Queued {  // a send WR (or a window bind, if mw) waiting for send-queue room
+  struct Queued {  // a send WR waiting for send-queue room
     int qp;
     ibv_send_wr wr;
     ibv_sge sge;
-    ibv_mw* mw = nullptr;
-    ibv_mw_bind bind{};
-    uint32_t rkey = 0;  // the rkey that bind is expected to give
   };
   struct Window {
     Mw mw;

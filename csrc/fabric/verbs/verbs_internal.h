@@ -26,6 +26,8 @@ constexpr size_t kMboxBytes = 4096;
 constexpr size_t kCreditArea = 4096;  // staging tail: credit-write sources
 constexpr int kCreditSlots = 8;       // > kCreditInflight: a slot is reused only after it completed
 constexpr int kCreditInflight = 4;
+constexpr int kBindSlots = 4;             // binds are waited for one at a time
+constexpr uint64_t kBindWaitUs = 1000000;  // a window bind that has not completed by then failed
 
 // verbs_register.cc
 Mapping map_anon(size_t n, const char* what);

@@ -1,6 +1,9 @@
 // Remote access to the pool: a type 1 memory window bound over each announced block and
 // unbound at its FIN, and at shutdown the revocation of everything the peer could reach.
+#include <sched.h>
 #include <cstring>
+
+#include "common/clock.h"
 
 #include "common/error.h"
 #include "fabric/verbs/verbs_fabric.h"
@@ -54,16 +57,15 @@ void VerbsFabric::unexpose(const Block& b) {
   if (it == bound_.end() || shut_.load()) return;
   const size_t idx = it->second;
   bound_.erase(it);
-  // A zero-length bind invalidates the window (and its rkey); a later bind of the
-  // same window comes after it on QP 0's send queue.
+  // A zero-length bind invalidates the window (and its rkey) before it is reused.
   ibv_mr* mr = nullptr;
   if (ep_->dom_->pool_keys(b.data(), b.size(), nullptr, nullptr, nullptr, &mr) &&
       bind_locked(windows_[idx], mr, b.data(), 0))
     free_windows_.push_back(idx);
 }
 
-// Binds on QP 0, the queue that also carries the RTS: the send queue runs in order, so
-// the window is in place before the peer can learn its rkey.
+// Binds on the bind-only queue pair and waits for the completion, so the window is in
+// place before the caller writes the RTS that announces its rkey.
 bool VerbsFabric::bind_locked(Window& w, ibv_mr* mr, const void* addr, size_t len) {
   ibv_mw_bind mb{};
   mb.wr_id = tag_id(kTagBind);
@@ -72,26 +74,25 @@ bool VerbsFabric::bind_locked(Window& w, ibv_mr* mr, const void* addr, size_t le
   mb.bind_info.addr = reinterpret_cast<uintptr_t>(addr);
   mb.bind_info.length = len;
   mb.bind_info.mw_access_flags = len ? IBV_ACCESS_REMOTE_READ : 0;
-  // Providers give each bind ibv_inc_rkey of the window's current rkey.
-  const uint32_t next = ibv_inc_rkey(w.rkey);
-  if (sq_free_[0] > 0 && queued_on_[0] == 0) {
-    if (int rc = ibv_bind_mw(ep_->qps_[0].get(), w.mw.get(), &mb)) {
-      set_error(std::string("ibv_bind_mw failed: ") + std::strerror(rc));
-      fail_pending_.store(true);
-      return false;
-    }
-    --sq_free_[0];
-    w.rkey = w.mw->rkey;
-    return true;
+  if (int rc = ibv_bind_mw(ep_->bind_qp_.get(), w.mw.get(), &mb)) {
+    set_error(std::string("ibv_bind_mw failed: ") + std::strerror(rc));
+    fail_pending_.store(true);
+    return false;
   }
-  Queued q{};
-  q.qp = 0;
-  q.mw = w.mw.get();
-  q.bind = mb;
-  q.rkey = next;
-  queued_.push_back(q);
-  ++queued_on_[0];
-  w.rkey = next;
+  // A local operation: Soft-RoCE completes it inside the post, hardware within
+  // microseconds; the bound only guards against a device that never answers.
+  ibv_wc wc{};
+  int n = 0;
+  const uint64_t until = now_us() + kBindWaitUs;
+  while ((n = ibv_poll_cq(ep_->bind_cq_.get(), 1, &wc)) == 0 && now_us() < until) sched_yield();
+  if (n != 1 || wc.status != IBV_WC_SUCCESS) {
+    set_error(n < 0    ? std::string("ibv_poll_cq failed on the memory-window queue")
+              : n == 0 ? std::string("a memory window bind did not complete within 1 s")
+                       : std::string("memory window bind failed: ") + api()->wc_status_str(wc.status));
+    fail_pending_.store(true);
+    return false;
+  }
+  w.rkey = w.mw->rkey;
   return true;
 }
 

@@ -1,0 +1,108 @@
+"""Host B of the two-host tests: runs the conformance echo server and obeys host A.
+
+    ../shared/softroce/run-in-rxe-pair.sh --b-ready .pair-ctrl/ready -- \
+        python3 -m tests.pair.host_b -- python3 -m pytest -q tests/pair
+
+B serves `tests.support.echo_server` (argrpc, no TF_RDMA_* transport set, so the choice
+is automatic) on 0.0.0.0:PORT. A drives B through files in a directory both guests share
+(the run's working directory): A writes `cmd-<n>` holding one command, B answers with
+`ack-<n>` holding JSON. Commands:
+
+    kill9        SIGKILL the server process (mid-call, if A has one running)
+    start        start a server again (after kill9)
+    pool         the server's engine pool stats and connection count
+    busy <n>     start n processes that keep the CPU busy
+    calm         stop them
+    poweroff     answer, then power the whole guest off at once (sysrq 'o')
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.pair import CTRL_DIR, PORT, SERVER_ENV
+from tests.support import stubs as stubgen
+from tests.support.clients import UNLIMITED_SERVER_ARGS
+from tests.support.procs import ServerProcess
+
+POLL_S = 0.05
+
+
+def _start(stubs_dir: Path) -> ServerProcess:
+    return ServerProcess("argrpc", stubs_dir,
+                         ["--host", "0.0.0.0", "--port", str(PORT), *UNLIMITED_SERVER_ARGS],
+                         SERVER_ENV, start_timeout=180)
+
+
+def _pool(server: ServerProcess | None) -> dict[str, Any]:
+    if server is None or not server.alive():
+        return {"error": "no server running"}
+    server.command("pool")
+    return json.loads(server.expect(("POOL",), timeout=60).split(" ", 1)[1])
+
+
+def main() -> int:
+    ctrl = Path(CTRL_DIR)
+    ctrl.mkdir(exist_ok=True)
+    for old in ctrl.iterdir():
+        old.unlink()
+    stubs_dir = stubgen.generate(tempfile.mkdtemp(prefix="echo-stubs-"))
+    server: ServerProcess | None = _start(stubs_dir)
+    burners: list[subprocess.Popen[bytes]] = []
+    (ctrl / "ready").write_text(json.dumps({"pid": server.proc.pid}))
+    print(f"host B serving on port {PORT} (pid {server.proc.pid})", flush=True)
+    n = 0
+    while True:
+        cmd_file = ctrl / f"cmd-{n}"
+        if not cmd_file.exists():
+            time.sleep(POLL_S)
+            continue
+        words = cmd_file.read_text().split()
+        answer: dict[str, Any] = {"cmd": words}
+        try:
+            if words[0] == "kill9":
+                assert server is not None
+                os.kill(server.proc.pid, signal.SIGKILL)
+                server.proc.wait(timeout=60)
+                answer["killed"] = server.proc.pid
+                server = None
+            elif words[0] == "start":
+                server = _start(stubs_dir)
+                answer["pid"] = server.proc.pid
+            elif words[0] == "pool":
+                answer["pool"] = _pool(server)
+            elif words[0] == "busy":
+                for _ in range(int(words[1])):
+                    burners.append(subprocess.Popen(["sh", "-c", "while :; do :; done"]))
+                answer["burners"] = len(burners)
+            elif words[0] == "calm":
+                for b in burners:
+                    b.kill()
+                    b.wait()
+                burners.clear()
+            elif words[0] == "poweroff":
+                (ctrl / f"ack-{n}").write_text(json.dumps(answer))
+                time.sleep(0.2)
+                # sysrq 'o': the guest's power goes at once; no process, socket or queue
+                # pair gets to say goodbye.
+                Path("/proc/sys/kernel/sysrq").write_text("1")
+                Path("/proc/sysrq-trigger").write_text("o")
+                time.sleep(60)
+                return 1
+            else:
+                answer["error"] = f"unknown command {words[0]!r}"
+        except Exception as e:  # noqa: BLE001 - reported to A, which fails the test
+            answer["error"] = f"{type(e).__name__}: {e}"
+        (ctrl / f"ack-{n}").write_text(json.dumps(answer))
+        n += 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
