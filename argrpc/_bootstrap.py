@@ -161,15 +161,16 @@ def negotiation(cfg: Config, max_recv: int, secure: bool, target: str) -> Steps:
         skipped = {t.name: t.why_unavailable(cfg) for t in selected(cfg)
                    if not t.same_host_only}
         if all(skipped.values()):
-            return (yield from _ask(cfg, max_recv, skipped))[0]
+            return (yield from _ask(cfg, max_recv, target, skipped))[0]
         first, declined = yield from _ask(
-            cfg, max_recv, {name: why or _DEFERRED_REASON for name, why in skipped.items()})
+            cfg, max_recv, target,
+            {name: why or _DEFERRED_REASON for name, why in skipped.items()})
         if not declined:
             return first
-    return (yield from _ask(cfg, max_recv))[0]
+    return (yield from _ask(cfg, max_recv, target))[0]
 
 
-def _ask(cfg: Config, max_recv: int, skipped: dict[str, str] | None = None
+def _ask(cfg: Config, max_recv: int, target: str, skipped: dict[str, str] | None = None
          ) -> Generator[Any, Any, tuple[Negotiation, bool]]:
     """One bootstrap RPC, offering every selected transport except `skipped` (name: why
     not); also whether the server answered and declined."""
@@ -181,7 +182,7 @@ def _ask(cfg: Config, max_recv: int, skipped: dict[str, str] | None = None
             t.decline(request, why)
             continue
         try:
-            offers[t.name] = t.offer(request, cfg, max_recv)
+            offers[t.name] = t.offer(request, cfg, max_recv, target=target)
         except Unavailable as e:
             if cfg.transport == t.name:
                 return _fallback(cfg, f"this host: {e}"), False

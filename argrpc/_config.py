@@ -247,7 +247,9 @@ class Config:
         "RDMA device used by the verbs fabric; a named device that is missing or has no "
         "ACTIVE port is an error, not a fallback",
         what="non-empty RDMA device name such as mlx5_0",
-        default_text="`mlx5_0` if present, else the first device with an ACTIVE port")
+        default_text="the device whose GID carries this host's address on the route to the "
+                     "peer; without one, `mlx5_0` if present, else the first device with an "
+                     "ACTIVE port")
     port_num: int | None = _knob(
         "TF_RDMA_PORT_NUM", "int", None,
         "port of the RDMA device (verbs only); a named port that is not ACTIVE is an error",
@@ -256,7 +258,8 @@ class Config:
         "TF_RDMA_GID_INDEX", "int", None,
         "GID table index used as the source address of the verbs queue pairs",
         lo=0, hi=65535, what="GID table index",
-        auto="RoCEv2 with an IPv4-mapped address, else RoCEv2, else RoCEv1, else "
+        auto="the RoCE GID holding this host's address on the route to the peer; without "
+             "one, RoCEv2 with an IPv4-mapped address, else RoCEv2, else RoCEv1, else "
              "InfiniBand (LID)")
     qps: int = _knob(
         "TF_RDMA_QPS", "int", 2,
@@ -265,14 +268,16 @@ class Config:
         "spreading in use at half the queue pairs of 4)",
         lo=1, hi=16, engine="VerbsConfig")
     qp_timeout: int = _knob(
-        "TF_RDMA_QP_TIMEOUT", "int", 14,
+        "TF_RDMA_QP_TIMEOUT", "int", 18,
         "verbs local ACK timeout exponent: a queue pair waits 4.096 µs × 2^value for an "
-        "acknowledgement before it retries (14: 67 ms); raise it on a slow or lossy link",
+        "acknowledgement before it retries (18: 1.07 s). A busy peer host acks late (two "
+        "loaded Soft-RoCE hosts exceeded 7 × 67 ms, the value 14 gives): lower it only "
+        "where acks are prompt, to find dead peers sooner",
         lo=1, hi=31, engine="VerbsConfig")
     qp_retry: int = _knob(
         "TF_RDMA_QP_RETRY", "int", 6,
         "verbs transport and RNR retries before a send fails; with the timeout they bound "
-        "how long a dead peer's connection takes to fail (7 × 67 ms at the defaults; 7 "
+        "how long a dead peer's connection takes to fail (7 × 1.07 s at the defaults; 7 "
         "makes RNR retries endless, leaving it to the keepalive)",
         lo=0, hi=7, engine="VerbsConfig")
     cq_depth: int = _knob(

@@ -3,7 +3,8 @@
 It answers "RDMA silently not used": what the kernel and libibverbs see (devices, ports,
 states, MTUs, GID tables), whether memory can be registered (the memlock limit against
 TF_RDMA_BUF_SIZE), which device/port/GID argrpc would pick and why, and, for a target,
-which transport an argrpc channel gets and why. Every probe is guarded: on a host with
+the device/port/GID chosen by the route to it and which transport an argrpc channel gets
+and why. Every probe is guarded: on a host with
 no RDMA at all (or without argrpc's engine) the report says what is missing instead of
 failing.
 """
@@ -159,6 +160,21 @@ def _target_report(target: str, transport: str | None) -> dict[str, Any]:
     return out
 
 
+def _target_selection(core: Any, cfg: _config.Config, target: str) -> dict[str, Any]:
+    """The device/port/GID a channel to `target` picks: by the route to its address."""
+    from argrpc._transports.verbs import target_address
+
+    address = target_address(target)
+    if not address:
+        return {"error": f"{target!r} names no host that resolves to an IP address"}
+    try:
+        sel = dict(core.verbs_select(cfg.dev_name, cfg.port_num, cfg.gid_index, peer=address))
+    except Exception as e:  # noqa: BLE001 - CoreError names what it looked at
+        return {"error": str(e), "peer": address}
+    sel["peer"] = address
+    return sel
+
+
 def collect(target: str | None = None, transport: str | None = None) -> dict[str, Any]:
     """Everything the report shows, as plain data (`argrpc doctor --json` prints it)."""
     import argrpc
@@ -216,6 +232,8 @@ def collect(target: str | None = None, transport: str | None = None) -> dict[str
     report["selection"] = selection
     if target:
         report["target"] = _target_report(target, transport)
+        if cfg is not None and "error" not in selection:
+            report["target"]["selection"] = _target_selection(core, cfg, target)
     return report
 
 
@@ -275,15 +293,7 @@ def render(report: dict[str, Any]) -> str:
     add(f"  {'OK' if m['ok'] else 'PROBLEM'}: {m['verdict']}")
 
     add("")
-    sel = report["selection"]
-    if "error" in sel:
-        add(f"verbs selection: none: {sel['error']}")
-    else:
-        add(f"verbs selection: device {sel.get('device')} port {sel.get('port')} "
-            f"GID[{sel.get('gid_index')}] {sel.get('gid')} ({sel.get('gid_type')}), "
-            f"MTU {sel.get('mtu')}, link layer {sel.get('link_layer')}, LID {sel.get('lid')}")
-        if sel.get("why"):
-            add(f"  why: {sel['why']}")
+    _render_selection(add, "verbs selection", report["selection"], "")
 
     t = report.get("target")
     if t:
@@ -294,10 +304,26 @@ def render(report: dict[str, Any]) -> str:
                                 if t.get(f"client_{name}_reason"))
             add(f"  this client offers: {', '.join(t['offered']) or 'nothing'}"
                 + (f" ({why_not})" if why_not else ""))
+        if "selection" in t:
+            peer = t["selection"].get("peer")
+            _render_selection(add, "verbs selection" + (f" for {peer}" if peer else ""),
+                              t["selection"], "  ")
         add(f"  transport: {t['transport']}")
         if t.get("reason"):
             add(f"  why not a fast transport: {t['reason']}")
     return "\n".join(lines) + "\n"
+
+
+def _render_selection(add: Any, title: str, sel: dict[str, Any], indent: str) -> None:
+    if "error" in sel:
+        add(f"{indent}{title}: none: {sel['error']}")
+        return
+    netdev = f" on {sel['netdev']}" if sel.get("netdev") else ""
+    add(f"{indent}{title}: device {sel.get('device')} port {sel.get('port')} "
+        f"GID[{sel.get('gid_index')}] {sel.get('gid')} ({sel.get('gid_type')}){netdev}, "
+        f"MTU {sel.get('mtu')}, link layer {sel.get('link_layer')}, LID {sel.get('lid')}")
+    if sel.get("why"):
+        add(f"{indent}  why: {sel['why']}")
 
 
 def run(target: str | None, transport: str | None, as_json: bool) -> int:

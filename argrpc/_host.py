@@ -8,7 +8,7 @@ import ipaddress
 import os
 import socket
 
-__all__ = ["HostIdentity", "local_identity", "same_host_reason", "target_is_local"]
+__all__ = ["HostIdentity", "local_identity", "same_host_reason", "target_host", "target_is_local"]
 
 _BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 _NETNS_PATH = "/proc/self/ns/net"
@@ -72,7 +72,7 @@ def same_host_reason(local: HostIdentity, peer: HostIdentity) -> str:
     return ""
 
 
-def _target_host(target: str) -> str:
+def target_host(target: str) -> str:
     """The host part of a gRPC target ("" if there is none)."""
     t = target.strip()
     if t.startswith("unix:") or t.startswith("unix-abstract:"):
@@ -94,7 +94,7 @@ def _target_host(target: str) -> str:
 def target_is_local(target: str) -> bool:
     """Whether a gRPC target names this host: "localhost", this host's name, or an
     address bound here. No DNS lookup is made for other names (they count as remote)."""
-    host = _target_host(target)
+    host = target_host(target)
     if not host:
         return False
     if host.lower() in ("localhost", "localhost.localdomain") or host == socket.gethostname():

@@ -17,6 +17,7 @@ from argrpc import _proto
 from argrpc._bootstrap import FastPathListener, negotiate
 from argrpc._config import Config
 from argrpc._transports import shm, verbs
+from argrpc._transports.base import Unavailable
 from argrpc._transports.verbs import VerbsUnavailable
 from argrpc._host import HostIdentity, local_identity, target_is_local
 
@@ -66,7 +67,7 @@ class FakeVerbsEngine:
         return conn
 
 
-def no_device(cfg: Config) -> dict:
+def no_device(cfg: Config, **route: str) -> dict:
     raise VerbsUnavailable("no RDMA device (test)")
 
 
@@ -74,12 +75,13 @@ OTHER_HOST = HostIdentity("boot-other", 4026531840, "srv", os.getuid(), 1)
 
 
 def verbs_request(transports: tuple[str, ...] = ("shm", "verbs"), blob: bytes = b"client-blob",
-                  host: HostIdentity | None = None) -> Any:
+                  host: HostIdentity | None = None, gid: str = "::ffff:127.0.0.1",
+                  gid_type: str = "RoCEv2") -> Any:
     req = _proto.NegotiateRequest(version=1, transports=list(transports))
     (host or local_identity()).to_proto(req.host)
     if "verbs" in transports:
-        req.verbs.CopyFrom(_proto.VerbsEndpoint(blob=blob, device="rxe0", port=1,
-                                                gid="::ffff:127.0.0.1", gid_type="RoCEv2", pid=7))
+        req.verbs.CopyFrom(_proto.VerbsEndpoint(blob=blob, device="rxe0", port=1, gid=gid,
+                                                gid_type=gid_type, pid=7, gid_index=1))
     return req
 
 
@@ -88,7 +90,8 @@ def make_listener() -> Iterator[Any]:
     made: list[FastPathListener] = []
 
     def make(cfg: Config = Config(), host: HostIdentity | None = None, engine: Any = None,
-             select: Any = lambda cfg: dict(SEL)) -> tuple[FastPathListener, FakeVerbsEngine]:
+             select: Any = lambda cfg, **route: dict(SEL)
+             ) -> tuple[FastPathListener, FakeVerbsEngine]:
         eng = engine or FakeVerbsEngine("server")
         lst = FastPathListener("core-server", cfg, 4 * MiB, host=host or local_identity(),
                                engine_factory=lambda: eng,
@@ -184,7 +187,8 @@ def served(make_listener: Any) -> Iterator[Any]:
 def _client_verbs(monkeypatch: pytest.MonkeyPatch, usable: bool = True) -> FakeVerbsEngine:
     eng = FakeVerbsEngine("client")
     monkeypatch.setattr(verbs, "get_engine", lambda cfg: eng)
-    monkeypatch.setattr(verbs, "verbs_probe", (lambda cfg: dict(SEL)) if usable else no_device)
+    monkeypatch.setattr(verbs, "verbs_probe",
+                        (lambda cfg, **route: dict(SEL)) if usable else no_device)
     return eng
 
 
@@ -295,3 +299,115 @@ def _spy(fn: Any, seen: list[Any]) -> Any:
         seen.append(request)
         return fn(request, *args, **kwargs)
     return wrapped
+
+
+# ------------------------------------------------------------------ route and GID types
+
+class RecordingSelect:
+    """A device stand-in that answers `sel` and records what each end asked it."""
+
+    def __init__(self, sel: dict | None = None) -> None:
+        self.sel = dict(sel or SEL)
+        self.calls: list[dict[str, str]] = []
+
+    def __call__(self, cfg: Config, **route: str) -> dict:
+        self.calls.append(route)
+        return dict(self.sel)
+
+
+@pytest.mark.parametrize("gid,gid_type,address", [
+    ("::ffff:192.0.2.1", "RoCEv2", "192.0.2.1"),  # IPv4-mapped: routed as IPv4
+    ("2001:db8::1", "RoCEv2", "2001:db8::1"),
+    ("fe80::2:c903:0:1", "IB", ""),  # an IB GID carries no IP address: no route
+])
+def test_server_selects_by_the_route_to_the_clients_gid(make_listener: Any, gid: str,
+                                                         gid_type: str, address: str) -> None:
+    select = RecordingSelect({**SEL, "gid": gid, "gid_type": gid_type})
+    lst, eng = make_listener(host=OTHER_HOST, select=select)
+    resp = lst.decide(verbs_request(gid=gid, gid_type=gid_type))
+    assert resp.transport == "verbs", resp.reason
+    assert select.calls == [{"peer": address, "gid_type": gid_type}]
+    assert resp.verbs.gid_index == 1 and resp.verbs.HasField("gid_index")
+
+
+def test_server_caches_its_choice_per_client_address(make_listener: Any) -> None:
+    select = RecordingSelect()
+    lst, eng = make_listener(host=OTHER_HOST, select=select)
+    for _ in range(3):
+        assert lst.decide(verbs_request()).transport == "verbs"
+    assert lst.decide(verbs_request(gid="::ffff:127.0.0.2")).transport == "verbs"
+    assert [c["peer"] for c in select.calls] == ["127.0.0.1", "127.0.0.2"]
+    assert len(eng.attached) == 4
+
+
+@pytest.mark.parametrize("server_gid,server_type,client_gid,client_type,kinds", [
+    ("fe80::2", "RoCEv2", "::ffff:127.0.0.1", "RoCEv2",
+     ("::ffff:127.0.0.1 (RoCEv2 over IPv4)", "fe80::2 (RoCEv2 over IPv6)")),
+    ("fe80::2:c903:0:1", "IB", "::ffff:127.0.0.1", "RoCEv2",
+     ("::ffff:127.0.0.1 (RoCEv2 over IPv4)", "fe80::2:c903:0:1 (IB)")),
+    ("::ffff:10.0.0.1", "RoCEv2", "::ffff:10.0.0.2", "RoCEv1",
+     ("::ffff:10.0.0.2 (RoCEv1)", "::ffff:10.0.0.1 (RoCEv2 over IPv4)")),
+])
+def test_gid_type_mismatch_is_declined_naming_both_ends(
+        make_listener: Any, server_gid: str, server_type: str, client_gid: str,
+        client_type: str, kinds: tuple[str, str]) -> None:
+    lst, eng = make_listener(host=OTHER_HOST, select=RecordingSelect(
+        {**SEL, "gid": server_gid, "gid_type": server_type}))
+    resp = lst.decide(verbs_request(gid=client_gid, gid_type=client_type))
+    assert resp.transport == "none"
+    assert (f"client rxe0 port 1 GID 1 {kinds[0]}, server rxe0 port 1 GID 1 {kinds[1]}"
+            in resp.reason), resp.reason
+    assert not eng.endpoints and not eng.attached  # decided before any queue pair exists
+
+
+def test_gid_type_mismatch_is_the_channels_fallback_reason(make_listener: Any, served: Any,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    client = _client_verbs(monkeypatch)
+    lst, _ = make_listener(select=RecordingSelect({**SEL, "gid": "fe80::2", "gid_index": 0}))
+    with grpc.insecure_channel(served(lst)) as ch:
+        n = negotiate(ch, Config(transport="verbs"), 4 * MiB, 5.0)
+    assert n.transport == "grpc" and not client.attached
+    assert n.forced_error.startswith(
+        "TF_RDMA_TRANSPORT=verbs but RDMA verbs is not possible: server: verbs: the two ends' "
+        "GIDs are of different types and cannot reach each other: client rxe0 port 1 GID 1 "
+        "::ffff:127.0.0.1 (RoCEv2 over IPv4), server rxe0 port 1 GID 0 fe80::2 (RoCEv2 over "
+        "IPv6)"), n.forced_error
+
+
+def test_client_refuses_a_server_gid_of_another_type() -> None:
+    """A server that did not check (an older one) answered with a GID the client's
+    queue pairs cannot reach: the client says so instead of attaching."""
+    engine = FakeVerbsEngine("client")
+    offer = verbs._Offer(engine, FakeVerbsEndpoint("client", 1), verbs._endpoint_info(SEL, b"c"))
+    resp = _proto.NegotiateResponse(transport="verbs", verbs=_proto.VerbsEndpoint(
+        blob=b"s", device="mlx5_1", port=2, gid="2001:db8::5", gid_type="RoCEv2"))
+    with pytest.raises(Unavailable, match=r"client rxe0 port 1 GID 1 ::ffff:127.0.0.1 \(RoCEv2 "
+                                          r"over IPv4\), server mlx5_1 port 2 GID \? 2001:db8::5"):
+        verbs.VERBS.attach(offer, resp, Config(), 4 * MiB)
+    assert not engine.attached
+
+
+@pytest.mark.parametrize("target,address", [
+    ("192.0.2.2:50051", "192.0.2.2"), ("[2001:db8::2]:50051", "2001:db8::2"),
+    ("dns:///192.0.2.2:443", "192.0.2.2"), ("ipv4:192.0.2.2:1,192.0.2.3:1", "192.0.2.2"),
+    ("ipv6:[::1]:1", "::1"), ("", ""),
+])
+def test_target_address(target: str, address: str) -> None:
+    assert verbs.target_address(target) == address
+
+
+def test_target_address_resolves_a_name() -> None:
+    assert verbs.target_address("localhost:50051") in ("127.0.0.1", "::1")
+
+
+@pytest.mark.parametrize("target,peer", [("192.0.2.2:50051", "192.0.2.2"), ("", "")])
+def test_client_selects_by_the_route_to_its_target(monkeypatch: pytest.MonkeyPatch, target: str,
+                                                   peer: str) -> None:
+    eng = FakeVerbsEngine("client")
+    select = RecordingSelect()
+    monkeypatch.setattr(verbs, "get_engine", lambda cfg: eng)
+    monkeypatch.setattr(verbs, "verbs_probe", select)
+    request = _proto.NegotiateRequest()
+    verbs.VERBS.offer(request, Config(), 4 * MiB, target=target)
+    assert select.calls == [{"peer": peer}]
+    assert request.verbs.gid_index == 1 and request.verbs.HasField("gid_index")

@@ -131,3 +131,23 @@ def test_render_lists_devices_ports_and_gids() -> None:
     assert "GID[1] ::ffff:127.0.0.1  RoCEv2" in text
     assert "verbs selection: device rxe0 port 1 GID[1] ::ffff:127.0.0.1 (RoCEv2)" in text
     assert "why: first device with an ACTIVE port" in text
+
+
+def test_render_shows_the_choice_for_a_target() -> None:
+    # With --target, the device/port/GID chosen by the route to the target's address.
+    report = _doctor.collect()
+    report["target"] = {"target": "192.0.2.2:50051", "offered": ["verbs"], "transport": "verbs",
+                        "reason": "", "client_shm_reason": "", "client_verbs_reason": "",
+                        "selection": {
+                            "device": "mlx5_1", "port": 1, "gid_index": 3,
+                            "gid": "::ffff:192.0.2.1", "gid_type": "RoCEv2", "mtu": 4096,
+                            "link_layer": "Ethernet", "lid": 0, "netdev": "eth1",
+                            "peer": "192.0.2.2",
+                            "why": "device mlx5_1, port 1, GID 3: RoCEv2 ::ffff:192.0.2.1 (eth1), "
+                                   "this host's address on the route to 192.0.2.2"}}
+    text = _doctor.render(report)
+    assert ("  verbs selection for 192.0.2.2: device mlx5_1 port 1 GID[3] ::ffff:192.0.2.1 "
+            "(RoCEv2) on eth1, MTU 4096") in text
+    assert "    why: device mlx5_1, port 1, GID 3: RoCEv2" in text
+    report["target"]["selection"] = {"error": "'x:1' names no host that resolves to an IP address"}
+    assert "  verbs selection: none: 'x:1' names no host" in _doctor.render(report)

@@ -124,9 +124,9 @@ class Transport(abc.ABC):
         creates nothing)."""
 
     @abc.abstractmethod
-    def offer(self, request: Any, cfg: Config, max_recv: int) -> Any:
+    def offer(self, request: Any, cfg: Config, max_recv: int, target: str = "") -> Any:
         """Add the client's offer to `request`; return what `attach` needs of it.
-        Raises Unavailable."""
+        `target`: the channel's ("" if unknown). Raises Unavailable."""
 
     def decline(self, request: Any, reason: str) -> None:
         """Tell the server in `request` why this client does not offer the transport,

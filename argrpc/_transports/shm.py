@@ -37,7 +37,7 @@ class Shm(Transport):
     def why_unavailable(self, cfg: Config) -> str:
         return ""
 
-    def offer(self, request: Any, cfg: Config, max_recv: int) -> None:
+    def offer(self, request: Any, cfg: Config, max_recv: int, target: str = "") -> None:
         request.transports.append(self.name)
 
     def attach(self, offer: None, response: Any, cfg: Config, max_recv: int) -> Any:

@@ -24,15 +24,20 @@ namespace {
 py::dict selection_dict(const verbs::Selection& s) {
   return py::dict("device"_a = s.device, "port"_a = s.port, "gid_index"_a = s.gid_index, "gid"_a = s.gid,
                   "gid_type"_a = s.gid_type, "mtu"_a = s.mtu, "link_layer"_a = s.link_layer, "lid"_a = s.lid,
-                  "why"_a = s.why);
+                  "netdev"_a = s.netdev, "why"_a = s.why);
 }
 
+std::string opt_str(const py::object& o) { return o.is_none() ? "" : o.cast<std::string>(); }
+
 verbs::Selection selection_arg(const py::dict& d) {
-  // Re-selected from the names so the raw GID and port facts are current.
+  // Re-selected from the names so the raw GID and port facts are current; how they were
+  // chosen (e.g. by the route to the peer) is the caller's `why`, not "named".
   const std::string dev = d.contains("device") && !d["device"].is_none() ? d["device"].cast<std::string>() : "";
   const int port = d.contains("port") && !d["port"].is_none() ? d["port"].cast<int>() : 0;
   const int gid = d.contains("gid_index") && !d["gid_index"].is_none() ? d["gid_index"].cast<int>() : -1;
-  return verbs::select(dev, port, gid);
+  verbs::Selection s = verbs::select(dev, port, gid);
+  if (d.contains("why") && !d["why"].is_none()) s.why = d["why"].cast<std::string>();
+  return s;
 }
 
 py::list devices_list() {
@@ -61,12 +66,13 @@ void add_verbs(py::module_& m, py::class_<PyEngine>& engine) {
   m.def("verbs_status", [] { return verbs::status(); });
   m.def("verbs_devices", [] { return devices_list(); });
   m.def("verbs_select",
-        [](py::object dev, py::object port, py::object gid_index) {
-          return selection_dict(verbs::select(dev.is_none() ? "" : dev.cast<std::string>(),
-                                              port.is_none() ? 0 : port.cast<int>(),
-                                              gid_index.is_none() ? -1 : gid_index.cast<int>()));
+        [](py::object dev, py::object port, py::object gid_index, py::object peer, py::object gid_type) {
+          return selection_dict(verbs::select(opt_str(dev), port.is_none() ? 0 : port.cast<int>(),
+                                              gid_index.is_none() ? -1 : gid_index.cast<int>(),
+                                              opt_str(peer), opt_str(gid_type)));
         },
-        py::arg("dev_name") = py::none(), py::arg("port") = py::none(), py::arg("gid_index") = py::none());
+        py::arg("dev_name") = py::none(), py::arg("port") = py::none(), py::arg("gid_index") = py::none(),
+        py::arg("peer") = py::none(), py::arg("gid_type") = py::none());
 
   py::class_<PyVerbsEndpoint>(m, "VerbsEndpoint")
       .def_property_readonly("blob", [](PyVerbsEndpoint& e) { return py::bytes(e.blob); })

@@ -11,6 +11,10 @@ is automatic) on 0.0.0.0:PORT. A drives B through files in a directory both gues
     kill9        SIGKILL the server process (mid-call, if A has one running)
     start        start a server again (after kill9)
     pool         the server's engine pool stats and connection count
+    nodevice     remove rxe0 from this host (no RDMA device left) and restart the server
+    device       put rxe0 back on eth0 and restart the server
+    ps <args>    start examples.ps_training.trainer with these arguments (a PS task)
+    pswait       wait for it to end: its exit status and the tail of its output
     busy <n>     start n processes that keep the CPU busy
     calm         stop them
     poweroff     answer, then power the whole guest off at once (sysrq 'o')
@@ -56,6 +60,7 @@ def main() -> int:
     stubs_dir = stubgen.generate(tempfile.mkdtemp(prefix="echo-stubs-"))
     server: ServerProcess | None = _start(stubs_dir)
     burners: list[subprocess.Popen[bytes]] = []
+    ps_task: subprocess.Popen[bytes] | None = None
     (ctrl / "ready").write_text(json.dumps({"pid": server.proc.pid}))
     print(f"host B serving on port {PORT} (pid {server.proc.pid})", flush=True)
     n = 0
@@ -76,6 +81,33 @@ def main() -> int:
             elif words[0] == "start":
                 server = _start(stubs_dir)
                 answer["pid"] = server.proc.pid
+            elif words[0] in ("nodevice", "device"):
+                # A host without a usable device: the server must decline verbs and the
+                # client fall back to gRPC with the reason.
+                if server is not None:
+                    server.kill()
+                rdma = (["rdma", "link", "delete", "rxe0"] if words[0] == "nodevice" else
+                        ["rdma", "link", "add", "rxe0", "type", "rxe", "netdev",
+                         os.environ.get("RXE_NETDEV", "eth0")])
+                subprocess.run(rdma, check=True, timeout=60)
+                server = _start(stubs_dir)
+                answer["pid"] = server.proc.pid
+            elif words[0] == "ps":
+                log = open(ctrl / "ps.log", "wb")
+                env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", **SERVER_ENV}
+                ps_task = subprocess.Popen([sys.executable, "-m", "examples.ps_training.trainer",
+                                            *words[1:]], stdout=log, stderr=subprocess.STDOUT,
+                                           env=env)
+                answer["pid"] = ps_task.pid
+            elif words[0] == "pswait":
+                assert ps_task is not None, "no PS task started"
+                try:
+                    answer["rc"] = ps_task.wait(timeout=600)
+                except subprocess.TimeoutExpired:
+                    ps_task.kill()
+                    answer["rc"] = ps_task.wait()
+                answer["tail"] = (ctrl / "ps.log").read_text(errors="replace")[-3000:]
+                ps_task = None
             elif words[0] == "pool":
                 answer["pool"] = _pool(server)
             elif words[0] == "busy":

@@ -7,12 +7,15 @@ asserted are the documented liveness bounds, not speed."""
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import random
 import subprocess
 import sys
 import threading
 import time
 from concurrent import futures
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -32,6 +35,7 @@ LIVENESS_BOUND_S = (LIMITS.keepalive_ms + Config().keepalive_timeout_ms) / 1000 
 
 
 BASE_S = 120.0  # rxe between two TCG guests moves ~20 MB/s
+PS_PORT = 50070
 
 
 def _burn(n: int) -> list[subprocess.Popen[bytes]]:
@@ -112,6 +116,80 @@ def test_busy_cpus_do_not_make_a_live_peer_dead(remote: Client, host_b: HostB) -
 
 def _pool_connections(host_b: HostB) -> int:
     return int(host_b.do("pool")["pool"].get("connections", -1))
+
+
+def _final_variables(directory: Path) -> dict[str, Any]:
+    import numpy as np
+
+    latest = (directory / "checkpoint").read_text().split(":", 1)[1].strip()
+    with np.load(directory / latest) as z:
+        return {k: z[k] for k in z.files}
+
+
+def _train_across(host_b: HostB, protocol: str, out: Path) -> list[dict[str, Any]]:
+    """examples/ps_training with its PS on B and two workers on A (sync, 20 steps)."""
+    worker_hosts = ",".join(f"{os.environ['RXE_SELF_ADDR']}:{50060 + i}" for i in range(2))
+    common = [f"--ps_hosts={host_b.addr}:{PS_PORT}", f"--worker_hosts={worker_hosts}",
+              f"--server_protocol={protocol}", "--mode=sync", "--train_steps=20",
+              "--hidden=64", "--log_every=5", "--startup_timeout=300"]
+    host_b.do("ps", *common, "--job_name=ps", "--task_index=0")
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+    workers = [subprocess.Popen([sys.executable, "-m", "examples.ps_training.trainer", *common,
+                                 "--job_name=worker", f"--task_index={i}",
+                                 f"--output_dir={out}"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+               for i in range(2)]
+    results = []
+    try:
+        for w in workers:
+            text, _ = w.communicate(timeout=900)
+            assert w.returncode == 0, text[-3000:]
+            results.append(json.loads(text.split("RESULT ", 1)[1].splitlines()[0]))
+    finally:
+        for w in workers:
+            w.kill()
+        ps = host_b.do("pswait", timeout=700)
+    assert ps["rc"] == 0, ps["tail"]
+    return results
+
+
+def test_parameter_server_across_hosts_matches_grpc(host_b: HostB, tmp_path: Path) -> None:
+    """The PS on B, the workers on A: synchronous training ends in the same variables to
+    the last bit over verbs as over plain gRPC."""
+    runs = {p: _train_across(host_b, p, tmp_path / p) for p in ("grpc", "argrpc")}
+    for r in runs["argrpc"]:
+        assert set(r["transport"].values()) == {"verbs"}, r["transport"]
+    for r in runs["grpc"]:
+        assert set(r["transport"].values()) == {"grpc"}, r["transport"]
+    grpc_vars = _final_variables(tmp_path / "grpc")
+    verbs_vars = _final_variables(tmp_path / "argrpc")
+    assert int(verbs_vars["global_step"]) == 20
+    for name, value in grpc_vars.items():
+        assert (value == verbs_vars[name]).all(), name
+
+
+def test_doctor_says_verbs_and_why(host_b: HostB) -> None:
+    out = subprocess.run([sys.executable, "-m", "argrpc", "doctor", "--target", host_b.target],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    report = out.stdout.split(f"target {host_b.target}:", 1)[1]
+    assert "transport: verbs" in report, out.stdout
+    assert f"verbs selection for {host_b.addr}" in out.stdout, out.stdout
+
+
+def test_b_without_a_device_falls_back_with_the_reason(host_b: HostB, pb: SimpleNamespace) -> None:
+    host_b.do("nodevice")
+    try:
+        c = open_remote(host_b, pb)
+        try:
+            assert c.channel.transport == "grpc"
+            reason = c.channel.fallback_reason
+            assert "verbs" in reason and "device" in reason, reason
+            assert c.stub.Unary(c.req(payload=b"x" * 100000), timeout=BASE_S).payload == b"x" * 100000
+        finally:
+            c.close()
+    finally:
+        host_b.do("device")
 
 
 def test_client_killed_b_returns_to_baseline(host_b: HostB, remote: Client) -> None:

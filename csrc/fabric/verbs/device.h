@@ -1,5 +1,6 @@
 // RDMA device, port and GID discovery, and the selection rule (TF_RDMA_DEV_NAME,
-// TF_RDMA_PORT_NUM, TF_RDMA_GID_INDEX). Read-only: opens each device only to query it.
+// TF_RDMA_PORT_NUM, TF_RDMA_GID_INDEX, else the route to the peer, else the first usable).
+// Read-only: opens each device only to query it.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -46,12 +47,19 @@ struct Selection {
   int mtu_enum = 0;  // enum ibv_mtu
   std::string link_layer;
   int lid = 0;
-  std::string why;   // how each part was chosen, for `argrpc doctor`
+  std::string netdev;  // the network interface the GID belongs to ("" for IB, or unknown)
+  std::string why;     // how each part was chosen, for `argrpc doctor`
 };
 
-// dev_name empty / port 0 / gid_index < 0 mean "choose". Throws CoreError with the
-// reason when a named thing is missing or unusable, or when nothing is usable.
-Selection select(const std::string& dev_name, int port, int gid_index);
+// dev_name empty / port 0 / gid_index < 0 mean "choose". `peer` ("" if unknown) is the
+// IP address the connection is for: what is left to choose then goes by the kernel's
+// route to it, i.e. the RoCE GID that carries this host's source address for that route;
+// without such a GID (or a route) the choice is the one without a peer, and `why` says
+// so. `gid_type` ("" or a GidInfo::type, e.g. the peer's) is preferred among GIDs.
+// Throws CoreError with the reason when a named thing is missing or unusable, when
+// nothing is usable, or when `peer` is not an IP address.
+Selection select(const std::string& dev_name, int port, int gid_index, const std::string& peer = "",
+                 const std::string& gid_type = "");
 
 }  // namespace verbs
 }  // namespace argrpc
