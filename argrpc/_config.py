@@ -262,10 +262,12 @@ class Config:
              "one, RoCEv2 with an IPv4-mapped address, else RoCEv2, else RoCEv1, else "
              "InfiniBand (LID)")
     qps: int = _knob(
-        "TF_RDMA_QPS", "int", 2,
-        "RC queue pairs per verbs connection: rendezvous reads are spread over them "
-        "(1, 2 and 4 measured equal on Soft-RoCE: docs/benchmarks.md; 2 keeps the "
-        "spreading in use at half the queue pairs of 4)",
+        "TF_RDMA_QPS", "int", 1,
+        "RC queue pairs per verbs connection: rendezvous reads are spread over them. "
+        "Across two Soft-RoCE hosts one moved 64 MiB at 135 % of ib_write_bw and two at "
+        "36 %: two queue pairs' READ answers at once overran the reading host and were "
+        "retransmitted (docs/benchmarks.md); in one host 1, 2 and 4 measured equal. Raise "
+        "it where one queue pair does not fill the link",
         lo=1, hi=16, engine="VerbsConfig")
     qp_timeout: int = _knob(
         "TF_RDMA_QP_TIMEOUT", "int", 18,

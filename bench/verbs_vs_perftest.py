@@ -57,7 +57,8 @@ def log(text: str) -> None:
 
 # ------------------------------------------------------------------------- perftest
 
-def _listening(port: int) -> bool:
+def listening(port: int) -> bool:
+    """Whether a TCP socket of this host listens on `port` (perftest's handshake port)."""
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             rows = Path(table).read_text().splitlines()[1:]
@@ -81,7 +82,7 @@ def _perftest(tool: str, size: int, iters: int, port: int, extra: list[str],
         deadline = time.monotonic() + timeout
         # Under TCG the server takes seconds to listen, and a client that comes too early
         # fails and leaves the server waiting for ever: wait for the listening socket.
-        while not _listening(port):
+        while not listening(port):
             if server.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{tool} server did not listen on {port}: "
                                    f"{server.communicate()[0] if server.poll() is not None else ''}")

@@ -119,6 +119,55 @@ def parse_sweep(text: str) -> tuple[str, list[str]]:
     return name, list(dict.fromkeys(vals))
 
 
+def parse_remote(text: str) -> tuple[str | None, str]:
+    """'verbs=192.0.2.2:50052' -> ('verbs', '192.0.2.2:50052'); a bare HOST:PORT is
+    (None, target): the server of every measured transport without its own."""
+    from argrpc.benchtool.runner import split_target  # no engine import: runner is light
+
+    transport, sep, target = text.partition("=")
+    if not sep:
+        transport, target = "", text
+    transport = transport.strip()
+    if sep and transport not in TRANSPORTS:
+        raise argparse.ArgumentTypeError(
+            f"unknown transport {transport!r} in {text!r}; choose from {', '.join(TRANSPORTS)}")
+    try:
+        split_target(target)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return (transport or None), target.strip()
+
+
+def remote_targets(given: Sequence[tuple[str | None, str]],
+                   transports: Sequence[str]) -> dict[str, str]:
+    """transport -> target from the --remote options: named ones first, a bare target for
+    every other measured transport. ValueError for a transport named twice, two bare
+    targets, or a measured transport left without a server."""
+    named: dict[str, str] = {}
+    bare: list[str] = []
+    for t, target in given:
+        if t is None:
+            bare.append(target)
+        elif t in named:
+            raise ValueError(f"two servers for {t}: {named[t]} and {target}")
+        else:
+            named[t] = target
+    if len(bare) > 1:
+        raise ValueError(f"two servers without a transport: {', '.join(bare)}; name them "
+                         "(grpc=HOST:PORT, verbs=HOST:PORT)")
+    out = {t: named.get(t) or (bare[0] if bare else "") for t in transports}
+    missing = [t for t, target in out.items() if not target]
+    if missing:
+        raise ValueError(f"no server for {', '.join(missing)} (measured: "
+                         f"{', '.join(transports)}); add --remote {missing[0]}=HOST:PORT "
+                         "or leave it out of --transports")
+    unused = sorted(set(named) - set(transports))
+    if unused:
+        raise ValueError(f"server given for {', '.join(unused)}, which --transports leaves "
+                         "out")
+    return out
+
+
 def sweep_envs(sweeps: Sequence[tuple[str, list[str]]]) -> list[dict[str, str]]:
     """Cartesian product of all sweeps; ``[{}]`` (one run, unchanged env) without any."""
     names = [n for n, _ in sweeps]
@@ -155,6 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
                "  argrpc-bench bandwidth --sizes 4M --sweep TF_RDMA_ACC_SIZE=4K,8K,16K\n"
                "  argrpc-bench latency --api both --sizes 64   (grpc.aio vs argrpc.aio, and\n"
                "                                              against the threaded API)\n"
+               "  two hosts: on B, argrpc-bench serve --stack grpc --port 50061 and\n"
+               "             argrpc-bench serve --stack argrpc --port 50062; on A,\n"
+               "  argrpc-bench bandwidth --mode raw --sizes 4M --transports grpc,verbs \\\n"
+               "      --remote grpc=B:50061 --remote verbs=B:50062\n"
+               "                                   (see argrpc-bench serve --help)\n"
                "  argrpc-bench soak --duration 600   (long mixed workload with checksums;\n"
                "                                      see argrpc-bench soak --help)\n"
                "  argrpc-bench chaos --trials 40     (peers killed at random moments;\n"
@@ -163,9 +217,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("benchmark", nargs="?", default="all", choices=[*BENCHMARKS, "all"],
                    help="latency: ping-pong echo; bandwidth: one-way large messages; "
                         "ps: parameter server + N workers; all: the three (default)")
-    p.add_argument("--transports", type=parse_transports, default=list(TRANSPORTS),
-                   help="comma list of grpc,shm,verbs (default: all; unavailable ones "
-                        "are reported as skipped with the reason)")
+    p.add_argument("--transports", type=parse_transports, default=None,
+                   help="comma list of grpc,shm,verbs (default: all, or with --remote the "
+                        "transports it names; unavailable ones are reported as skipped "
+                        "with the reason)")
+    p.add_argument("--remote", type=parse_remote, action="append", default=[],
+                   metavar="[TRANSPORT=]HOST:PORT",
+                   help="measure against a server already running there (argrpc-bench "
+                        "serve on the other host) instead of starting one here; latency "
+                        "and bandwidth, threaded API. Repeatable: TRANSPORT= names the "
+                        "transport it serves (a grpc server for grpc, an argrpc server for "
+                        "verbs or shm), a bare HOST:PORT serves every measured transport "
+                        "not named. The client gets no TF_RDMA_TRANSPORT: argrpc must "
+                        "choose the measured transport by itself, and the run fails if it "
+                        "did not")
     p.add_argument("--mode", choices=[*MODES, "both"], default="both",
                    help="raw: buffers via buffer serializers, no protobuf; serialized: "
                         "protobuf message with repeated bytes (default: both)")
@@ -227,6 +292,36 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
             validate_env(env)
     except (ValueError, ConfigError) as e:
         p.error(f"--sweep: {e}")
+    _check_remote(p, a)
+
+
+def _check_remote(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Resolves --transports' default and --remote into ``a.remote`` (transport ->
+    target; empty without --remote)."""
+    given = a.remote
+    a.remote = {}
+    if not given:
+        a.transports = a.transports or list(TRANSPORTS)
+        return
+    if a.benchmark not in ("latency", "bandwidth"):
+        p.error(f"--remote: latency or bandwidth only, not {a.benchmark} (the ps "
+                "benchmark starts its own parameter server and workers)")
+    if a.api != ["threaded"]:
+        p.error("--remote: the threaded API only (argrpc-bench serve runs the threaded "
+                "server)")
+    if a.sweep:
+        p.error("--remote with --sweep: a sweep value reaches only processes started here, "
+                "not the remote server; start one server per value and run once per value")
+    if a.transports is None:
+        a.transports = [t for t in TRANSPORTS if any(n == t for n, _ in given)]
+        if not a.transports:
+            p.error("--remote HOST:PORT: say which transport(s) that server is measured "
+                    "on with --transports (grpc for a grpc server, verbs or shm for an "
+                    "argrpc one)")
+    try:
+        a.remote = remote_targets(given, a.transports)
+    except ValueError as e:
+        p.error(f"--remote: {e}")
 
 
 # --------------------------------------------------------------------------- soak
@@ -387,6 +482,52 @@ def chaos_main(argv: Sequence[str]) -> int:
     return 0 if doc["ok"] else 1
 
 
+# -------------------------------------------------------------------------- serve
+
+DEFAULT_SERVE_PORT = 50051
+
+
+def build_serve_parser() -> argparse.ArgumentParser:
+    from argrpc.benchtool.server import DEFAULT_THREADS, add_listen_args
+
+    p = argparse.ArgumentParser(
+        prog="argrpc-bench serve",
+        description="Only the point-to-point benchmark server (Echo and Sink methods, raw "
+                    "and\nserialized), for a client on another host: argrpc-bench latency "
+                    "or bandwidth\n--remote [TRANSPORT=]HOST:PORT. One stack per server: "
+                    "run a grpc one for the\ngrpc transport and an argrpc one for verbs "
+                    "(or shm). The argrpc server picks\nits transport per connection by "
+                    "itself. Set the same TF_RDMA_* knobs (e.g.\nTF_RDMA_BUF_SIZE) in both "
+                    "hosts' environments. Prints PORT n once listening, serves\nuntil "
+                    "SIGINT or SIGTERM. The server is unauthenticated plain TCP: listen "
+                    "only\non a network you trust.",
+        epilog="examples:\n"
+               "  B$ argrpc-bench serve --stack grpc --port 50061 &\n"
+               "  B$ argrpc-bench serve --stack argrpc --port 50062 &\n"
+               "  A$ argrpc-bench latency --mode raw --sizes 64 --transports grpc,verbs \\\n"
+               "         --remote grpc=B:50061 --remote verbs=B:50062",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--stack", choices=("grpc", "argrpc"), required=True,
+                   help="grpc.server (for --remote grpc=...) or argrpc.server (verbs, shm)")
+    p.add_argument("--threads", type=_positive(int), default=DEFAULT_THREADS,
+                   help=f"server thread-pool size (default {DEFAULT_THREADS}, as in local "
+                        "runs)")
+    add_listen_args(p, host="0.0.0.0", port=DEFAULT_SERVE_PORT, until="signal")
+    return p
+
+
+def serve_main(argv: Sequence[str]) -> int:
+    from argrpc.benchtool import server
+
+    a = build_serve_parser().parse_args(list(argv))
+    print(f"argrpc-bench serve: {a.stack} server on {server.listen_address(a.host, a.port)}"
+          f" (pid {os.getpid()}), TF_RDMA_*: {server.tf_rdma_env() or 'none'}; serving "
+          f"until {'SIGINT/SIGTERM' if a.until == 'signal' else 'stdin EOF'}",
+          file=sys.stderr, flush=True)
+    return server.main(["--stack", a.stack, "--threads", str(a.threads), "--host", a.host,
+                        "--port", str(a.port), "--until", a.until])
+
+
 # --------------------------------------------------------------------------- planning
 
 def plan(a: argparse.Namespace) -> list["RunSpec"]:
@@ -408,7 +549,8 @@ def plan(a: argparse.Namespace) -> list["RunSpec"]:
             for env in getattr(a, "envs", [{}]):
                 for api in apis:
                     kw: dict[str, Any] = dict(
-                        benchmark=b, transports=list(a.transports), mode=mode,
+                        benchmark=b, transports=list(a.transports or TRANSPORTS),
+                        mode=mode,
                         scheme=a.scheme or d.scheme, buffers=a.buffers,
                         warmup=d.warmup if a.warmup is None else a.warmup,
                         iterations=iterations, duration=duration,
@@ -418,6 +560,8 @@ def plan(a: argparse.Namespace) -> list["RunSpec"]:
                         kw["sizes"] = list(a.sizes or d.sizes)
                     if api != "threaded":  # threaded specs keep RunSpec's defaults
                         kw.update(api=api, concurrency=a.concurrency)
+                    if getattr(a, "remote", None):
+                        kw["remote"] = dict(a.remote)
                     specs.append(RunSpec(**kw))
     return specs
 
@@ -437,6 +581,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["soak"]:  # its own options: a subcommand, not a benchmark to plan
         return soak_main(argv[1:])
+    if argv[:1] == ["serve"]:
+        return serve_main(argv[1:])
     if argv[:1] == ["chaos"]:
         return chaos_main(argv[1:])
     parser = build_parser()
@@ -452,6 +598,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if available.get(t, "unknown transport"):
             prog.message(f"note: {t} unavailable here ({available.get(t)}); reported as "
                          "skipped")
+    for t, target in a.remote.items():
+        prog.message(f"note: {t} measured against the server at {target} (none started "
+                     "here)")
     measurements: list[Measurement] = []
     errors: list[str] = []
     started = time.monotonic()

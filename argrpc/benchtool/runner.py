@@ -18,6 +18,14 @@ transport, failing with the fallback reason otherwise.
 Process hygiene: servers exit when their stdin closes, clients and workers exit when
 theirs does, every wait is bounded, and on any error or timeout every process this run
 started is killed before the exception propagates.
+
+Remote servers (``RunSpec.remote``, the CLI's ``--remote``): for latency and bandwidth
+under the threaded API, a transport given a ``HOST:PORT`` starts no server here; its
+client calls a server already serving there (``argrpc-bench serve`` on the other host).
+The client gets no TF_RDMA_TRANSPORT from the runner then: across hosts argrpc must pick
+verbs by itself, and the client's transport check fails the run if it did not. The
+remote server's TF_RDMA_* must match the spec's knobs (it reports them; checked as for a
+local server), so a ``--sweep`` cannot reach it: start one server per value instead.
 """
 from __future__ import annotations
 
@@ -26,6 +34,7 @@ import json
 import math
 import os
 import queue
+import socket
 import statistics
 import subprocess
 import sys
@@ -52,6 +61,7 @@ DEFAULT_SIZES: dict[str, list[int]] = {
 DEFAULT_DURATION: dict[str, float] = {"latency": 1.0, "bandwidth": 1.0, "ps": 3.0}
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
+REMOTE_PROBE_S = 10.0
 # (server, client) module of the point-to-point benchmarks per API.
 P2P_MODULES: dict[str, tuple[str, str]] = {
     "threaded": ("argrpc.benchtool.server", "argrpc.benchtool.client"),
@@ -86,6 +96,9 @@ class RunSpec:
     timeout: float | None = None    # per child process; None: estimated from the spec
     api: str = "threaded"           # threaded | aio (latency and bandwidth only)
     concurrency: int = 1            # aio latency: also N calls in flight from one loop
+    # transport -> "HOST:PORT" of a server already running (elsewhere): no local server,
+    # no forced TF_RDMA_TRANSPORT for that transport's client (latency/bandwidth, threaded)
+    remote: dict[str, str] = field(default_factory=dict)
 
 
 class BenchError(RuntimeError):
@@ -300,9 +313,10 @@ def spawn(stack: ExitStack, name: str, module: str, args: Sequence[str],
 
 
 def start_server(stack: ExitStack, name: str, module: str, args: Sequence[str],
-                 env: Mapping[str, str]) -> tuple[Child, int]:
+                 env: Mapping[str, str], timeout: float = START_TIMEOUT_S
+                 ) -> tuple[Child, int]:
     server = spawn(stack, name, module, args, env)
-    line = server.expect("PORT ", time.monotonic() + START_TIMEOUT_S)
+    line = server.expect("PORT ", time.monotonic() + timeout)
     return server, int(line.split()[1])
 
 
@@ -318,9 +332,11 @@ def transport_env(spec: RunSpec, transport: str) -> dict[str, str]:
     """``child_env`` for one transport's processes. On one host argrpc picks shm unless
     TF_RDMA_TRANSPORT=verbs, so the verbs (and shm) processes get TF_RDMA_TRANSPORT set to
     the transport being measured, unless the spec itself gives the knob (a --sweep value
-    wins and the client's transport check reports the mismatch)."""
+    wins and the client's transport check reports the mismatch). A client of a remote
+    server gets nothing added: the automatic choice is what is being measured there."""
     env = child_env(spec)
-    if transport in FAST_TRANSPORTS and "TF_RDMA_TRANSPORT" not in spec.env:
+    if (transport in FAST_TRANSPORTS and "TF_RDMA_TRANSPORT" not in spec.env
+            and transport not in spec.remote):
         env["TF_RDMA_TRANSPORT"] = transport
     return env
 
@@ -417,12 +433,23 @@ def run_p2p(spec: RunSpec, transport: str, progress: Callable[[int, int], None]
     if _concurrent(spec):
         client_args += ["--concurrency", str(spec.concurrency)]
         per_call += per_call  # a second phase per size, as many calls (plus a warm-up round)
+    remote = spec.remote.get(transport)
+    if remote:
+        who += f" (server {remote})"
     with ExitStack() as procs:
-        server, port = start_server(procs, f"{who} server", server_module, server_args, env)
-        client = spawn(procs, f"{who} client", client_module,
-                       ["--target", f"127.0.0.1:{port}", *client_args], env)
+        server = None
+        if remote:
+            probe_remote(transport, remote)
+            target = remote
+        else:
+            server, port = start_server(procs, f"{who} server", server_module, server_args,
+                                        env)
+            target = f"127.0.0.1:{port}"
+        client = spawn(procs, f"{who} client", client_module, ["--target", target,
+                                                                *client_args], env)
         doc = client.result(time.monotonic() + _budget(spec, per_call), progress)
-        server.close()
+        if server is not None:
+            server.close()
     # The child's last PROGRESS line (stderr) may come after its result (stdout): the
     # two are read by different threads, so the run reports its end itself.
     progress(len(spec.sizes), len(spec.sizes))
@@ -502,6 +529,63 @@ def run_ps(spec: RunSpec, transport: str, progress: Callable[[int, int], None]
                   env=reported_env(spec, transport, docs[0]["env"]))]
 
 
+# --------------------------------------------------------------------- remote servers
+
+def split_target(target: str) -> tuple[str, int]:
+    """"HOST:PORT" or "[v6]:PORT" -> (host, port); ValueError saying what is wrong."""
+    host, sep, port_text = target.strip().rpartition(":")
+    if not sep or not host or host in ("[", "[]"):
+        raise ValueError(f"{target!r} is not HOST:PORT")
+    if host.startswith("[") != host.endswith("]") or (":" in host and not host.startswith("[")):
+        raise ValueError(f"{target!r}: an IPv6 host goes in brackets, [::1]:PORT")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"{target!r}: port {port_text!r} is not a number") from None
+    if not 1 <= port <= 65535:
+        raise ValueError(f"{target!r}: port {port} is out of range 1..65535")
+    return host, port
+
+
+def probe_remote(transport: str, target: str, timeout: float = REMOTE_PROBE_S) -> None:
+    """A TCP connect to the remote server first: "nobody listens there" as such, at once,
+    instead of a client that waits for a server until its deadline."""
+    host, port = split_target(target)
+    try:
+        socket.create_connection((host.strip("[]"), port), timeout=timeout).close()
+    except OSError as e:
+        raise BenchError(f"the remote {transport} server at {target} does not answer: {e} "
+                         "(start it there with argrpc-bench serve)") from None
+
+
+def check_remote(spec: RunSpec) -> None:
+    """A spec with remote servers: point to point, threaded API, every transport it
+    measures has a well-formed target and no target names a transport it does not."""
+    if not spec.remote:
+        return
+    if spec.benchmark == "ps":
+        raise ValueError("remote servers: the ps benchmark starts its parameter server and "
+                         "workers itself; remote works for latency and bandwidth")
+    if spec.api != "threaded":
+        raise ValueError("remote servers: the threaded API only (argrpc-bench serve runs "
+                         "the threaded server)")
+    unknown = sorted(set(spec.remote) - set(TRANSPORTS))
+    if unknown:
+        raise ValueError(f"remote server for unknown transport(s) {unknown}")
+    missing = [t for t in spec.transports if t not in spec.remote]
+    if missing:
+        raise ValueError(f"remote servers given, but none for {missing}: every measured "
+                         "transport needs one (or measure it locally in another run)")
+    unused = sorted(set(spec.remote) - set(spec.transports))
+    if unused:
+        raise ValueError(f"remote server given for {unused}, which the run does not measure")
+    for t, target in spec.remote.items():
+        try:
+            split_target(target)
+        except ValueError as e:
+            raise ValueError(f"remote server for {t}: {e}") from None
+
+
 # ------------------------------------------------------------------------------ run
 
 def normalize(spec: RunSpec) -> RunSpec:
@@ -529,6 +613,7 @@ def normalize(spec: RunSpec) -> RunSpec:
         raise ValueError("iterations must be >= 1")
     if spec.duration is not None and spec.duration <= 0:
         raise ValueError("duration must be > 0")
+    check_remote(spec)
     bad_env = [k for k in spec.env if not k.startswith("TF_RDMA_")]
     if bad_env:
         raise ValueError(f"RunSpec.env takes TF_RDMA_* knobs only, got {bad_env}")
@@ -539,7 +624,8 @@ def normalize(spec: RunSpec) -> RunSpec:
     if spec.iterations is None and duration is None:
         duration = DEFAULT_DURATION[spec.benchmark]
     return RunSpec(**{**spec.__dict__, "sizes": sizes, "duration": duration,
-                      "env": dict(spec.env), "transports": list(spec.transports)})
+                      "env": dict(spec.env), "transports": list(spec.transports),
+                      "remote": dict(spec.remote)})
 
 
 def run(spec: RunSpec, progress: ProgressFn | None = None) -> list[Measurement]:

@@ -1,6 +1,7 @@
 """Benchmark server process for the point-to-point benchmarks.
 
     python -m argrpc.benchtool.server --stack grpc|argrpc [--threads N]
+        [--host 127.0.0.1] [--port 0] [--until stdin|signal]
 
 Serves, on one port, every method both point-to-point benchmarks need (the client picks
 by mode and buffer count, so one server serves a whole run):
@@ -15,14 +16,24 @@ Prints ``PORT n`` once listening and serves until its stdin reaches EOF: the
 orchestrator closes it when done, and if the orchestrator dies the pipe closes too, so a
 server is never orphaned. The stack (grpc.server or argrpc.server) is the only difference
 between transports; the handlers are the same code.
+
+By default it listens on a free port of 127.0.0.1, for a client the same runner starts.
+For a client on another host (``argrpc-bench --remote``), ``--host 0.0.0.0 --port N``
+listens where that client can reach it, and ``--until signal`` (what ``argrpc-bench
+serve`` uses) serves until SIGINT or SIGTERM instead, for a server started by hand or in
+the background with no orchestrator holding its stdin. An argrpc server chooses its
+transport per connection, as any argrpc server does: no TF_RDMA_TRANSPORT is needed for
+verbs across hosts.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import struct
 import sys
+import threading
 from concurrent import futures
 from typing import Any, Callable, Mapping, Sequence
 
@@ -117,21 +128,54 @@ def make_server(stack: str, threads: int) -> grpc.Server:
     raise ValueError(f"unknown stack {stack!r} (grpc or argrpc)")
 
 
-def serve(server: grpc.Server, handlers: Sequence[grpc.GenericRpcHandler],
-          commands: Mapping[str, Callable[[], str]] | None = None, grace: float = 0) -> int:
-    """Listen on a free port, print ``PORT n``, serve until stdin closes. A stdin line
-    that names one of `commands` is answered with what it returns (one line)."""
-    server.add_generic_rpc_handlers(tuple(handlers))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    print(f"PORT {port}", flush=True)
+UNTIL = ("stdin", "signal")
+
+
+def _serve_stdin(commands: Mapping[str, Callable[[], str]]) -> None:
+    """Until stdin's EOF; a line naming one of `commands` is answered (one line)."""
     try:
         for line in sys.stdin:  # EOF = the orchestrator is done or gone
-            answer = (commands or {}).get(line.strip())
+            answer = commands.get(line.strip())
             if answer is not None:
                 print(answer(), flush=True)
     except KeyboardInterrupt:
         pass
+
+
+def _serve_signal() -> None:
+    """Until SIGINT or SIGTERM, stdin untouched (it may be a terminal or /dev/null)."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(1.0):  # a timed wait: the handler runs between the waits
+        pass
+
+
+def listen_address(host: str, port: int) -> str:
+    """``host:port`` for add_insecure_port; an IPv6 literal gets its brackets."""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{port}"
+
+
+def serve(server: grpc.Server, handlers: Sequence[grpc.GenericRpcHandler],
+          commands: Mapping[str, Callable[[], str]] | None = None, grace: float = 0,
+          address: str = "127.0.0.1:0", until: str = "stdin") -> int:
+    """Listen on `address` (default: a free port of 127.0.0.1), print ``PORT n``, serve
+    until stdin closes (``until="stdin"``; a stdin line that names one of `commands` is
+    answered with what it returns, one line) or until SIGINT/SIGTERM (``"signal"``)."""
+    if until not in UNTIL:
+        raise ValueError(f"until must be one of {UNTIL}, not {until!r}")
+    server.add_generic_rpc_handlers(tuple(handlers))
+    port = server.add_insecure_port(address)
+    if port == 0:  # grpc reports a failed bind as port 0, not as an error
+        raise RuntimeError(f"cannot listen on {address}")
+    server.start()
+    print(f"PORT {port}", flush=True)
+    if until == "signal":
+        _serve_signal()
+    else:
+        _serve_stdin(commands or {})
     server.stop(grace).wait(10)
     return 0
 
@@ -141,10 +185,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stack", choices=("grpc", "argrpc"), required=True)
     p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
                    help="server thread-pool size, the same for every stack")
+    add_listen_args(p, host="127.0.0.1", port=0, until="stdin")
     args = p.parse_args(argv)
     server = make_server(args.stack, args.threads)
     handler = grpc.method_handlers_generic_handler(msg.SERVICE, handlers(args.stack))
-    return serve(server, [handler])
+    return serve(server, [handler], address=listen_address(args.host, args.port),
+                 until=args.until)
+
+
+def add_listen_args(p: argparse.ArgumentParser, host: str, port: int, until: str) -> None:
+    """--host / --port / --until, shared with ``argrpc-bench serve`` (other defaults)."""
+    p.add_argument("--host", default=host,
+                   help=f"address to listen on (default {host}; 0.0.0.0 or :: for clients "
+                        "on other hosts)")
+    p.add_argument("--port", type=_port, default=port,
+                   help=f"port to listen on (default {port}" + (": a free one" if port == 0
+                                                                 else "") + ")")
+    p.add_argument("--until", choices=UNTIL, default=until,
+                   help="serve until stdin reaches EOF (an orchestrator holds it) or until "
+                        f"SIGINT/SIGTERM (default {until})")
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port out of range 0..65535: {port}")
+    return port
 
 
 if __name__ == "__main__":
