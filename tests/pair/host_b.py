@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.pair import CTRL_DIR, PORT, SERVER_ENV
+from tests.pair import CTRL_DIR, PORT, SERVER_ENV, burn, stop
 from tests.support import stubs as stubgen
 from tests.support.clients import UNLIMITED_SERVER_ARGS
 from tests.support.procs import ServerProcess
@@ -111,13 +111,10 @@ def main() -> int:
             elif words[0] == "pool":
                 answer["pool"] = _pool(server)
             elif words[0] == "busy":
-                for _ in range(int(words[1])):
-                    burners.append(subprocess.Popen(["sh", "-c", "while :; do :; done"]))
+                burners += burn(int(words[1]))
                 answer["burners"] = len(burners)
             elif words[0] == "calm":
-                for b in burners:
-                    b.kill()
-                    b.wait()
+                stop(burners)
                 burners.clear()
             elif words[0] == "poweroff":
                 (ctrl / f"ack-{n}").write_text(json.dumps(answer))

@@ -23,6 +23,7 @@ import grpc
 import pytest
 
 from argrpc._config import LIMITS, Config
+from tests.pair import burn, stop
 from tests.pair.conftest import HostB, open_remote
 from tests.support import conformance_cases as cases
 from tests.support import payload
@@ -36,16 +37,6 @@ LIVENESS_BOUND_S = (LIMITS.keepalive_ms + Config().keepalive_timeout_ms) / 1000 
 
 BASE_S = 120.0  # rxe between two TCG guests moves ~20 MB/s
 PS_PORT = 50070
-
-
-def _burn(n: int) -> list[subprocess.Popen[bytes]]:
-    return [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(n)]
-
-
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        p.kill()
-        p.wait()
 
 
 def _bidi_30(c: Client) -> None:
@@ -106,11 +97,11 @@ def test_concurrent_calls(remote: Client) -> None:
 def test_busy_cpus_do_not_make_a_live_peer_dead(remote: Client, host_b: HostB) -> None:
     """Both guests' CPUs kept busy by other processes through a long bidi call."""
     host_b.do("busy", "2")
-    local = _burn(2)
+    local = burn(2)
     try:
         _bidi_30(remote)
     finally:
-        _stop(local)
+        stop(local)
         host_b.do("calm")
 
 
@@ -121,8 +112,11 @@ def _pool_connections(host_b: HostB) -> int:
 def _final_variables(directory: Path) -> dict[str, Any]:
     import numpy as np
 
-    latest = (directory / "checkpoint").read_text().split(":", 1)[1].strip()
-    with np.load(directory / latest) as z:
+    from examples.ps_training import checkpoint
+
+    path = checkpoint.latest(str(directory))
+    assert path is not None, f"no checkpoint in {directory}"
+    with np.load(path) as z:
         return {k: z[k] for k in z.files}
 
 
