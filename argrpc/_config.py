@@ -428,6 +428,14 @@ class Limits:
     cq_slots: int = _fixed(
         1024, "eager batches a connection may have in flight before the receiver "
         "consumes them", engine=True)
+    credit_owe_fraction: int = _fixed(
+        8, "verbs: ring credits a reader may owe, as a fraction of its ring and of its "
+        "receive slots, before it returns them (each return is an RDMA write and an ACK of "
+        "its own, so a call returns none and costs one batch and its ACK each way)",
+        engine=True)
+    credit_owe_ms: int = _fixed(
+        5, "verbs: credits owed this long are returned at the next sweep, however few",
+        engine=True)
     pull_ahead: int = _fixed(
         2, "large messages pulled ahead of the reader per stream", engine=True)
     slab_size: int = _fixed(

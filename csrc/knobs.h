@@ -99,6 +99,14 @@ inline constexpr int64_t kInterruptPollMs = 50;
 // eager batches a connection may have in flight before the receiver consumes them
 inline constexpr int64_t kCqSlots = 1024;
 
+// verbs: ring credits a reader may owe, as a fraction of its ring and of its receive
+// slots, before it returns them (each return is an RDMA write and an ACK of its own, so a
+// call returns none and costs one batch and its ACK each way)
+inline constexpr int64_t kCreditOweFraction = 8;
+
+// verbs: credits owed this long are returned at the next sweep, however few
+inline constexpr int64_t kCreditOweMs = 5;
+
 // large messages pulled ahead of the reader per stream
 inline constexpr int64_t kPullAhead = 2;
 

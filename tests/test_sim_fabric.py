@@ -16,6 +16,7 @@ time bounds here are generous ones on "does not hang"."""
 from __future__ import annotations
 
 import contextlib
+import random
 import threading
 import time
 from types import SimpleNamespace
@@ -397,6 +398,58 @@ def test_peer_that_goes_silent_mid_call_is_found_by_the_keepalive(rig: SimpleNam
             time.sleep(0.01)
         assert not p.served.alive
         every_size(other.client)
+
+
+# --------------------------------------------------------------------------- ring credits
+
+def settled(p: SimpleNamespace) -> dict:
+    """The counters once each side has returned credits for every batch the other wrote
+    (a debt is paid by the engine's sweep within about two sweep periods)."""
+    end = time.monotonic() + HANG_S
+    while True:
+        c = p.link.counters()
+        if all(c[me]["batches_read"] == c[peer]["writes"]
+               for me, peer in (("client", "server"), ("server", "client"))):
+            return c
+        assert time.monotonic() < end, f"ring credits still owed after {HANG_S} s: {c}"
+        time.sleep(0.005)
+
+
+def test_credits_go_back_late_and_in_bulk(rig: SimpleNamespace) -> None:
+    """On verbs every return of ring credits is a write (and an ACK) of its own, so a
+    small call must not pay for one: calls one after another return credits at most once
+    per sweep period (5 ms), however many batches they read, and once they stop every
+    debt is paid."""
+    with sim_pair(rig) as p:
+        t0 = time.monotonic()
+        for i in range(300):
+            echo(p.client, 100, i)
+        elapsed = time.monotonic() - t0
+        c = settled(p)
+        for side in ("client", "server"):
+            assert c[side]["batches_read"] >= 300, c
+            # One per 5 ms sweep, and the final payment: far fewer than one per batch
+            # whenever calls take less than 5 ms.
+            assert c[side]["credit_returns"] <= elapsed / 0.005 + 2, (elapsed, c)
+
+
+def test_credits_owed_never_stall_a_sender_on_a_small_ring(rig: SimpleNamespace) -> None:
+    """A 64 KiB ring and batches up to nearly half of it (a call's metadata), mixed at
+    random with small ones: the sender may find the ring full only because the peer
+    still owes credits (up to 1/8 of the ring); every call completes, byte-exact."""
+    ring = 64 * KiB
+    big_md = [("x-big-bin", bytes(ring // 2 - 400))]
+    rnd = random.Random(5)
+    with sim_pair(rig, ring_size=ring) as p:
+        for i in range(200):
+            md = big_md if rnd.random() < 0.3 else []
+            size = rnd.choice([0, 100, 3000, ACC - 16])
+            data = payload.make(i, size)
+            code, details, _i, _t, resp = p.client.unary(ECHO, md, HANG_S, data)
+            assert code == OK, (i, details, p.client.error)
+            assert (b"" if resp is None else bytes(resp)) == data
+        settled(p)
+        assert p.client.alive and p.served.alive
 
 
 # ---------------------------------------------------------------------------- the plan

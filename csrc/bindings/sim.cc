@@ -96,6 +96,8 @@ py::dict counters_dict(const SimCounters& c) {
   d["dropped_reads"] = c.dropped_reads;
   d["refused_reads"] = c.refused_reads;
   d["exposed"] = c.exposed;
+  d["credit_returns"] = c.credit_returns;
+  d["batches_read"] = c.batches_read;
   return d;
 }
 

@@ -80,6 +80,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Called periodically by the engine: PINGs a silent peer while calls are in flight.
   void keepalive(uint64_t now_us);
+  // The same: ring credits owed too long go back on their own (connection_credits.cc).
+  void sweep_credits(uint64_t now_us);
   // Ends every stream with `code`/`why` and tears the connection down.
   void fail(uint32_t code, const std::string& why);
 
@@ -161,6 +163,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // connection_progress.cc
   bool progress_locked();
   bool handle_batch(uint32_t len);
+
+  // connection_credits.cc: returning the peer's ring credits (poll lock for the first).
+  void consumed_locked();
+  void return_credits();
 
   // connection_frames.cc: what each frame kind received does. False: the connection
   // failed (a protocol error), so the rest of the batch must not be read.
@@ -289,6 +295,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint64_t ping_sent_us_ = 0;  // the oldest unanswered PING (0: none); progress thread only
   uint64_t peer_consumed_seen_ = 0;  // the peer's returned credits at the last keepalive (same)
   std::vector<uint8_t> scratch_;
+  // Ring credits: what the poll lock's holder consumed, what went back to the peer
+  // (credit_mu_, which keeps returns in order so the peer never sees them go back) and
+  // the debt the sweep watches (progress thread only).
+  std::atomic<uint64_t> consumed_bytes_{0}, consumed_batches_{0};
+  std::mutex credit_mu_;
+  uint64_t returned_bytes_ = 0, returned_batches_ = 0;
+  uint64_t owed_mark_ = 0, owed_mark_us_ = 0;
   struct Read {
     std::shared_ptr<Pull> pull;
     size_t len;

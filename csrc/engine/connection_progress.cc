@@ -60,7 +60,7 @@ bool Connection::progress_locked() {
       if (!alive()) return true;
     }
     // Ring space is free again as soon as batches are copied out.
-    if (rbatches_ != before) fabric_->publish_consumed(rpos_, rbatches_);
+    if (rbatches_ != before) consumed_locked();
     start_queued_pulls();
   }
   if (ctrl_pending_.load(std::memory_order_seq_cst)) try_flush_ctrl();

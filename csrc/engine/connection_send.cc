@@ -283,6 +283,8 @@ bool Connection::flush_locked() {
       return false;
     }
     if (wpos_ + skip + len - cb <= ring && wbatches_ - cn < fabric_->peer_slots()) break;
+    // The peer may be stuck the same way, waiting for credits we still owe it.
+    if (spins == 0) return_credits();
     if (stall.expired()) {
       batch_.clear();
       fail(kUnavailable, "argrpc: peer " + peer_name_ + " stopped consuming its ring for " +

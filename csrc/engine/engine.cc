@@ -186,6 +186,7 @@ void Engine::progress_loop() {
       auto all = snapshot();
       for (auto& c : *all) {
         c->sweep_deadlines();
+        c->sweep_credits(t);
         c->keepalive(t);
       }
     }

@@ -59,6 +59,9 @@ class Fabric {
   // Ring credits travel out of band so that returning them never needs ring space.
   virtual void publish_consumed(uint64_t bytes, uint64_t batches) = 0;
   virtual void peer_consumed(uint64_t* bytes, uint64_t* batches) const = 0;
+  // A return costs packets of its own (verbs): the engine returns credits late, in
+  // bulk. False: publish_consumed is a store, made after every batch.
+  virtual bool lazy_credits() const { return false; }
 
   virtual int poll(Completion* out, int max) = 0;
 

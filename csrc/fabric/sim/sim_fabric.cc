@@ -332,6 +332,11 @@ bool SimFabric::read(void* dst, const RemoteRef& src, size_t len, uint64_t wr_id
 void SimFabric::publish_consumed(uint64_t bytes, uint64_t batches) {
   SimSide& s = me();
   if (s.silent.load()) return;
+  {
+    std::lock_guard<std::mutex> g(s.mu);
+    ++s.n.credit_returns;
+    s.n.batches_read = batches;
+  }
   s.consumed_bytes.store(bytes, std::memory_order_release);
   s.consumed_batches.store(batches, std::memory_order_release);
 }

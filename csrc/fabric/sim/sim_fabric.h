@@ -64,6 +64,8 @@ struct SimCounters {
   uint64_t dropped_writes = 0, dropped_reads = 0;  // lost to silence
   uint64_t refused_reads = 0;            // outside what the peer exposed (a remote access error)
   uint64_t exposed = 0;                  // expose() calls
+  uint64_t credit_returns = 0;           // publish_consumed() calls (each a write on verbs)
+  uint64_t batches_read = 0;             // the last batch count returned
 };
 
 struct SimSide;
@@ -111,6 +113,7 @@ class SimFabric final : public Fabric {
   bool read(void* dst, const RemoteRef& src, size_t len, uint64_t wr_id) override;
   void publish_consumed(uint64_t bytes, uint64_t batches) override;
   void peer_consumed(uint64_t* bytes, uint64_t* batches) const override;
+  bool lazy_credits() const override { return true; }  // as verbs, which it stands in for
   int poll(Completion* out, int max) override;
   int wait_fd() const override;
   bool arm() override;

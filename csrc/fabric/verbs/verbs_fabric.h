@@ -146,6 +146,7 @@ class VerbsFabric final : public Fabric {
   bool read(void* dst, const RemoteRef& src, size_t len, uint64_t wr_id) override;
   void publish_consumed(uint64_t bytes, uint64_t batches) override;
   void peer_consumed(uint64_t* bytes, uint64_t* batches) const override;
+  bool lazy_credits() const override { return true; }
   int poll(Completion* out, int max) override;
   int wait_fd() const override;
   bool arm() override;
