@@ -7,6 +7,7 @@ import threading
 from types import ModuleType
 from typing import Any
 
+from argrpc import _log
 from argrpc._config import Config, engine_config
 
 __all__ = ["EngineUnavailable", "core_module", "get_engine", "peek_engine"]
@@ -67,6 +68,7 @@ def get_engine(cfg: Config) -> Any:
             return _engine
         if _engine is not None:  # fork without register_at_fork having run (e.g. os.fork in C)
             _inherited.append(_engine)
+        _log.start(core)
         _engine = core.Engine(engine_config(cfg))
         _engine_pid = pid
         return _engine

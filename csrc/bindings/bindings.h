@@ -206,6 +206,7 @@ ConnConfig conn_config(const pybind11::dict& d);  // module.cc
 void add_shm(pybind11::module_& m, pybind11::class_<PyEngine>& engine);    // shm.cc
 void add_verbs(pybind11::module_& m, pybind11::class_<PyEngine>& engine);  // verbs.cc
 void add_sim(pybind11::module_& m);  // sim.cc: test-only, _core._sim_pair
+void add_log(pybind11::module_& m);  // log.cc: engine messages for Python's logging
 // aio.cc: the loop's Notifier and the calls' and server's methods that never wait.
 void add_aio(pybind11::module_& m, pybind11::class_<PyEngine>& engine,
              pybind11::class_<PyConnection>& connection,

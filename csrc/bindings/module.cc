@@ -490,5 +490,6 @@ PYBIND11_MODULE(_core, m) {
   add_shm(m, engine);
   add_verbs(m, engine);
   add_sim(m);  // the test fabric (docs/core-api.md, "Test fabric")
+  add_log(m);
   add_aio(m, engine, connection, client_call, server, server_call);
 }

@@ -3,9 +3,8 @@
 // Connection is split by concern into connection_*.cc (see connection.h).
 #include "engine/connection.h"
 
-#include <cstdio>
-
 #include "common/clock.h"
+#include "common/log.h"
 #include "common/status.h"
 #include "engine/engine.h"
 #include "pool/pool.h"
@@ -110,8 +109,10 @@ void Connection::fail(uint32_t code, const std::string& why) {
   for (auto& s : all) lost += end_failed(s);
   // An idle connection whose peer went away is routine; lost calls and protocol
   // errors are not, and must be visible.
-  if (code == kInternal || (code != kCancelled && lost))
-    std::fprintf(stderr, "%s (%zu calls affected)\n", why.c_str(), lost);
+  const LogLevel level = code == kInternal ? LogLevel::kError
+                         : code != kCancelled && lost ? LogLevel::kWarning
+                                                      : LogLevel::kDebug;
+  log_message(level, why + " (" + std::to_string(lost) + (lost == 1 ? " call" : " calls") + " affected)");
   {
     std::lock_guard<std::mutex> g(exposed_mu_);
     exposed_.clear();

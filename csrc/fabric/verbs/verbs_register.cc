@@ -10,6 +10,7 @@
 #include <map>
 
 #include "common/error.h"
+#include "common/log.h"
 #include "fabric/verbs/verbs_fabric.h"
 #include "fabric/verbs/verbs_internal.h"
 #include "pool/pool.h"
@@ -90,8 +91,8 @@ VerbsDomain::VerbsDomain(const Selection& sel, std::shared_ptr<Pool> pool) : poo
   const char* no_windows = std::getenv("ARGRPC_VERBS_NO_WINDOWS");
   windows_ = (attr_.device_cap_flags & IBV_DEVICE_MEM_WINDOW) && !(no_windows && *no_windows);
   if (!windows_)
-    std::fprintf(stderr, "argrpc: %s has no memory windows: its whole registered pool is "
-                         "remotely readable by connected peers\n", sel.device.c_str());
+    log_message(LogLevel::kWarning, sel.device + " has no memory windows: its whole registered pool "
+                                    "is remotely readable by connected peers");
   // Register the first prefix now so a too-low memlock limit is a set-up error with
   // the reason, not a failure in the middle of a call.
   std::string why;
