@@ -42,7 +42,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 def core_module() -> ModuleType:
     """Import `argrpc._core` or raise EngineUnavailable saying why."""
     try:
-        from argrpc import _core  # type: ignore[attr-defined]
+        from argrpc import _core
     except ImportError as e:
         raise EngineUnavailable(
             "argrpc's C++ engine (argrpc._core) is not importable, so the shared-memory "

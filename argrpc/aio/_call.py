@@ -57,12 +57,12 @@ def rpc_error(code: grpc.StatusCode, details: str, imd: Any = None, tmd: Any = N
                            debug if debug is not None else f"{code.name}:{details}")
 
 
-def _set_done(fut: asyncio.Future) -> None:
+def _set_done(fut: asyncio.Future[Any]) -> None:
     if not fut.done():
         fut.set_result(None)
 
 
-def serialize(serializer: Optional[Callable], request: Any) -> Any:
+def serialize(serializer: Optional[Callable[..., Any]], request: Any) -> Any:
     """The request's payload. As grpc.aio: a serializer that raises is logged and an
     empty message goes out instead, as for one that returns None."""
     if serializer is None:
@@ -75,7 +75,7 @@ def serialize(serializer: Optional[Callable], request: Any) -> Any:
     return b"" if payload is None else payload
 
 
-def _deserialize(raw: Any, deserializer: Optional[Callable]) -> Any:
+def _deserialize(raw: Any, deserializer: Optional[Callable[..., Any]]) -> Any:
     # grpc.aio logs a failing deserializer and hands the application None.
     if deserializer is None:
         return raw
@@ -97,11 +97,11 @@ class FastCall:
     _peeked: Any = None
     # What sends for the call after it was made: the request a unary call could not
     # send at once, the requests of an iterator.
-    _sender: Optional[asyncio.Task] = None
-    _request_poller: Optional[asyncio.Task] = None
+    _sender: Optional[asyncio.Task[Any]] = None
+    _request_poller: Optional[asyncio.Task[Any]] = None
 
     def __init__(self, channel: Any, bridge: LoopBridge, core_call: Any, token: int,
-                 timeout: Optional[float], response_deserializer: Optional[Callable]) -> None:
+                 timeout: Optional[float], response_deserializer: Optional[Callable[..., Any]]) -> None:
         self._channel = channel
         self._bridge = bridge
         self._loop = bridge.loop
@@ -111,9 +111,9 @@ class FastCall:
         self._deserializer = response_deserializer
         # Made when first needed: most unary calls never wait on a future or get a
         # callback, and every object a call makes costs on this path.
-        self._waiters: Optional[list[asyncio.Future]] = None
+        self._waiters: Optional[list[asyncio.Future[Any]]] = None
         self._done_callbacks: Optional[list[Callable[[Any], None]]] = None
-        self._status: Optional[tuple] = None  # (StatusCode, details, trailing md (core))
+        self._status: Optional[tuple[Any, ...]] = None  # (StatusCode, details, trailing md (core))
         self._imd: Any = None
         self._locally_cancelled = False
         self._ended = False
@@ -151,7 +151,7 @@ class FastCall:
         except Exception:  # noqa: BLE001 - user code must not break the loop's dispatch
             _LOGGER.exception("argrpc.aio: a done callback raised")
 
-    def _future(self) -> asyncio.Future:
+    def _future(self) -> asyncio.Future[Any]:
         """A future the next change of the call completes."""
         fut = self._loop.create_future()
         if self._waiters is None:
@@ -232,14 +232,14 @@ class FastCall:
                 return self._imd
             await self._changed()
 
-    async def _wait_status(self) -> tuple:
+    async def _wait_status(self) -> tuple[Any, ...]:
         while True:
             status = self._final_status()
             if status is not None:
                 return status
             await self._changed()
 
-    def _final_status(self) -> Optional[tuple]:
+    def _final_status(self) -> Optional[tuple[Any, ...]]:
         if self._status is None:
             raw = self._core.try_status()
             if raw is None:
@@ -283,7 +283,7 @@ class FastCall:
         if status[0] is not _OK:
             raise await self._error(status)
 
-    async def _error(self, status: tuple) -> aio.AioRpcError:
+    async def _error(self, status: tuple[Any, ...]) -> aio.AioRpcError:
         imd = self._core.try_initial_metadata()
         return rpc_error(status[0], status[1], imd or None, status[2])
 
@@ -404,7 +404,7 @@ class _UnaryResponse(FastCall):
         return self._result
 
 
-class UnaryUnaryCall(_UnaryResponse, aio.UnaryUnaryCall):
+class UnaryUnaryCall(_UnaryResponse, aio.UnaryUnaryCall[Any, Any]):
     """``grpc.aio.UnaryUnaryCall``: request, headers and half-close in one batch."""
 
     async def wait_for_connection(self) -> None:
@@ -416,9 +416,9 @@ class UnaryUnaryCall(_UnaryResponse, aio.UnaryUnaryCall):
             pass
         await FastCall.wait_for_connection(self)
 
-    def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list,
+    def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list[Any],
                  timeout: Optional[float], request: Any,
-                 response_deserializer: Optional[Callable]) -> None:
+                 response_deserializer: Optional[Callable[..., Any]]) -> None:
         token = bridge.register(self._on_change)  # alive until it ends: see _UnaryResponse
         try:
             core, sent = conn.start_unary_watched(method, metadata, timeout, bridge.notifier,
@@ -433,13 +433,13 @@ class UnaryUnaryCall(_UnaryResponse, aio.UnaryUnaryCall):
             self._sender = self._loop.create_task(self._send(request, True))
 
 
-class StreamUnaryCall(_UnaryResponse, aio.StreamUnaryCall):
+class StreamUnaryCall(_UnaryResponse, aio.StreamUnaryCall[Any, Any]):
     """``grpc.aio.StreamUnaryCall``."""
 
-    def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list,
+    def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list[Any],
                  timeout: Optional[float], request_iterator: Any,
-                 request_serializer: Optional[Callable],
-                 response_deserializer: Optional[Callable]) -> None:
+                 request_serializer: Optional[Callable[..., Any]],
+                 response_deserializer: Optional[Callable[..., Any]]) -> None:
         token = bridge.register(self._on_change)  # alive until it ends: see _UnaryResponse
         core = conn.start_watched(method, metadata, timeout, bridge.notifier, token, True)
         super().__init__(channel, bridge, core, token, timeout, response_deserializer)
@@ -449,12 +449,12 @@ class StreamUnaryCall(_UnaryResponse, aio.StreamUnaryCall):
     done_writing = None
 
 
-class UnaryStreamCall(FastCall, aio.UnaryStreamCall):
+class UnaryStreamCall(FastCall, aio.UnaryStreamCall[Any, Any]):
     """``grpc.aio.UnaryStreamCall``."""
 
-    def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list,
+    def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list[Any],
                  timeout: Optional[float], request: Any,
-                 response_deserializer: Optional[Callable]) -> None:
+                 response_deserializer: Optional[Callable[..., Any]]) -> None:
         token = bridge.register(_weak_callback(self))
         core = conn.start_watched(method, metadata, timeout, bridge.notifier, token, False)
         super().__init__(channel, bridge, core, token, timeout, response_deserializer)
@@ -465,13 +465,13 @@ class UnaryStreamCall(FastCall, aio.UnaryStreamCall):
     read = None
 
 
-class StreamStreamCall(FastCall, aio.StreamStreamCall):
+class StreamStreamCall(FastCall, aio.StreamStreamCall[Any, Any]):
     """``grpc.aio.StreamStreamCall``."""
 
-    def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list,
+    def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list[Any],
                  timeout: Optional[float], request_iterator: Any,
-                 request_serializer: Optional[Callable],
-                 response_deserializer: Optional[Callable]) -> None:
+                 request_serializer: Optional[Callable[..., Any]],
+                 response_deserializer: Optional[Callable[..., Any]]) -> None:
         token = bridge.register(_weak_callback(self))
         core = conn.start_watched(method, metadata, timeout, bridge.notifier, token, True)
         super().__init__(channel, bridge, core, token, timeout, response_deserializer)
@@ -566,7 +566,7 @@ for _cls in (UnaryStreamCall, StreamStreamCall):
 
 # -- streaming requests -----------------------------------------------------------
 
-def _init_requests(call: Any, request_iterator: Any, serializer: Optional[Callable]) -> None:
+def _init_requests(call: Any, request_iterator: Any, serializer: Optional[Callable[..., Any]]) -> None:
     call._serializer = serializer
     call._done_writing_flag = False
     if request_iterator is not None:
@@ -711,11 +711,11 @@ class FailedCall:
         return None
 
 
-class _FailedUnary(FailedCall, aio.UnaryUnaryCall, aio.StreamUnaryCall):
+class _FailedUnary(FailedCall, aio.UnaryUnaryCall[Any, Any], aio.StreamUnaryCall[Any, Any]):
     pass
 
 
-class _FailedStream(FailedCall, aio.UnaryStreamCall, aio.StreamStreamCall):
+class _FailedStream(FailedCall, aio.UnaryStreamCall[Any, Any], aio.StreamStreamCall[Any, Any]):
     pass
 
 

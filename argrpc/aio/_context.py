@@ -102,7 +102,7 @@ def deserialize(deserializer: Optional[Callable[[Any], Any]], raw: Any) -> Any:
     return raw if deserializer is None else deserializer(raw)
 
 
-def _wake(future: asyncio.Future) -> None:
+def _wake(future: asyncio.Future[Any]) -> None:
     if not future.done():
         future.set_result(None)
 
@@ -163,9 +163,9 @@ class RpcState:
         self.key: int = sc.key
         self.server = server
         self.loop = loop
-        self.task: Optional[asyncio.Task] = None
+        self.task: Optional[asyncio.Task[Any]] = None
         self.token = 0
-        self._waiters: list[asyncio.Future] = []
+        self._waiters: list[asyncio.Future[Any]] = []
         # The call ended without our status (peer cancel, deadline, lost connection,
         # stop()): its task was cancelled and nothing more is sent.
         self.client_closed = False
@@ -175,11 +175,11 @@ class RpcState:
         self.status_code = _OK
         self.py_status_code: Any = None
         self.status_details = ""
-        self.trailing_metadata: tuple = ()
+        self.trailing_metadata: tuple[Any, ...] = ()
         self.compression_algorithm: Any = None
         self.disable_next_compression = False
         self.callbacks: list[Callable[[], None]] = []
-        self._invocation_metadata: Optional[tuple] = None
+        self._invocation_metadata: Optional[tuple[Any, ...]] = None
 
     def release(self) -> None:
         """The call's task is done: let go of the engine's handle (see _EndedCall)."""
@@ -293,7 +293,7 @@ class RpcState:
         # quiet: the call's end is not posted to the loop (nobody waits for it).
         return self.sc.try_finish(self.status_code, details, [], message, True) >= 0
 
-    async def _finish(self, code: int, details: Any, md: list, message: Any) -> None:
+    async def _finish(self, code: int, details: Any, md: list[Any], message: Any) -> None:
         sc = self.sc
         details = details if isinstance(details, str) else str(details or "")
         delay = _RETRY_FIRST_S
@@ -328,7 +328,7 @@ class RpcState:
         if self.server._is_stopped():
             raise ServerStoppedError(_SERVER_STOPPED_DETAILS)
 
-    def invocation_metadata(self) -> tuple:
+    def invocation_metadata(self) -> tuple[Any, ...]:
         # Converted lazily: a registered method without interceptors never looks at it.
         md = self._invocation_metadata
         if md is None:
@@ -344,11 +344,11 @@ class RpcState:
             _LOGGER.exception("Error in callback for method [%s]", self.method)
 
 
-class ServicerContext(FastPathPeer, aio.ServicerContext):
+class ServicerContext(FastPathPeer, aio.ServicerContext[Any, Any]):
     """What an `async def` handler of a fast-path call is given."""
 
-    def __init__(self, state: RpcState, request_deserializer: Optional[Callable],
-                 response_serializer: Optional[Callable]) -> None:
+    def __init__(self, state: RpcState, request_deserializer: Optional[Callable[..., Any]],
+                 response_serializer: Optional[Callable[..., Any]]) -> None:
         self._state = state
         self._request_deserializer = request_deserializer
         self._response_serializer = response_serializer
@@ -412,10 +412,10 @@ class ServicerContext(FastPathPeer, aio.ServicerContext):
         check_trailing_metadata(trailing_metadata)
         self._state.trailing_metadata = tuple(trailing_metadata)
 
-    def trailing_metadata(self) -> tuple:
+    def trailing_metadata(self) -> tuple[Any, ...]:
         return self._state.trailing_metadata
 
-    def invocation_metadata(self) -> tuple:
+    def invocation_metadata(self) -> tuple[Any, ...]:
         return self._state.invocation_metadata()
 
     def set_code(self, code: grpc.StatusCode) -> None:
@@ -481,7 +481,7 @@ class SyncServicerContext:
     def set_trailing_metadata(self, metadata: Any) -> None:
         self._context.set_trailing_metadata(metadata)
 
-    def invocation_metadata(self) -> tuple:
+    def invocation_metadata(self) -> tuple[Any, ...]:
         return self._context.invocation_metadata()
 
     def set_code(self, code: grpc.StatusCode) -> None:

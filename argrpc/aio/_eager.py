@@ -14,8 +14,8 @@ from typing import Any, Coroutine, Generator, Optional
 __all__ = ["start"]
 
 
-def start(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any],
-          context: contextvars.Context) -> Optional[asyncio.Task]:
+def start(loop: asyncio.AbstractEventLoop, coro: types.CoroutineType[Any, Any, Any],
+          context: contextvars.Context) -> Optional[asyncio.Task[Any]]:
     """Runs `coro` up to its first wait in `context`; None if it finished (its exceptions
     propagate, as its own), else the task that carries on from there."""
     try:
@@ -27,7 +27,7 @@ def start(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any],
     return task
 
 
-def _cancel_unstarted(coro: Coroutine[Any, Any, Any], context: contextvars.Context) -> None:
+def _cancel_unstarted(coro: types.CoroutineType[Any, Any, Any], context: contextvars.Context) -> None:
     """A task cancelled before its first step never runs _resume, so the coroutine it
     carries would only be closed when collected, its `except CancelledError` skipped:
     deliver the cancellation to it here, as its task would have."""

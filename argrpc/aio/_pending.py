@@ -57,7 +57,7 @@ class PendingCall:
             return t.result()
         return None
 
-    def _started(self, task: asyncio.Task) -> None:
+    def _started(self, task: asyncio.Task[Any]) -> None:
         callbacks, self._pending_callbacks = self._pending_callbacks, []
         call = self._call_now()
         for cb in callbacks:
@@ -243,8 +243,8 @@ class RequestProxy:
     at a time, each put waiting until the call takes it or ends."""
 
     def __init__(self) -> None:
-        self._queue: asyncio.Queue = asyncio.Queue(maxsize=1)
-        self._status: Optional[asyncio.Task] = None
+        self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=1)
+        self._status: Optional[asyncio.Task[Any]] = None
         self._owner: Optional[PendingCall] = None
 
     def bind(self, owner: PendingCall) -> None:
@@ -272,32 +272,32 @@ class RequestProxy:
                 put.cancel()
 
 
-class UnaryUnary(_UnaryResponse, aio.UnaryUnaryCall):
+class UnaryUnary(_UnaryResponse, aio.UnaryUnaryCall[Any, Any]):
     pass
 
 
-class UnaryStream(_StreamResponse, aio.UnaryStreamCall):
+class UnaryStream(_StreamResponse, aio.UnaryStreamCall[Any, Any]):
     pass
 
 
-class StreamUnary(_StreamRequest, _UnaryResponse, aio.StreamUnaryCall):
+class StreamUnary(_StreamRequest, _UnaryResponse, aio.StreamUnaryCall[Any, Any]):
     pass
 
 
-class StreamStream(_StreamRequest, _StreamResponse, aio.StreamStreamCall):
+class StreamStream(_StreamRequest, _StreamResponse, aio.StreamStreamCall[Any, Any]):
     pass
 
 
-class InterceptedUnaryStream(_InterceptedStreamResponse, aio.UnaryStreamCall):
+class InterceptedUnaryStream(_InterceptedStreamResponse, aio.UnaryStreamCall[Any, Any]):
     pass
 
 
-class InterceptedStreamUnary(_InterceptedStreamRequest, _UnaryResponse, aio.StreamUnaryCall):
+class InterceptedStreamUnary(_InterceptedStreamRequest, _UnaryResponse, aio.StreamUnaryCall[Any, Any]):
     pass
 
 
 class InterceptedStreamStream(_InterceptedStreamRequest, _InterceptedStreamResponse,
-                              aio.StreamStreamCall):
+                              aio.StreamStreamCall[Any, Any]):
     pass
 
 

@@ -44,7 +44,7 @@ def _on_loop(fn: Handler) -> Callable[[Any, Any], Coroutine[Any, Any, Any]]:
     return handle
 
 
-def async_handlers(stack: str) -> dict[str, grpc.RpcMethodHandler]:
+def async_handlers(stack: str) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
     """server.handlers(stack) with every behaviour made a coroutine function; the
     (de)serializers are the same objects."""
     return {name: grpc.unary_unary_rpc_method_handler(

@@ -206,7 +206,7 @@ class _Activity:
         return plain
 
 
-def _handlers(activity: _Activity) -> dict[str, grpc.RpcMethodHandler]:
+def _handlers(activity: _Activity) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
     def unary(request: Any, context: grpc.ServicerContext) -> Any:
         return request
 
@@ -266,7 +266,7 @@ def _install_hangup() -> threading.Event:
     return done
 
 
-def reap(proc: subprocess.Popen, log: Any) -> None:
+def reap(proc: subprocess.Popen[Any], log: Any) -> None:
     """Kill `proc` (a stopped one too: SIGCONT first), wait for it, close its pipes and
     its log file."""
     if proc.poll() is None:

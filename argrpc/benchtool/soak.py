@@ -210,7 +210,7 @@ class _Control:
         return True
 
 
-def _handlers(corpus: Corpus) -> dict[str, grpc.RpcMethodHandler]:
+def _handlers(corpus: Corpus) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
     def unary(request: Any, context: grpc.ServicerContext) -> Any:
         return request if _Control(context).step(context, 0) else b""
 
