@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-__all__ = ["FutureBase", "RpcMethodHandlerBase", "StreamStreamBase", "StreamUnaryBase", "UnaryStreamBase",
-           "UnaryUnaryBase"]
+__all__ = ["FutureBase", "RpcMethodHandlerBase", "StreamStreamBase", "StreamUnaryBase",
+           "UnaryStreamBase", "UnaryUnaryBase"]
 
 if TYPE_CHECKING:
     FutureBase = grpc.Future[Any]

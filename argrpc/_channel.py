@@ -121,29 +121,33 @@ class Channel(Routing, grpc.Channel):
                     response_deserializer: Optional[Callable[..., Any]] = None,
                     _registered_method: Optional[bool] = False) -> UnaryUnary:
         return UnaryUnary(self, method, request_serializer, response_deserializer,
-                          self._grpc.unary_unary(method, _buffers.bytes_serializer(request_serializer),
-                                                 response_deserializer, _registered_method))  # type: ignore[call-arg]
+                          self._grpc.unary_unary(  # type: ignore[call-arg]
+                              method, _buffers.bytes_serializer(request_serializer),
+                              response_deserializer, _registered_method))
 
     def unary_stream(self, method: str, request_serializer: Optional[Callable[..., Any]] = None,
                      response_deserializer: Optional[Callable[..., Any]] = None,
                      _registered_method: Optional[bool] = False) -> UnaryStream:
         return UnaryStream(self, method, request_serializer, response_deserializer,
-                           self._grpc.unary_stream(method, _buffers.bytes_serializer(request_serializer),
-                                                   response_deserializer, _registered_method))  # type: ignore[call-arg]
+                           self._grpc.unary_stream(  # type: ignore[call-arg]
+                               method, _buffers.bytes_serializer(request_serializer),
+                               response_deserializer, _registered_method))
 
     def stream_unary(self, method: str, request_serializer: Optional[Callable[..., Any]] = None,
                      response_deserializer: Optional[Callable[..., Any]] = None,
                      _registered_method: Optional[bool] = False) -> StreamUnary:
         return StreamUnary(self, method, request_serializer, response_deserializer,
-                           self._grpc.stream_unary(method, _buffers.bytes_serializer(request_serializer),
-                                                   response_deserializer, _registered_method))  # type: ignore[call-arg]
+                           self._grpc.stream_unary(  # type: ignore[call-arg]
+                               method, _buffers.bytes_serializer(request_serializer),
+                               response_deserializer, _registered_method))
 
     def stream_stream(self, method: str, request_serializer: Optional[Callable[..., Any]] = None,
                       response_deserializer: Optional[Callable[..., Any]] = None,
                       _registered_method: Optional[bool] = False) -> StreamStream:
         return StreamStream(self, method, request_serializer, response_deserializer,
-                            self._grpc.stream_stream(method, _buffers.bytes_serializer(request_serializer),
-                                                     response_deserializer, _registered_method))  # type: ignore[call-arg]
+                            self._grpc.stream_stream(  # type: ignore[call-arg]
+                                method, _buffers.bytes_serializer(request_serializer),
+                                response_deserializer, _registered_method))
 
     def close(self) -> None:
         """Close the fast connection (in-flight calls end CANCELLED) and the grpc channel."""

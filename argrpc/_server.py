@@ -164,7 +164,8 @@ class _Gate(grpc.ServerInterceptor):
         self._interceptors = tuple(interceptors)
         self._admission = admission
 
-    def intercept_service(self, continuation: Callable[..., Any], details: grpc.HandlerCallDetails) -> Any:
+    def intercept_service(self, continuation: Callable[..., Any],
+                          details: grpc.HandlerCallDetails) -> Any:
         if details.method == _bootstrap.BOOTSTRAP_METHOD:
             return continuation(details)
         admission = self._admission
@@ -225,7 +226,8 @@ class _GrpcExecutor(concurrent.futures.Executor):
         self._closed = False
         self._lock = threading.Lock()
 
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+    def submit(self, fn: Callable[..., Any], /, *args: Any,
+               **kwargs: Any) -> concurrent.futures.Future[Any]:
         kind = getattr(_ticket, "kind", None)
         if kind is not None:
             _ticket.kind = None
@@ -238,7 +240,8 @@ class _GrpcExecutor(concurrent.futures.Executor):
             future.add_done_callback(lambda _f: admission.release())
         return future
 
-    def _hand_over(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> concurrent.futures.Future[Any]:
+    def _hand_over(self, fn: Callable[..., Any], args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> concurrent.futures.Future[Any]:
         with self._lock:  # against may_retire() and close_and_drain(): nothing stranded
             queued = not self._closed and self._idle_workers() > 0
             if queued:
@@ -278,7 +281,8 @@ class _GrpcExecutor(concurrent.futures.Executor):
         pass
 
 
-def _run_into(future: concurrent.futures.Future[Any], fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+def _run_into(future: concurrent.futures.Future[Any], fn: Callable[..., Any],
+              args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     try:
         result = fn(*args, **kwargs)
     except BaseException as exc:  # handed to whoever waits on the future
@@ -287,7 +291,8 @@ def _run_into(future: concurrent.futures.Future[Any], fn: Callable[..., Any], ar
         future.set_result(result)
 
 
-def _run_now(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> concurrent.futures.Future[Any]:
+def _run_now(fn: Callable[..., Any], args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> concurrent.futures.Future[Any]:
     future: concurrent.futures.Future[Any] = concurrent.futures.Future()
     future.set_running_or_notify_cancel()
     _run_into(future, fn, args, kwargs)
@@ -717,7 +722,8 @@ class _Server(grpc.Server):
         return _intercept(self._interceptors, 0, query,
                           _HandlerCallDetails(method, state.invocation_metadata()))
 
-    def _query_generic(self, details: grpc.HandlerCallDetails) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
+    def _query_generic(self, details: grpc.HandlerCallDetails
+                       ) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
         for generic in self._generic:
             handler: Optional[grpc.RpcMethodHandler[Any, Any]] = generic.service(details)
             if handler is not None:

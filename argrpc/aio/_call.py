@@ -15,8 +15,8 @@ import logging
 import time
 import traceback
 import weakref
-from typing import (Any, AsyncIterable, AsyncIterator, Callable, Generator, NoReturn,
-                    Optional)
+from typing import (TYPE_CHECKING, Any, AsyncIterable, AsyncIterator, Callable, Generator,
+                    NoReturn, Optional)
 
 import grpc
 from grpc import aio
@@ -24,6 +24,12 @@ from grpc import aio
 from .._errors import code_from_int
 from .._metadata import from_core
 from ._loop import LoopBridge
+
+if TYPE_CHECKING:
+    from .._core import ClientCall
+
+    # (code, details, trailing metadata in the engine's form)
+    _Status = tuple[grpc.StatusCode, str, Any]
 
 __all__ = ["FastCall", "StreamStreamCall", "StreamUnaryCall", "UnaryStreamCall",
            "UnaryUnaryCall", "aio_metadata", "rpc_error"]
@@ -100,7 +106,7 @@ class FastCall:
     _sender: Optional[asyncio.Task[Any]] = None
     _request_poller: Optional[asyncio.Task[Any]] = None
 
-    def __init__(self, channel: Any, bridge: LoopBridge, core_call: Any, token: int,
+    def __init__(self, channel: Any, bridge: LoopBridge, core_call: ClientCall, token: int,
                  timeout: Optional[float], response_deserializer: Optional[Callable[..., Any]]) -> None:
         self._channel = channel
         self._bridge = bridge
@@ -113,8 +119,8 @@ class FastCall:
         # callback, and every object a call makes costs on this path.
         self._waiters: Optional[list[asyncio.Future[Any]]] = None
         self._done_callbacks: Optional[list[Callable[[Any], None]]] = None
-        self._status: Optional[tuple[Any, ...]] = None  # (StatusCode, details, trailing md (core))
-        self._imd: Any = None
+        self._status: Optional[_Status] = None
+        self._imd: Optional[aio.Metadata] = None
         self._locally_cancelled = False
         self._ended = False
         bridge.started()
@@ -232,14 +238,14 @@ class FastCall:
                 return self._imd
             await self._changed()
 
-    async def _wait_status(self) -> tuple[Any, ...]:
+    async def _wait_status(self) -> _Status:
         while True:
             status = self._final_status()
             if status is not None:
                 return status
             await self._changed()
 
-    def _final_status(self) -> Optional[tuple[Any, ...]]:
+    def _final_status(self) -> Optional[_Status]:
         if self._status is None:
             raw = self._core.try_status()
             if raw is None:
@@ -445,8 +451,12 @@ class StreamUnaryCall(_UnaryResponse, aio.StreamUnaryCall[Any, Any]):
         super().__init__(channel, bridge, core, token, timeout, response_deserializer)
         _init_requests(self, request_iterator, request_serializer)
 
-    write = None  # replaced below
-    done_writing = None
+    if TYPE_CHECKING:
+        async def write(self, request: Any) -> None: ...
+        async def done_writing(self) -> None: ...
+    else:
+        write = None  # replaced below
+        done_writing = None
 
 
 class UnaryStreamCall(FastCall, aio.UnaryStreamCall[Any, Any]):
@@ -461,8 +471,12 @@ class UnaryStreamCall(FastCall, aio.UnaryStreamCall[Any, Any]):
         _init_responses(self)
         _send_request(self, core, request)
 
-    __aiter__ = None  # replaced below
-    read = None
+    if TYPE_CHECKING:
+        def __aiter__(self) -> AsyncIterator[Any]: ...
+        async def read(self) -> Any: ...
+    else:
+        __aiter__ = None  # replaced below
+        read = None
 
 
 class StreamStreamCall(FastCall, aio.StreamStreamCall[Any, Any]):
@@ -478,10 +492,16 @@ class StreamStreamCall(FastCall, aio.StreamStreamCall[Any, Any]):
         _init_responses(self)
         _init_requests(self, request_iterator, request_serializer)
 
-    __aiter__ = None
-    read = None
-    write = None
-    done_writing = None
+    if TYPE_CHECKING:
+        def __aiter__(self) -> AsyncIterator[Any]: ...
+        async def read(self) -> Any: ...
+        async def write(self, request: Any) -> None: ...
+        async def done_writing(self) -> None: ...
+    else:
+        __aiter__ = None
+        read = None
+        write = None
+        done_writing = None
 
 
 def _send_request(call: FastCall, core: Any, request: Any) -> None:
@@ -543,7 +563,8 @@ def _response_aiter(self: Any) -> AsyncIterator[Any]:
     _update_response_style(self, _ITERATOR_STYLE)
     if self._message_aiter is None:
         self._message_aiter = _fetch_responses(self)
-    return self._message_aiter
+    responses: AsyncIterator[Any] = self._message_aiter
+    return responses
 
 
 async def _read(self: Any) -> Any:
@@ -559,9 +580,9 @@ async def _read(self: Any) -> Any:
     return message
 
 
-for _cls in (UnaryStreamCall, StreamStreamCall):
-    _cls.__aiter__ = _response_aiter  # type: ignore[method-assign, assignment]
-    _cls.read = _read  # type: ignore[method-assign, assignment]
+for _reader_cls in (UnaryStreamCall, StreamStreamCall):
+    setattr(_reader_cls, "__aiter__", _response_aiter)
+    setattr(_reader_cls, "read", _read)
 
 
 # -- streaming requests -----------------------------------------------------------
@@ -628,9 +649,9 @@ async def _public_done_writing(self: Any) -> None:
     await _done_writing(self)
 
 
-for _cls in (StreamUnaryCall, StreamStreamCall):
-    _cls.write = _write  # type: ignore[method-assign, assignment]
-    _cls.done_writing = _public_done_writing  # type: ignore[method-assign, assignment]
+for _writer_cls in (StreamUnaryCall, StreamStreamCall):
+    setattr(_writer_cls, "write", _write)
+    setattr(_writer_cls, "done_writing", _public_done_writing)
 
 
 class FailedCall:
@@ -719,5 +740,6 @@ class _FailedStream(FailedCall, aio.UnaryStreamCall[Any, Any], aio.StreamStreamC
     pass
 
 
-_FAILED = {"unary_unary": _FailedUnary, "stream_unary": _FailedUnary,
-           "unary_stream": _FailedStream, "stream_stream": _FailedStream}
+_FAILED: dict[str, type[FailedCall]] = {
+    "unary_unary": _FailedUnary, "stream_unary": _FailedUnary,
+    "unary_stream": _FailedStream, "stream_stream": _FailedStream}

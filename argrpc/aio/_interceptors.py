@@ -153,7 +153,10 @@ class _Outcome:
         return bool(getattr(self._call, "_done_writing_flag", False))
 
 
-class _Response(_Outcome, aio.UnaryUnaryCall[Any, Any], aio.StreamUnaryCall[Any, Any]):
+# ignore[misc] below: no metadata is None, as for grpc.aio's intercepted calls; grpc's
+# stubs say Metadata
+class _Response(_Outcome, aio.UnaryUnaryCall[Any, Any],  # type: ignore[misc]
+                aio.StreamUnaryCall[Any, Any]):
     def __await__(self) -> Generator[Any, None, Any]:
         return self._value
         yield  # noqa: unreachable - makes this a generator
@@ -165,9 +168,11 @@ class _Response(_Outcome, aio.UnaryUnaryCall[Any, Any], aio.StreamUnaryCall[Any,
         return None
 
 
-class _Responses(_Outcome, aio.UnaryStreamCall[Any, Any], aio.StreamStreamCall[Any, Any]):
+class _Responses(_Outcome, aio.UnaryStreamCall[Any, Any],  # type: ignore[misc]
+                 aio.StreamStreamCall[Any, Any]):
     def __aiter__(self) -> AsyncIterator[Any]:
-        return self._value.__aiter__()
+        responses: AsyncIterator[Any] = self._value.__aiter__()
+        return responses
 
     async def read(self) -> Any:
         try:

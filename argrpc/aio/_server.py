@@ -21,7 +21,7 @@ import logging
 import sys
 import weakref
 from concurrent.futures import Executor
-from typing import Any, Awaitable, Callable, Optional, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, Sequence, cast
 
 import grpc
 from grpc import aio
@@ -71,7 +71,8 @@ async def _refuse_over_limit(request_iterator: Any, context: aio.ServicerContext
 
 
 # Request-streaming, so grpc.aio runs it without waiting for a request message.
-_REFUSE_HANDLER = grpc.stream_unary_rpc_method_handler(_refuse_over_limit)
+_REFUSE_HANDLER: grpc.RpcMethodHandler[Any, Any] = grpc.stream_unary_rpc_method_handler(
+    _refuse_over_limit)
 
 
 class _Gate(aio.ServerInterceptor):
@@ -108,8 +109,9 @@ def _bootstrap_handler(listener: _bootstrap.FastPathListener) -> grpc.GenericRpc
     endpoint (verbs): short enough to run on the loop."""
 
     async def negotiate(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-        user_agent = next((str(v) for k, v in context.invocation_metadata()
-                           if k == "user-agent"), "")
+        # grpc.aio gives a call's metadata (its stubs allow None)
+        metadata = cast(aio.Metadata, context.invocation_metadata())
+        user_agent = next((str(v) for k, v in metadata if k == "user-agent"), "")
         return listener.decide(request, encrypted=_bootstrap._is_encrypted(context),
                                user_agent=user_agent)
 
@@ -192,14 +194,16 @@ class Server(aio.Server):
         return self._core is not None
 
     # --- handlers -----------------------------------------------------------------------
-    def add_generic_rpc_handlers(self, generic_rpc_handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+    def add_generic_rpc_handlers(self, generic_rpc_handlers: Iterable[grpc.GenericRpcHandler]
+                                 ) -> None:
         generic_rpc_handlers = tuple(generic_rpc_handlers)
         self._grpc.add_generic_rpc_handlers(
             tuple(_buffers.GrpcGenericHandler(h) for h in generic_rpc_handlers))
         self._generic.extend(generic_rpc_handlers)
 
     def add_registered_method_handlers(self, service_name: str,
-                                       method_handlers: dict[str, grpc.RpcMethodHandler[Any, Any]]) -> None:
+                                       method_handlers: Mapping[str, grpc.RpcMethodHandler[Any, Any]]
+                                       ) -> None:
         # grpc.aio warns and ignores once started; forwarding keeps its exact behaviour.
         self._grpc.add_registered_method_handlers(service_name, {
             name: _buffers.grpc_method_handler(h) for name, h in method_handlers.items()})
@@ -401,10 +405,12 @@ class Server(aio.Server):
     async def _intercepted_handler(self, state: RpcState) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
         """The call's handler through the interceptors (grpc.aio resolves registered
         methods first, both by the possibly rewritten details)."""
-        return await intercept(self._interceptors, 0, self._resolve_async,
-                               HandlerCallDetails(state.method, state))
+        handler: Optional[grpc.RpcMethodHandler[Any, Any]] = await intercept(
+            self._interceptors, 0, self._resolve_async, HandlerCallDetails(state.method, state))
+        return handler
 
-    async def _resolve_async(self, details: grpc.HandlerCallDetails) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
+    async def _resolve_async(self, details: grpc.HandlerCallDetails
+                             ) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
         return self._resolve(details)
 
     def _resolve(self, details: grpc.HandlerCallDetails) -> Optional[grpc.RpcMethodHandler[Any, Any]]:

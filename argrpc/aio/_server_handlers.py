@@ -44,8 +44,9 @@ class HandlerCallDetails(grpc.HandlerCallDetails):
         self.method = method
         self._state = state
 
+    # read-only, converted when read; grpc's stubs declare a plain attribute
     @property
-    def invocation_metadata(self) -> tuple[Any, ...]:
+    def invocation_metadata(self) -> tuple[Any, ...]:  # type: ignore[override]
         return self._state.invocation_metadata()
 
 

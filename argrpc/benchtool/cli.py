@@ -649,8 +649,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     if errors:
         print("errors:")
-        for e in errors:
-            print(f"  {e}")
+        for err in errors:
+            print(f"  {err}")
     print(f"finished in {elapsed:.0f} s; written:")
     print(f"  JSON      {json_path}")
     print(f"  Markdown  {md_path}")
