@@ -87,10 +87,29 @@ def _literal_arg(call: ast.Call) -> str | None:
     return arg.value if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else None
 
 
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _run_time_nodes(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node but those under `if TYPE_CHECKING:`, which only type checkers import."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child.test):
+                stack.extend(child.orelse)
+            else:
+                stack.append(child)
+
+
 def imported_modules(source: str) -> set[str]:
-    """Top-level names of the absolute imports in `source`, string-named ones included."""
+    """Top-level names of the absolute imports in `source` that run, string-named ones
+    included."""
     names: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in _run_time_nodes(ast.parse(source)):
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -136,8 +155,12 @@ def test_scan_sees_imports() -> None:
     # the scan itself: every form of import the areas use
     source = ("import numpy.linalg\nfrom google.protobuf import message\nfrom . import x\n"
               "import os\nyaml = pytest.importorskip('yaml')\n"
-              "importlib.import_module('echo_pb2')\nimportlib.import_module('.x', 'p')\n")
-    assert imported_modules(source) == {"numpy", "google", "os", "yaml", "echo_pb2"}
+              "importlib.import_module('echo_pb2')\nimportlib.import_module('.x', 'p')\n"
+              "if TYPE_CHECKING:\n    import typing_extensions\nelse:\n    import json\n"
+              "def f():\n    if typing.TYPE_CHECKING:\n        import numpy.typing\n"
+              "    import sklearn\n")
+    assert imported_modules(source) == {"numpy", "google", "os", "yaml", "echo_pb2", "json",
+                                        "sklearn"}
     assert set(third_party("bench")) >= {"numpy", "matplotlib"}
     assert "sklearn" in third_party("examples")
 
