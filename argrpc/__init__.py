@@ -9,7 +9,6 @@ interceptors...) is still imported from ``grpc``.
 from . import _plain  # noqa: F401 - first: grpc's constructors before anyone replaces them
 from ._channel import Channel, insecure_channel, secure_channel
 from ._server import server
-
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = ["Channel", "__version__", "insecure_channel", "secure_channel", "server"]

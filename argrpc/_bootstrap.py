@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Callable, Generator, Sequence
+from typing import Any, Callable, Generator, Sequence, Union
 
 import grpc
 import grpc.aio
@@ -221,7 +221,7 @@ def _ask(cfg: Config, max_recv: int, target: str, skipped: dict[str, str] | None
 
 # --------------------------------------------------------------------------- server
 
-def _is_encrypted(context: grpc.ServicerContext) -> bool:
+def _is_encrypted(context: Union[grpc.ServicerContext, grpc.aio.ServicerContext[Any, Any]]) -> bool:
     try:
         auth = context.auth_context() or {}
     except Exception:

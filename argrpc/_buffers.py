@@ -8,9 +8,11 @@ copied into `bytes` once; `bytes` themselves pass through untouched.
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, overload
 
 import grpc
+
+from ._bases import RpcMethodHandlerBase
 
 
 def bytes_serializer(serializer: Optional[Callable[[Any], Any]]) -> Optional[Callable[[Any], bytes]]:
@@ -29,11 +31,21 @@ class _MethodHandler(
             "request_streaming", "response_streaming", "request_deserializer",
             "response_serializer", "unary_unary", "unary_stream", "stream_unary",
             "stream_stream")),
-        grpc.RpcMethodHandler):
+        RpcMethodHandlerBase):
     pass
 
 
-def grpc_method_handler(handler: Optional[grpc.RpcMethodHandler]) -> Optional[grpc.RpcMethodHandler]:
+@overload
+def grpc_method_handler(handler: None) -> None: ...
+
+
+@overload
+def grpc_method_handler(handler: grpc.RpcMethodHandler[Any, Any]
+                        ) -> grpc.RpcMethodHandler[Any, Any]: ...
+
+
+def grpc_method_handler(handler: Optional[grpc.RpcMethodHandler[Any, Any]]
+                        ) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
     """The same handler with a response serializer grpc's core can send."""
     if handler is None or handler.response_serializer is None:
         return handler
@@ -49,5 +61,8 @@ class GrpcGenericHandler(grpc.GenericRpcHandler):
     def __init__(self, inner: grpc.GenericRpcHandler) -> None:
         self._inner = inner
 
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> Optional[grpc.RpcMethodHandler]:
-        return grpc_method_handler(self._inner.service(handler_call_details))
+    def service(self, handler_call_details: grpc.HandlerCallDetails
+                ) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
+        handler: Optional[grpc.RpcMethodHandler[Any, Any]] = self._inner.service(
+            handler_call_details)
+        return grpc_method_handler(handler)

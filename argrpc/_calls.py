@@ -19,10 +19,12 @@ import sys
 import threading
 import time
 import types
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, cast
 
 import grpc
 
+from ._bases import (FutureBase, StreamStreamBase, StreamUnaryBase, UnaryStreamBase,
+                     UnaryUnaryBase)
 from ._config import LIMITS
 from ._errors import (USER_CODE_FAILED, DoneFuture, _RpcError, code_from_int, local_error,
                       rpc_state_string, status_error, user_codec)
@@ -63,7 +65,7 @@ def _too_large(n: int, limit: int) -> _RpcError:
     return local_error(_RESOURCE_EXHAUSTED, details, f"RESOURCE_EXHAUSTED:{details}")
 
 
-def _core_metadata(metadata: Any) -> list:
+def _core_metadata(metadata: Any) -> list[Any]:
     try:
         md = to_core(metadata)
         # grpc drops a call's own user-agent: the server sees the channel's (on the fast
@@ -108,12 +110,12 @@ class _CompletedCall(DoneFuture, grpc.Call):
         self._response = response
         self._deadline = deadline
 
-    def initial_metadata(self) -> tuple:
+    def initial_metadata(self) -> tuple[Any, ...]:
         if not isinstance(self._imd, tuple):
             self._imd = from_core(self._imd)
         return self._imd
 
-    def trailing_metadata(self) -> tuple:
+    def trailing_metadata(self) -> tuple[Any, ...]:
         if not isinstance(self._tmd, tuple):
             self._tmd = from_core(self._tmd)
         return self._tmd
@@ -127,7 +129,8 @@ class _CompletedCall(DoneFuture, grpc.Call):
     def debug_error_string(self) -> Optional[str]:
         return ""
 
-    def time_remaining(self) -> Optional[float]:
+    # None without a deadline, as grpc's calls answer (its stubs say float)
+    def time_remaining(self) -> Optional[float]:  # type: ignore[override]
         if self._deadline is None:
             return None
         return max(self._deadline - time.time(), 0)
@@ -204,10 +207,10 @@ class DoneWatcher:
             calls[0]._core.status(0.005 if len(calls) == 1 else 0.001)
 
 
-class _Call(grpc.RpcError, grpc.Call, grpc.Future):
+class _Call(grpc.RpcError, grpc.Call, FutureBase):
     """A fast-path call in progress: iterator + ``grpc.Call`` + ``grpc.Future``."""
 
-    def __init__(self, channel: "Channel", core: Any, deserializer: Optional[Callable],
+    def __init__(self, channel: "Channel", core: Any, deserializer: Optional[Callable[..., Any]],
                  unary_response: bool, deadline: Optional[float]) -> None:
         super().__init__()
         self._channel = channel
@@ -219,17 +222,17 @@ class _Call(grpc.RpcError, grpc.Call, grpc.Future):
         self._code: Optional[grpc.StatusCode] = None
         self._details: Optional[str] = None
         self._debug: Optional[str] = None
-        self._imd: Optional[tuple] = None
-        self._tmd: Optional[tuple] = None
+        self._imd: Optional[tuple[Any, ...]] = None
+        self._tmd: Optional[tuple[Any, ...]] = None
         self._response: Any = None
         self._cancelled = False
         self._callbacks: Optional[list[Callable[[], None]]] = []
         # Set by the request-consumer thread when it ends the call itself, so the status
         # is grpc's even if the engine reports its cancel differently.
-        self.override: list = [None]
+        self.override: list[Any] = [None]
 
     # ------------------------------------------------------------------ completion
-    def _complete(self, status: tuple) -> None:
+    def _complete(self, status: tuple[Any, ...]) -> None:
         """Record the engine's final status (once) and run callbacks."""
         with self._lock:
             if self._code is not None:
@@ -282,7 +285,7 @@ class _Call(grpc.RpcError, grpc.Call, grpc.Future):
         return True
 
     @staticmethod
-    def _run_callbacks(callbacks: Optional[list]) -> None:
+    def _run_callbacks(callbacks: Optional[list[Any]]) -> None:
         for callback in callbacks or ():
             try:
                 callback()
@@ -310,28 +313,31 @@ class _Call(grpc.RpcError, grpc.Call, grpc.Future):
         return True
 
     def _error(self) -> _RpcError:
-        return _RpcError(self._code, self._details, self.initial_metadata(),
+        # only once the call ended: code and details are set
+        return _RpcError(cast(grpc.StatusCode, self._code), cast(str, self._details),
+                         self.initial_metadata(),
                          self._tmd or (), self._debug)
 
     # ------------------------------------------------------------------ grpc.Call
-    def initial_metadata(self) -> tuple:
+    def initial_metadata(self) -> tuple[Any, ...]:
         imd = self._imd
         if imd is None:
             raw = self._core.initial_metadata()  # waits for headers or the end
             imd = self._imd = from_core(raw) if raw is not None else ()
         return imd
 
-    def trailing_metadata(self) -> tuple:
+    # _wait(None) returns once the call ended, which sets trailers, code and details
+    def trailing_metadata(self) -> tuple[Any, ...]:
         self._wait(None)
-        return self._tmd
+        return cast("tuple[Any, ...]", self._tmd)
 
     def code(self) -> grpc.StatusCode:
         self._wait(None)
-        return self._code
+        return cast(grpc.StatusCode, self._code)
 
     def details(self) -> str:
         self._wait(None)
-        return self._details
+        return cast(str, self._details)
 
     def debug_error_string(self) -> Optional[str]:
         self._wait(None)
@@ -341,7 +347,8 @@ class _Call(grpc.RpcError, grpc.Call, grpc.Future):
     def is_active(self) -> bool:
         return not self._poll()
 
-    def time_remaining(self) -> Optional[float]:
+    # None without a deadline, as grpc's calls answer (its stubs say float)
+    def time_remaining(self) -> Optional[float]:  # type: ignore[override]
         if self._deadline is None:
             return None
         return max(self._deadline - time.time(), 0)
@@ -398,7 +405,7 @@ class _Call(grpc.RpcError, grpc.Call, grpc.Future):
             raise grpc.FutureCancelledError()
         raise self
 
-    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+    def exception(self, timeout: Optional[float] = None) -> Optional[Exception]:
         if not self._wait(timeout):
             raise grpc.FutureTimeoutError()
         if self._code is _OK:
@@ -469,8 +476,8 @@ class _Call(grpc.RpcError, grpc.Call, grpc.Future):
             pass
 
 
-def _consume_requests(core: Any, request_iterator: Any, serializer: Optional[Callable],
-                      max_send: int, override: list, consumers: set) -> None:
+def _consume_requests(core: Any, request_iterator: Any, serializer: Optional[Callable[..., Any]],
+                      max_send: int, override: list[Any], consumers: set[Any]) -> None:
     """Feed the request iterator into the call on a daemon thread, then half-close.
 
     The thread holds the engine call and the override slot, not the ``_Call``, so an
@@ -529,8 +536,8 @@ def _consume_requests(core: Any, request_iterator: Any, serializer: Optional[Cal
 class _MultiCallable:
     __slots__ = ("_channel", "_method", "_ser", "_deser", "_grpc", "_max_send", "_raw_send")
 
-    def __init__(self, channel: "Channel", method: str, serializer: Optional[Callable],
-                 deserializer: Optional[Callable], grpc_callable: Any) -> None:
+    def __init__(self, channel: "Channel", method: str, serializer: Optional[Callable[..., Any]],
+                 deserializer: Optional[Callable[..., Any]], grpc_callable: Any) -> None:
         self._channel = channel
         self._method = method.decode("ascii") if isinstance(method, bytes) else method
         self._ser = serializer
@@ -604,7 +611,7 @@ class _MultiCallable:
         return call
 
 
-class UnaryUnary(_MultiCallable, grpc.UnaryUnaryMultiCallable):
+class UnaryUnary(_MultiCallable, UnaryUnaryBase):
     __slots__ = ()
 
     def __call__(self, request: Any, timeout: Optional[float] = None, metadata: Any = None,
@@ -626,7 +633,7 @@ class UnaryUnary(_MultiCallable, grpc.UnaryUnaryMultiCallable):
         conn, timeout, result = self._routed(self._grpc.with_call, request, timeout, metadata,
                                              credentials, wait_for_ready, compression)
         if conn is None:
-            return result
+            return cast("tuple[Any, grpc.Call]", result)
         response, imd, tmd, timeout = self._blocking(conn, request, timeout, metadata)
         return response, _CompletedCall(imd, tmd, response, _deadline(timeout))
 
@@ -654,7 +661,7 @@ class UnaryUnary(_MultiCallable, grpc.UnaryUnaryMultiCallable):
                                  credentials, wait_for_ready, compression)
 
 
-class UnaryStream(_MultiCallable, grpc.UnaryStreamMultiCallable):
+class UnaryStream(_MultiCallable, UnaryStreamBase):
     __slots__ = ()
 
     def __call__(self, request: Any, timeout: Optional[float] = None, metadata: Any = None,
@@ -665,7 +672,7 @@ class UnaryStream(_MultiCallable, grpc.UnaryStreamMultiCallable):
                                  credentials, wait_for_ready, compression)
 
 
-class StreamUnary(_MultiCallable, grpc.StreamUnaryMultiCallable):
+class StreamUnary(_MultiCallable, StreamUnaryBase):
     __slots__ = ()
 
     def _blocking(self, conn: Any, request_iterator: Any, timeout: Optional[float],
@@ -693,7 +700,7 @@ class StreamUnary(_MultiCallable, grpc.StreamUnaryMultiCallable):
         conn, timeout, result = self._routed(self._grpc.with_call, request_iterator, timeout,
                                              metadata, credentials, wait_for_ready, compression)
         if conn is None:
-            return result
+            return cast("tuple[Any, grpc.Call]", result)
         return self._blocking(conn, request_iterator, timeout, metadata)
 
     def future(self, request_iterator: Iterator[Any], timeout: Optional[float] = None,
@@ -704,7 +711,7 @@ class StreamUnary(_MultiCallable, grpc.StreamUnaryMultiCallable):
                                  metadata, credentials, wait_for_ready, compression)
 
 
-class StreamStream(_MultiCallable, grpc.StreamStreamMultiCallable):
+class StreamStream(_MultiCallable, StreamStreamBase):
     __slots__ = ()
 
     def __call__(self, request_iterator: Iterator[Any], timeout: Optional[float] = None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Literal, Optional
 
 import grpc
 
@@ -115,33 +115,39 @@ class Channel(Routing, grpc.Channel):
     def unsubscribe(self, callback: Callable[[grpc.ChannelConnectivity], None]) -> None:
         self._grpc.unsubscribe(callback)
 
-    def unary_unary(self, method: str, request_serializer: Optional[Callable] = None,
-                    response_deserializer: Optional[Callable] = None,
+    # ignore[call-arg] below: grpc's channels take _registered_method (generated stubs pass
+    # it); grpc's type stubs do not list it
+    def unary_unary(self, method: str, request_serializer: Optional[Callable[..., Any]] = None,
+                    response_deserializer: Optional[Callable[..., Any]] = None,
                     _registered_method: Optional[bool] = False) -> UnaryUnary:
         return UnaryUnary(self, method, request_serializer, response_deserializer,
-                          self._grpc.unary_unary(method, _buffers.bytes_serializer(request_serializer),
-                                                 response_deserializer, _registered_method))
+                          self._grpc.unary_unary(  # type: ignore[call-arg]
+                              method, _buffers.bytes_serializer(request_serializer),
+                              response_deserializer, _registered_method))
 
-    def unary_stream(self, method: str, request_serializer: Optional[Callable] = None,
-                     response_deserializer: Optional[Callable] = None,
+    def unary_stream(self, method: str, request_serializer: Optional[Callable[..., Any]] = None,
+                     response_deserializer: Optional[Callable[..., Any]] = None,
                      _registered_method: Optional[bool] = False) -> UnaryStream:
         return UnaryStream(self, method, request_serializer, response_deserializer,
-                           self._grpc.unary_stream(method, _buffers.bytes_serializer(request_serializer),
-                                                   response_deserializer, _registered_method))
+                           self._grpc.unary_stream(  # type: ignore[call-arg]
+                               method, _buffers.bytes_serializer(request_serializer),
+                               response_deserializer, _registered_method))
 
-    def stream_unary(self, method: str, request_serializer: Optional[Callable] = None,
-                     response_deserializer: Optional[Callable] = None,
+    def stream_unary(self, method: str, request_serializer: Optional[Callable[..., Any]] = None,
+                     response_deserializer: Optional[Callable[..., Any]] = None,
                      _registered_method: Optional[bool] = False) -> StreamUnary:
         return StreamUnary(self, method, request_serializer, response_deserializer,
-                           self._grpc.stream_unary(method, _buffers.bytes_serializer(request_serializer),
-                                                   response_deserializer, _registered_method))
+                           self._grpc.stream_unary(  # type: ignore[call-arg]
+                               method, _buffers.bytes_serializer(request_serializer),
+                               response_deserializer, _registered_method))
 
-    def stream_stream(self, method: str, request_serializer: Optional[Callable] = None,
-                      response_deserializer: Optional[Callable] = None,
+    def stream_stream(self, method: str, request_serializer: Optional[Callable[..., Any]] = None,
+                      response_deserializer: Optional[Callable[..., Any]] = None,
                       _registered_method: Optional[bool] = False) -> StreamStream:
         return StreamStream(self, method, request_serializer, response_deserializer,
-                            self._grpc.stream_stream(method, _buffers.bytes_serializer(request_serializer),
-                                                     response_deserializer, _registered_method))
+                            self._grpc.stream_stream(  # type: ignore[call-arg]
+                                method, _buffers.bytes_serializer(request_serializer),
+                                response_deserializer, _registered_method))
 
     def close(self) -> None:
         """Close the fast connection (in-flight calls end CANCELLED) and the grpc channel."""
@@ -162,7 +168,7 @@ class Channel(Routing, grpc.Channel):
     def __enter__(self) -> "Channel":
         return self
 
-    def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> Literal[False]:
         self.close()
         return False
 

@@ -1,4 +1,5 @@
-"""The `argrpc` console script (`python -m argrpc` too). Subcommands: `doctor`."""
+"""The `argrpc` console script (`python -m argrpc` too). Subcommands: `doctor`; and
+`--version`."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import sys
 from typing import Sequence
 
 from argrpc._config import TRANSPORTS
+from argrpc._version import __version__
 
 __all__ = ["build_parser", "main"]
 
@@ -14,6 +16,7 @@ __all__ = ["build_parser", "main"]
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="argrpc", description="argrpc: shared-memory/RDMA transport for Python gRPC.")
+    parser.add_argument("--version", action="version", version=f"argrpc {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     doctor = sub.add_parser(

@@ -520,16 +520,16 @@ def load(options: Any = None, environ: Mapping[str, str] | None = None) -> Confi
     for key, value in _iter_options(options):
         if not _is_argrpc_key(key):
             continue
-        k = _BY_NAME.get(key.upper())
-        if k is None:
+        opt = _BY_NAME.get(key.upper())
+        if opt is None:
             raise ConfigError(
                 f"unknown option {key!r}: argrpc options are "
                 + ", ".join(k.name for k in TABLE))
-        if k.process_wide:
+        if opt.process_wide:
             raise ConfigError(
-                f"{k.name} is process-wide (one engine per process): set it in the "
+                f"{opt.name} is process-wide (one engine per process): set it in the "
                 f"environment, not as a channel/server option (got option value {value!r})")
-        values[k.field] = _parse_one(k, value, "option")
+        values[opt.field] = _parse_one(opt, value, "option")
     cfg = Config(**values)
     if cfg.acc_size > cfg.ring_size // 4:
         raise ConfigError(

@@ -10,11 +10,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NoReturn, Optional, Sequence
 
 import grpc
 
 from . import _metadata
+
+if TYPE_CHECKING:
+    from ._core import ServerCall
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -48,7 +51,7 @@ class _CallState:
         "_invocation_metadata",
     )
 
-    def __init__(self, sc: Any, method: str) -> None:
+    def __init__(self, sc: ServerCall, method: str) -> None:
         self.sc = sc
         self.method = method
         self.code: Optional[grpc.StatusCode] = None
@@ -68,9 +71,9 @@ class _CallState:
         self.lock = threading.Lock()
         # The call goes on after its handler returned (a non-blocking handler).
         self.detached = False
-        self._invocation_metadata: Optional[tuple] = None
+        self._invocation_metadata: Optional[tuple[Any, ...]] = None
 
-    def invocation_metadata(self) -> tuple:
+    def invocation_metadata(self) -> tuple[Any, ...]:
         # Converted lazily: the registered-method hot path never looks at it.
         md = self._invocation_metadata
         if md is None:
@@ -108,7 +111,8 @@ class FastPathPeer:
     _state: Any
 
     def peer(self) -> str:
-        return self._state.sc.peer
+        peer: str = self._state.sc.peer  # each API's call state has its ServerCall as sc
+        return peer
 
     def peer_identities(self) -> Optional[Sequence[bytes]]:
         return None
@@ -120,8 +124,11 @@ class FastPathPeer:
         return {}
 
 
-class _ServicerContext(FastPathPeer, grpc.ServicerContext):
+# ignore: grpc's stubs type auth_context's values as bytes; grpc (and FastPathPeer) give
+# sequences of bytes
+class _ServicerContext(FastPathPeer, grpc.ServicerContext):  # type: ignore[misc]
     __slots__ = ("_state",)
+    _state: _CallState
 
     def __init__(self, state: _CallState) -> None:
         self._state = state
@@ -138,14 +145,15 @@ class _ServicerContext(FastPathPeer, grpc.ServicerContext):
             return _INFINITE_DEADLINE - time.time()
         return max(remaining, 0.0)
 
-    def cancel(self) -> None:
+    # None, as grpc's servicer context returns (its stubs say bool)
+    def cancel(self) -> None:  # type: ignore[override]
         self._state.sc.cancel()
 
     def add_callback(self, callback: Callable[[], None]) -> bool:
         return self._state.add_callback(callback)
 
     # --- ServicerContext ------------------------------------------------------------
-    def invocation_metadata(self) -> tuple:
+    def invocation_metadata(self) -> tuple[Any, ...]:
         return self._state.invocation_metadata()
 
     def set_compression(self, compression: grpc.Compression) -> None:
@@ -175,10 +183,11 @@ class _ServicerContext(FastPathPeer, grpc.ServicerContext):
     def set_trailing_metadata(self, trailing_metadata: MetadataType) -> None:
         self._state.trailing_metadata = trailing_metadata
 
-    def trailing_metadata(self) -> Optional[MetadataType]:
+    # what was set, None before, as grpc's context answers (its stubs say a tuple)
+    def trailing_metadata(self) -> Optional[MetadataType]:  # type: ignore[override]
         return self._state.trailing_metadata
 
-    def abort(self, code: grpc.StatusCode, details: str) -> None:
+    def abort(self, code: grpc.StatusCode, details: str) -> NoReturn:
         # grpc treats abort(OK) as an application error: the call fails with UNKNOWN.
         if code == grpc.StatusCode.OK:
             _LOGGER.error("abort() called with StatusCode.OK; returning UNKNOWN")
@@ -190,7 +199,7 @@ class _ServicerContext(FastPathPeer, grpc.ServicerContext):
         state.aborted = True
         raise AbortError()
 
-    def abort_with_status(self, status: grpc.Status) -> None:
+    def abort_with_status(self, status: grpc.Status) -> NoReturn:
         self._state.trailing_metadata = status.trailing_metadata
         self.abort(status.code, status.details)
 

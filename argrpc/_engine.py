@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 import threading
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Optional
 
 from argrpc import _log
 from argrpc._config import Config, engine_config
+
+if TYPE_CHECKING:
+    from argrpc._core import Engine
 
 __all__ = ["EngineUnavailable", "core_module", "get_engine", "peek_engine"]
 
@@ -18,13 +21,13 @@ class EngineUnavailable(RuntimeError):
 
 
 _lock = threading.Lock()
-_engine: Any = None
+_engine: Optional[Engine] = None
 _engine_pid: int | None = None
 # Engines inherited through fork(). The child must neither use nor destroy them: their
 # progress threads do not exist in the child, so a destructor that joins them would hang,
 # and freeing shared mappings/fds could disturb the parent's view of the peers. Keeping a
 # reference forever is the only safe thing to do with them.
-_inherited: list[Any] = []
+_inherited: list[Engine] = []
 
 
 def _after_fork_in_child() -> None:
@@ -43,7 +46,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 def core_module() -> ModuleType:
     """Import `argrpc._core` or raise EngineUnavailable saying why."""
     try:
-        from argrpc import _core  # type: ignore[attr-defined]
+        from argrpc import _core
     except ImportError as e:
         raise EngineUnavailable(
             "argrpc's C++ engine (argrpc._core) is not importable, so the shared-memory "
@@ -52,7 +55,7 @@ def core_module() -> ModuleType:
     return _core
 
 
-def get_engine(cfg: Config) -> Any:
+def get_engine(cfg: Config) -> Engine:
     """Return this process's `_core.Engine`, creating it from `cfg` on first use.
 
     Only the process-wide knobs of the first caller's cfg matter (they come from the
@@ -74,6 +77,6 @@ def get_engine(cfg: Config) -> Any:
         return _engine
 
 
-def peek_engine() -> Any:
+def peek_engine() -> Optional[Engine]:
     """This process's engine if one was created, else None (never creates one)."""
     return _engine if _engine_pid == os.getpid() else None

@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import grpc
 
+from ._bases import FutureBase
 from ._metadata import from_core
 
 _LOGGER = logging.getLogger("argrpc")
@@ -61,7 +62,7 @@ def user_codec(fn: Callable[[Any], Any], value: Any, what: str) -> Any:
         return USER_CODE_FAILED
 
 
-class DoneFuture(grpc.Future):
+class DoneFuture(FutureBase):
     """What every finished call answers as a ``grpc.Future`` and ``grpc.RpcContext``:
     nothing to cancel, no callbacks to add, done. Subclasses give the outcome
     (``result``, ``exception``, ``traceback``, ``time_remaining``)."""
@@ -109,10 +110,10 @@ class _RpcError(grpc.RpcError, DoneFuture, grpc.Call):
         self._debug_error_string = debug_error_string
 
     # grpc.Call
-    def initial_metadata(self) -> tuple:
+    def initial_metadata(self) -> tuple[Any, ...]:
         return self._initial_metadata
 
-    def trailing_metadata(self) -> tuple:
+    def trailing_metadata(self) -> tuple[Any, ...]:
         return self._trailing_metadata
 
     def code(self) -> grpc.StatusCode:
@@ -124,13 +125,14 @@ class _RpcError(grpc.RpcError, DoneFuture, grpc.Call):
     def debug_error_string(self) -> Optional[str]:
         return self._debug_error_string
 
-    def time_remaining(self) -> Optional[float]:
+    # None: no deadline, as grpc's errors answer (its stubs say float)
+    def time_remaining(self) -> Optional[float]:  # type: ignore[override]
         return None
 
     def result(self, timeout: Optional[float] = None) -> Any:
         raise self
 
-    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+    def exception(self, timeout: Optional[float] = None) -> Optional[Exception]:
         return self
 
     def traceback(self, timeout: Optional[float] = None) -> Optional[types.TracebackType]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, cast
 
 import grpc
 
@@ -43,7 +43,7 @@ def _finish(state: _CallState, code: int, details: str, message: Any = None) -> 
         return
     state.finished = True
     md = state.trailing_metadata
-    trailing: list = []
+    trailing: list[Any] = []
     if md:
         try:
             trailing = _metadata.to_core(md)
@@ -84,7 +84,7 @@ def _on_exception(state: _CallState, exc: BaseException, what: str) -> None:
     _finish_with_state(state, _UNKNOWN, details)
 
 
-def _deserialize(state: _CallState, raw: Any, deserializer: Optional[Callable]) -> Any:
+def _deserialize(state: _CallState, raw: Any, deserializer: Optional[Callable[..., Any]]) -> Any:
     if deserializer is None:
         return raw
     request = user_codec(deserializer, raw, "deserializing")
@@ -95,7 +95,7 @@ def _deserialize(state: _CallState, raw: Any, deserializer: Optional[Callable]) 
     return request
 
 
-def _serialize(state: _CallState, response: Any, serializer: Optional[Callable],
+def _serialize(state: _CallState, response: Any, serializer: Optional[Callable[..., Any]],
                max_send: int) -> Any:
     """Returns the wire form (bytes or any buffer: passed on as is), or None on failure
     (the call is then finished)."""
@@ -114,7 +114,7 @@ def _serialize(state: _CallState, response: Any, serializer: Optional[Callable],
     return serialized
 
 
-def _unary_request(state: _CallState, deserializer: Optional[Callable]) -> Any:
+def _unary_request(state: _CallState, deserializer: Optional[Callable[..., Any]]) -> Any:
     sc = state.sc
     raw = sc.recv()
     if raw is None:
@@ -132,7 +132,7 @@ class _RequestIterator:
 
     __slots__ = ("_state", "_deserializer")
 
-    def __init__(self, state: _CallState, deserializer: Optional[Callable]) -> None:
+    def __init__(self, state: _CallState, deserializer: Optional[Callable[..., Any]]) -> None:
         self._state = state
         self._deserializer = deserializer
 
@@ -156,7 +156,7 @@ class _RequestIterator:
     next = __next__
 
 
-def _call(state: _CallState, behavior: Callable, argument: Any,
+def _call(state: _CallState, behavior: Callable[..., Any], argument: Any,
           context: _ServicerContext) -> tuple[Any, bool]:
     try:
         return behavior(argument, context), True
@@ -165,7 +165,7 @@ def _call(state: _CallState, behavior: Callable, argument: Any,
         return None, False
 
 
-def _respond_unary(state: _CallState, response: Any, serializer: Optional[Callable],
+def _respond_unary(state: _CallState, response: Any, serializer: Optional[Callable[..., Any]],
                    max_send: int) -> None:
     if state.finished:
         return
@@ -176,7 +176,7 @@ def _respond_unary(state: _CallState, response: Any, serializer: Optional[Callab
 
 
 def _respond_stream(state: _CallState, responses: Iterator[Any],
-                    serializer: Optional[Callable], max_send: int) -> None:
+                    serializer: Optional[Callable[..., Any]], max_send: int) -> None:
     while not state.finished:
         try:
             response = next(responses)
@@ -190,7 +190,7 @@ def _respond_stream(state: _CallState, responses: Iterator[Any],
     _finish_ok(state, None)
 
 
-def _send_one(state: _CallState, response: Any, serializer: Optional[Callable],
+def _send_one(state: _CallState, response: Any, serializer: Optional[Callable[..., Any]],
               max_send: int) -> bool:
     """Sends one streamed response; False once nothing more can go out."""
     serialized = _serialize(state, response, serializer, max_send)
@@ -204,8 +204,8 @@ def _send_one(state: _CallState, response: Any, serializer: Optional[Callable],
     return True
 
 
-def _run_non_blocking(state: _CallState, behavior: Callable, argument: Any,
-                      context: _ServicerContext, serializer: Optional[Callable],
+def _run_non_blocking(state: _CallState, behavior: Callable[..., Any], argument: Any,
+                      context: _ServicerContext, serializer: Optional[Callable[..., Any]],
                       max_send: int, on_end: Callable[[_CallState], None]) -> bool:
     """grpc's experimental non-blocking response-streaming handler: it is given a
     `send_response` to call, from any thread, with each response and then with None
@@ -230,21 +230,25 @@ def _run_non_blocking(state: _CallState, behavior: Callable, argument: Any,
     return not state.finished
 
 
-def run(state: _CallState, context: _ServicerContext, handler: grpc.RpcMethodHandler,
+def run(state: _CallState, context: _ServicerContext, handler: grpc.RpcMethodHandler[Any, Any],
         max_send: int, on_end: Callable[[_CallState], None]) -> bool:
     """Serve the call to its end (status sent, or the call found dead), or, for a
     non-blocking handler, until its behaviour returns: True then when the call goes on,
     and `on_end` is called once it ends."""
     deserializer = handler.request_deserializer
     serializer = handler.response_serializer
+    # the handler's kind says which behaviour it has; a None one fails in _call as the
+    # application's error, as with grpc
     if handler.request_streaming:
         argument: Any = _RequestIterator(state, deserializer)
-        behavior = handler.stream_stream if handler.response_streaming else handler.stream_unary
+        behavior = cast(Callable[..., Any], handler.stream_stream if handler.response_streaming
+                        else handler.stream_unary)
     else:
         argument = _unary_request(state, deserializer)
         if argument is _NO_REQUEST:
             return False
-        behavior = handler.unary_stream if handler.response_streaming else handler.unary_unary
+        behavior = cast(Callable[..., Any], handler.unary_stream if handler.response_streaming
+                        else handler.unary_unary)
     if handler.response_streaming and getattr(behavior, "experimental_non_blocking", False):
         return _run_non_blocking(state, behavior, argument, context, serializer, max_send,
                                  on_end)

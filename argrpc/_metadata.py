@@ -18,7 +18,8 @@ __all__ = ["InvalidMetadataError", "Metadatum", "from_core", "to_core"]
 
 # grpc returns metadata as tuples of `_Metadatum(key, value)` namedtuples; users may use
 # either the tuple or the attribute form, so mirror it exactly.
-Metadatum = namedtuple("_Metadatum", ("key", "value"))
+_Metadatum = namedtuple("_Metadatum", ("key", "value"))
+Metadatum = _Metadatum
 
 _LEGAL_KEY_BYTES = b"abcdefghijklmnopqrstuvwxyz0123456789-_."
 _LEGAL_VALUE_BYTES = bytes(range(0x20, 0x7F))
@@ -29,20 +30,22 @@ class InvalidMetadataError(ValueError):
 
 
 def _key_str(key: Any) -> str:
+    name: str
     if isinstance(key, str):
+        name = key
         try:
             raw = key.encode("ascii")
         except UnicodeEncodeError:
             raise InvalidMetadataError(f"Metadata key {key!r} is invalid: Illegal header key") from None
     elif isinstance(key, (bytes, bytearray)):
         raw = bytes(key)
-        key = raw.decode("latin-1")
+        name = raw.decode("latin-1")
     else:
         raise TypeError(f"metadata key must be str or bytes, got {type(key)!r}")
     # translate(None, legal) deletes every legal byte: anything left is illegal.
     if not raw or raw.translate(None, _LEGAL_KEY_BYTES):
-        raise InvalidMetadataError(f"Metadata key {key!r} is invalid: Illegal header key")
-    return key
+        raise InvalidMetadataError(f"Metadata key {name!r} is invalid: Illegal header key")
+    return name
 
 
 def _value_bytes(key: str, value: Any) -> bytes:

@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import grpc
 
@@ -142,10 +142,11 @@ def _refuse_over_limit(request_iterator: Any, context: grpc.ServicerContext) -> 
 
 # Request-streaming, so grpc runs it without waiting for a request message: the gate's
 # executor runs it on the spot, as grpc refuses a call without its thread pool.
-_REFUSE_HANDLER = grpc.stream_unary_rpc_method_handler(_refuse_over_limit)
+_REFUSE_HANDLER: grpc.RpcMethodHandler[Any, Any] = grpc.stream_unary_rpc_method_handler(
+    _refuse_over_limit)
 
 
-def _behavior(handler: grpc.RpcMethodHandler) -> Any:
+def _behavior(handler: grpc.RpcMethodHandler[Any, Any]) -> Any:
     return (handler.unary_unary or handler.unary_stream or handler.stream_unary
             or handler.stream_stream)
 
@@ -163,7 +164,8 @@ class _Gate(grpc.ServerInterceptor):
         self._interceptors = tuple(interceptors)
         self._admission = admission
 
-    def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails) -> Any:
+    def intercept_service(self, continuation: Callable[..., Any],
+                          details: grpc.HandlerCallDetails) -> Any:
         if details.method == _bootstrap.BOOTSTRAP_METHOD:
             return continuation(details)
         admission = self._admission
@@ -196,8 +198,12 @@ class _Gate(grpc.ServerInterceptor):
         return handler
 
 
-def _intercept(interceptors: Sequence[grpc.ServerInterceptor], index: int, query: Callable,
-               details: grpc.HandlerCallDetails) -> Any:
+if TYPE_CHECKING:  # grpc.RpcMethodHandler is not subscriptable at run time
+    _Query = Callable[[grpc.HandlerCallDetails], Optional[grpc.RpcMethodHandler[Any, Any]]]
+
+
+def _intercept(interceptors: Sequence[grpc.ServerInterceptor], index: int, query: _Query,
+               details: grpc.HandlerCallDetails) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
     if index == len(interceptors):
         return query(details)
     return interceptors[index].intercept_service(
@@ -212,7 +218,7 @@ class _GrpcExecutor(concurrent.futures.Executor):
     def __init__(self, pool: concurrent.futures.Executor, idle_workers: Callable[[], int],
                  wake: Callable[[], None], admission: Optional[_Admission]) -> None:
         # Work for a worker; workers look at it (truthiness) before every accept().
-        self.queue: collections.deque = collections.deque()
+        self.queue: collections.deque[Any] = collections.deque()
         self._pool = pool
         self._idle_workers = idle_workers
         self._wake = wake
@@ -220,7 +226,8 @@ class _GrpcExecutor(concurrent.futures.Executor):
         self._closed = False
         self._lock = threading.Lock()
 
-    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+    def submit(self, fn: Callable[..., Any], /, *args: Any,
+               **kwargs: Any) -> concurrent.futures.Future[Any]:
         kind = getattr(_ticket, "kind", None)
         if kind is not None:
             _ticket.kind = None
@@ -233,11 +240,12 @@ class _GrpcExecutor(concurrent.futures.Executor):
             future.add_done_callback(lambda _f: admission.release())
         return future
 
-    def _hand_over(self, fn: Callable, args: tuple, kwargs: dict) -> concurrent.futures.Future:
+    def _hand_over(self, fn: Callable[..., Any], args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> concurrent.futures.Future[Any]:
         with self._lock:  # against may_retire() and close_and_drain(): nothing stranded
             queued = not self._closed and self._idle_workers() > 0
             if queued:
-                future: concurrent.futures.Future = concurrent.futures.Future()
+                future: concurrent.futures.Future[Any] = concurrent.futures.Future()
                 self.queue.append((future, fn, args, kwargs))
         if queued:
             self._wake()
@@ -273,7 +281,8 @@ class _GrpcExecutor(concurrent.futures.Executor):
         pass
 
 
-def _run_into(future: concurrent.futures.Future, fn: Callable, args: tuple, kwargs: dict) -> None:
+def _run_into(future: concurrent.futures.Future[Any], fn: Callable[..., Any],
+              args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     try:
         result = fn(*args, **kwargs)
     except BaseException as exc:  # handed to whoever waits on the future
@@ -282,19 +291,20 @@ def _run_into(future: concurrent.futures.Future, fn: Callable, args: tuple, kwar
         future.set_result(result)
 
 
-def _run_now(fn: Callable, args: tuple, kwargs: dict) -> concurrent.futures.Future:
-    future: concurrent.futures.Future = concurrent.futures.Future()
+def _run_now(fn: Callable[..., Any], args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> concurrent.futures.Future[Any]:
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
     future.set_running_or_notify_cancel()
     _run_into(future, fn, args, kwargs)
     return future
 
 
-def _chain(inner: concurrent.futures.Future, outer: concurrent.futures.Future) -> None:
+def _chain(inner: concurrent.futures.Future[Any], outer: concurrent.futures.Future[Any]) -> None:
     if not outer.set_running_or_notify_cancel():
         inner.cancel()
         return
 
-    def copy(done: concurrent.futures.Future) -> None:
+    def copy(done: concurrent.futures.Future[Any]) -> None:
         exc = done.exception()
         if exc is not None:
             outer.set_exception(exc)
@@ -329,7 +339,7 @@ class _Server(grpc.Server):
         self._pool = thread_pool
         self._interceptors = tuple(interceptors or ())
         self._generic: list[grpc.GenericRpcHandler] = []
-        self._registered: dict[str, grpc.RpcMethodHandler] = {}
+        self._registered: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
         self._lock = threading.RLock()
         self._stage = _Stage.NEW
         # In-flight fast-path calls, keyed by ServerCall.key; the dict length is the
@@ -358,9 +368,11 @@ class _Server(grpc.Server):
         gate = None
         if self._interceptors or admission is not None:
             gate = _Gate(self._interceptors, admission)
+        # ignores: grpc takes any Executor and any sequence of interceptors; its stubs
+        # say ThreadPoolExecutor and list
         self._grpc = _plain.server(
-            self._executor,
-            interceptors=(gate,) if gate is not None else None,
+            self._executor,  # type: ignore[arg-type]
+            interceptors=(gate,) if gate is not None else None,  # type: ignore[arg-type]
             options=grpc_options,
             compression=compression,
         )
@@ -402,7 +414,8 @@ class _Server(grpc.Server):
             self._generic.extend(generic_rpc_handlers)
 
     def add_registered_method_handlers(self, service_name: str,
-                                       method_handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+                                       method_handlers: Mapping[str, grpc.RpcMethodHandler[Any, Any]]
+                                       ) -> None:
         with self._lock:
             started = self._stage is not _Stage.NEW
         # grpc warns and ignores once started; forwarding keeps its exact behaviour.
@@ -638,7 +651,7 @@ class _Server(grpc.Server):
         # A fresh contextvars.Context per call, as grpc does.
         contextvars.Context().run(self._serve_state, state, None)
 
-    def _serve_state(self, state: _CallState, handler: Optional[grpc.RpcMethodHandler]) -> None:
+    def _serve_state(self, state: _CallState, handler: Optional[grpc.RpcMethodHandler[Any, Any]]) -> None:
         goes_on = False
         try:
             goes_on = self._dispatch(state, handler)
@@ -655,7 +668,7 @@ class _Server(grpc.Server):
         self._calls.pop(state.sc.key, None)
         state.run_callbacks()
 
-    def _dispatch(self, state: _CallState, handler: Optional[grpc.RpcMethodHandler]) -> bool:
+    def _dispatch(self, state: _CallState, handler: Optional[grpc.RpcMethodHandler[Any, Any]]) -> bool:
         """Runs the call (`handler`: already looked up); True when it goes on after this
         returns: in a method's own pool, or a non-blocking handler's call."""
         if handler is None:
@@ -673,7 +686,7 @@ class _Server(grpc.Server):
             state.detached = True  # its handler returned: a cancel ends it now
         return goes_on
 
-    def _find_handler(self, state: _CallState) -> Optional[grpc.RpcMethodHandler]:
+    def _find_handler(self, state: _CallState) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
         """The call's handler through the interceptors; None once the call was ended
         with grpc's status for a failing lookup or an unknown method."""
         try:
@@ -691,7 +704,7 @@ class _Server(grpc.Server):
         state.finished = True
         state.sc.finish(code, details, [], None)
 
-    def _lookup(self, state: _CallState) -> Optional[grpc.RpcMethodHandler]:
+    def _lookup(self, state: _CallState) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
         method = state.method
         if not self._interceptors:
             handler = self._registered.get(method)
@@ -700,7 +713,7 @@ class _Server(grpc.Server):
             return self._query_generic(
                 _HandlerCallDetails(method, state.invocation_metadata()))
 
-        def query(details: grpc.HandlerCallDetails) -> Optional[grpc.RpcMethodHandler]:
+        def query(details: grpc.HandlerCallDetails) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
             # grpc resolves a registered method by the call's own name, generic ones
             # through the (possibly interceptor-rewritten) details.
             handler = self._registered.get(method)
@@ -709,9 +722,10 @@ class _Server(grpc.Server):
         return _intercept(self._interceptors, 0, query,
                           _HandlerCallDetails(method, state.invocation_metadata()))
 
-    def _query_generic(self, details: grpc.HandlerCallDetails) -> Optional[grpc.RpcMethodHandler]:
+    def _query_generic(self, details: grpc.HandlerCallDetails
+                       ) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
         for generic in self._generic:
-            handler = generic.service(details)
+            handler: Optional[grpc.RpcMethodHandler[Any, Any]] = generic.service(details)
             if handler is not None:
                 return handler
         return None

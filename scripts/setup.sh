@@ -54,16 +54,26 @@ fi
 # Already-satisfied requirements are not fetched again, so a second run is offline.
 pip_install() { "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore "$@"; }
 
-log "Python build and test dependencies"
-pip_install "setuptools>=64" wheel "pybind11>=2.12" \
-    "grpcio>=1.60" "grpcio-tools>=1.60" protobuf numpy \
-    pytest pytest-timeout pytest-benchmark matplotlib "cryptography>=3" uvloop
-# examples/ps_training: the digits data set ships inside scikit-learn; the TFJob manifest
-# test reads YAML and checks it against a JSON Schema.
-pip_install scikit-learn PyYAML jsonschema
-# tests/aio/test_aio_library.py: an asyncio gRPC framework that builds its own
-# grpc.aio server, run unchanged on argrpc.aio.
-pip_install "fastgrpc2==0.5.0"
+# What to install is pyproject.toml's: the build requirements, the dependencies and every
+# extra (bench, examples, test, typecheck), read from there so the two cannot drift.
+"$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || pip_install tomli
+mapfile -t requirements < <("$PY" - <<'PYEOF'
+try:
+    import tomllib
+except ImportError:  # Python < 3.11
+    import tomli as tomllib
+
+with open("pyproject.toml", "rb") as f:
+    meta = tomllib.load(f)
+reqs = [*meta["build-system"]["requires"], *meta["project"]["dependencies"]]
+for extra in meta["project"]["optional-dependencies"].values():
+    reqs += extra
+print("\n".join(dict.fromkeys(reqs)))
+PYEOF
+)
+[ "${#requirements[@]}" -gt 0 ] || { log "no requirements read from pyproject.toml" >&2; exit 1; }
+log "Python build, test, bench, examples and typecheck dependencies (pyproject.toml)"
+pip_install "${requirements[@]}"
 
 # ------------------------------------------------------------------------ argrpc
 # Rebuild only when the extension is missing, fails to import, or is older than any of

@@ -8,6 +8,8 @@ are re-exported here, so
 ``from argrpc import aio`` can stand in for ``from grpc import aio``.
 """
 
+from typing import Any
+
 from grpc.aio import (AbortError, AioRpcError, BaseError, Call, ClientCallDetails,
                       ClientInterceptor, EOF, InterceptedUnaryUnaryCall, InternalError,
                       Metadata, RpcContext, Server, ServerInterceptor, ServicerContext,
@@ -21,7 +23,7 @@ from grpc.aio import (AbortError, AioRpcError, BaseError, Call, ClientCallDetail
 from ._channel import Channel, insecure_channel, secure_channel
 
 
-def server(*args, **kwargs):  # type: ignore[no-untyped-def]
+def server(*args: Any, **kwargs: Any) -> Server:
     """Like ``grpc.aio.server``: an argrpc server serving fast-path and gRPC calls."""
     from ._server import server as _server
 

@@ -15,8 +15,8 @@ import logging
 import time
 import traceback
 import weakref
-from typing import (Any, AsyncIterable, AsyncIterator, Callable, Generator, NoReturn,
-                    Optional)
+from typing import (TYPE_CHECKING, Any, AsyncIterable, AsyncIterator, Callable, Generator,
+                    NoReturn, Optional)
 
 import grpc
 from grpc import aio
@@ -24,6 +24,12 @@ from grpc import aio
 from .._errors import code_from_int
 from .._metadata import from_core
 from ._loop import LoopBridge
+
+if TYPE_CHECKING:
+    from .._core import ClientCall
+
+    # (code, details, trailing metadata in the engine's form)
+    _Status = tuple[grpc.StatusCode, str, Any]
 
 __all__ = ["FastCall", "StreamStreamCall", "StreamUnaryCall", "UnaryStreamCall",
            "UnaryUnaryCall", "aio_metadata", "rpc_error"]
@@ -57,12 +63,12 @@ def rpc_error(code: grpc.StatusCode, details: str, imd: Any = None, tmd: Any = N
                            debug if debug is not None else f"{code.name}:{details}")
 
 
-def _set_done(fut: asyncio.Future) -> None:
+def _set_done(fut: asyncio.Future[Any]) -> None:
     if not fut.done():
         fut.set_result(None)
 
 
-def serialize(serializer: Optional[Callable], request: Any) -> Any:
+def serialize(serializer: Optional[Callable[..., Any]], request: Any) -> Any:
     """The request's payload. As grpc.aio: a serializer that raises is logged and an
     empty message goes out instead, as for one that returns None."""
     if serializer is None:
@@ -75,7 +81,7 @@ def serialize(serializer: Optional[Callable], request: Any) -> Any:
     return b"" if payload is None else payload
 
 
-def _deserialize(raw: Any, deserializer: Optional[Callable]) -> Any:
+def _deserialize(raw: Any, deserializer: Optional[Callable[..., Any]]) -> Any:
     # grpc.aio logs a failing deserializer and hands the application None.
     if deserializer is None:
         return raw
@@ -97,11 +103,11 @@ class FastCall:
     _peeked: Any = None
     # What sends for the call after it was made: the request a unary call could not
     # send at once, the requests of an iterator.
-    _sender: Optional[asyncio.Task] = None
-    _request_poller: Optional[asyncio.Task] = None
+    _sender: Optional[asyncio.Task[Any]] = None
+    _request_poller: Optional[asyncio.Task[Any]] = None
 
-    def __init__(self, channel: Any, bridge: LoopBridge, core_call: Any, token: int,
-                 timeout: Optional[float], response_deserializer: Optional[Callable]) -> None:
+    def __init__(self, channel: Any, bridge: LoopBridge, core_call: ClientCall, token: int,
+                 timeout: Optional[float], response_deserializer: Optional[Callable[..., Any]]) -> None:
         self._channel = channel
         self._bridge = bridge
         self._loop = bridge.loop
@@ -111,10 +117,10 @@ class FastCall:
         self._deserializer = response_deserializer
         # Made when first needed: most unary calls never wait on a future or get a
         # callback, and every object a call makes costs on this path.
-        self._waiters: Optional[list[asyncio.Future]] = None
+        self._waiters: Optional[list[asyncio.Future[Any]]] = None
         self._done_callbacks: Optional[list[Callable[[Any], None]]] = None
-        self._status: Optional[tuple] = None  # (StatusCode, details, trailing md (core))
-        self._imd: Any = None
+        self._status: Optional[_Status] = None
+        self._imd: Optional[aio.Metadata] = None
         self._locally_cancelled = False
         self._ended = False
         bridge.started()
@@ -151,7 +157,7 @@ class FastCall:
         except Exception:  # noqa: BLE001 - user code must not break the loop's dispatch
             _LOGGER.exception("argrpc.aio: a done callback raised")
 
-    def _future(self) -> asyncio.Future:
+    def _future(self) -> asyncio.Future[Any]:
         """A future the next change of the call completes."""
         fut = self._loop.create_future()
         if self._waiters is None:
@@ -232,14 +238,14 @@ class FastCall:
                 return self._imd
             await self._changed()
 
-    async def _wait_status(self) -> tuple:
+    async def _wait_status(self) -> _Status:
         while True:
             status = self._final_status()
             if status is not None:
                 return status
             await self._changed()
 
-    def _final_status(self) -> Optional[tuple]:
+    def _final_status(self) -> Optional[_Status]:
         if self._status is None:
             raw = self._core.try_status()
             if raw is None:
@@ -283,7 +289,7 @@ class FastCall:
         if status[0] is not _OK:
             raise await self._error(status)
 
-    async def _error(self, status: tuple) -> aio.AioRpcError:
+    async def _error(self, status: tuple[Any, ...]) -> aio.AioRpcError:
         imd = self._core.try_initial_metadata()
         return rpc_error(status[0], status[1], imd or None, status[2])
 
@@ -404,7 +410,7 @@ class _UnaryResponse(FastCall):
         return self._result
 
 
-class UnaryUnaryCall(_UnaryResponse, aio.UnaryUnaryCall):
+class UnaryUnaryCall(_UnaryResponse, aio.UnaryUnaryCall[Any, Any]):
     """``grpc.aio.UnaryUnaryCall``: request, headers and half-close in one batch."""
 
     async def wait_for_connection(self) -> None:
@@ -416,9 +422,9 @@ class UnaryUnaryCall(_UnaryResponse, aio.UnaryUnaryCall):
             pass
         await FastCall.wait_for_connection(self)
 
-    def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list,
+    def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list[Any],
                  timeout: Optional[float], request: Any,
-                 response_deserializer: Optional[Callable]) -> None:
+                 response_deserializer: Optional[Callable[..., Any]]) -> None:
         token = bridge.register(self._on_change)  # alive until it ends: see _UnaryResponse
         try:
             core, sent = conn.start_unary_watched(method, metadata, timeout, bridge.notifier,
@@ -433,55 +439,69 @@ class UnaryUnaryCall(_UnaryResponse, aio.UnaryUnaryCall):
             self._sender = self._loop.create_task(self._send(request, True))
 
 
-class StreamUnaryCall(_UnaryResponse, aio.StreamUnaryCall):
+class StreamUnaryCall(_UnaryResponse, aio.StreamUnaryCall[Any, Any]):
     """``grpc.aio.StreamUnaryCall``."""
 
-    def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list,
+    def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list[Any],
                  timeout: Optional[float], request_iterator: Any,
-                 request_serializer: Optional[Callable],
-                 response_deserializer: Optional[Callable]) -> None:
+                 request_serializer: Optional[Callable[..., Any]],
+                 response_deserializer: Optional[Callable[..., Any]]) -> None:
         token = bridge.register(self._on_change)  # alive until it ends: see _UnaryResponse
         core = conn.start_watched(method, metadata, timeout, bridge.notifier, token, True)
         super().__init__(channel, bridge, core, token, timeout, response_deserializer)
         _init_requests(self, request_iterator, request_serializer)
 
-    write = None  # replaced below
-    done_writing = None
+    if TYPE_CHECKING:
+        async def write(self, request: Any) -> None: ...
+        async def done_writing(self) -> None: ...
+    else:
+        write = None  # replaced below
+        done_writing = None
 
 
-class UnaryStreamCall(FastCall, aio.UnaryStreamCall):
+class UnaryStreamCall(FastCall, aio.UnaryStreamCall[Any, Any]):
     """``grpc.aio.UnaryStreamCall``."""
 
-    def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list,
+    def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list[Any],
                  timeout: Optional[float], request: Any,
-                 response_deserializer: Optional[Callable]) -> None:
+                 response_deserializer: Optional[Callable[..., Any]]) -> None:
         token = bridge.register(_weak_callback(self))
         core = conn.start_watched(method, metadata, timeout, bridge.notifier, token, False)
         super().__init__(channel, bridge, core, token, timeout, response_deserializer)
         _init_responses(self)
         _send_request(self, core, request)
 
-    __aiter__ = None  # replaced below
-    read = None
+    if TYPE_CHECKING:
+        def __aiter__(self) -> AsyncIterator[Any]: ...
+        async def read(self) -> Any: ...
+    else:
+        __aiter__ = None  # replaced below
+        read = None
 
 
-class StreamStreamCall(FastCall, aio.StreamStreamCall):
+class StreamStreamCall(FastCall, aio.StreamStreamCall[Any, Any]):
     """``grpc.aio.StreamStreamCall``."""
 
-    def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list,
+    def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list[Any],
                  timeout: Optional[float], request_iterator: Any,
-                 request_serializer: Optional[Callable],
-                 response_deserializer: Optional[Callable]) -> None:
+                 request_serializer: Optional[Callable[..., Any]],
+                 response_deserializer: Optional[Callable[..., Any]]) -> None:
         token = bridge.register(_weak_callback(self))
         core = conn.start_watched(method, metadata, timeout, bridge.notifier, token, True)
         super().__init__(channel, bridge, core, token, timeout, response_deserializer)
         _init_responses(self)
         _init_requests(self, request_iterator, request_serializer)
 
-    __aiter__ = None
-    read = None
-    write = None
-    done_writing = None
+    if TYPE_CHECKING:
+        def __aiter__(self) -> AsyncIterator[Any]: ...
+        async def read(self) -> Any: ...
+        async def write(self, request: Any) -> None: ...
+        async def done_writing(self) -> None: ...
+    else:
+        __aiter__ = None
+        read = None
+        write = None
+        done_writing = None
 
 
 def _send_request(call: FastCall, core: Any, request: Any) -> None:
@@ -543,7 +563,8 @@ def _response_aiter(self: Any) -> AsyncIterator[Any]:
     _update_response_style(self, _ITERATOR_STYLE)
     if self._message_aiter is None:
         self._message_aiter = _fetch_responses(self)
-    return self._message_aiter
+    responses: AsyncIterator[Any] = self._message_aiter
+    return responses
 
 
 async def _read(self: Any) -> Any:
@@ -559,14 +580,14 @@ async def _read(self: Any) -> Any:
     return message
 
 
-for _cls in (UnaryStreamCall, StreamStreamCall):
-    _cls.__aiter__ = _response_aiter  # type: ignore[method-assign, assignment]
-    _cls.read = _read  # type: ignore[method-assign, assignment]
+for _reader_cls in (UnaryStreamCall, StreamStreamCall):
+    setattr(_reader_cls, "__aiter__", _response_aiter)
+    setattr(_reader_cls, "read", _read)
 
 
 # -- streaming requests -----------------------------------------------------------
 
-def _init_requests(call: Any, request_iterator: Any, serializer: Optional[Callable]) -> None:
+def _init_requests(call: Any, request_iterator: Any, serializer: Optional[Callable[..., Any]]) -> None:
     call._serializer = serializer
     call._done_writing_flag = False
     if request_iterator is not None:
@@ -628,9 +649,9 @@ async def _public_done_writing(self: Any) -> None:
     await _done_writing(self)
 
 
-for _cls in (StreamUnaryCall, StreamStreamCall):
-    _cls.write = _write  # type: ignore[method-assign, assignment]
-    _cls.done_writing = _public_done_writing  # type: ignore[method-assign, assignment]
+for _writer_cls in (StreamUnaryCall, StreamStreamCall):
+    setattr(_writer_cls, "write", _write)
+    setattr(_writer_cls, "done_writing", _public_done_writing)
 
 
 class FailedCall:
@@ -711,13 +732,14 @@ class FailedCall:
         return None
 
 
-class _FailedUnary(FailedCall, aio.UnaryUnaryCall, aio.StreamUnaryCall):
+class _FailedUnary(FailedCall, aio.UnaryUnaryCall[Any, Any], aio.StreamUnaryCall[Any, Any]):
     pass
 
 
-class _FailedStream(FailedCall, aio.UnaryStreamCall, aio.StreamStreamCall):
+class _FailedStream(FailedCall, aio.UnaryStreamCall[Any, Any], aio.StreamStreamCall[Any, Any]):
     pass
 
 
-_FAILED = {"unary_unary": _FailedUnary, "stream_unary": _FailedUnary,
-           "unary_stream": _FailedStream, "stream_stream": _FailedStream}
+_FAILED: dict[str, type[FailedCall]] = {
+    "unary_unary": _FailedUnary, "stream_unary": _FailedUnary,
+    "unary_stream": _FailedStream, "stream_stream": _FailedStream}

@@ -58,11 +58,11 @@ class Channel(Routing, aio.Channel):
         self._max_recv = _config.max_receive_length(grpc_options)
         self._max_send = _config.max_send_length(grpc_options)
         self._init_routing()
-        self._negotiation: Optional[asyncio.Task] = None
+        self._negotiation: Optional[asyncio.Task[Any]] = None
         self.inflight = 0  # fast-path calls not ended (close(grace) waits for them)
         self.closing = False  # close() began: no new fast-path calls
         self._closing_fast: Any = None  # the connection close() ends after the grace
-        self._drained: Optional[asyncio.Future] = None
+        self._drained: Optional[asyncio.Future[Any]] = None
 
     # ------------------------------------------------------------------ routing
     def _closing(self) -> bool:
@@ -177,26 +177,26 @@ class Channel(Routing, aio.Channel):
         await self._grpc.channel_ready()
         await self._negotiate(None, True)
 
-    def unary_unary(self, method: str, request_serializer: Optional[Callable] = None,
-                    response_deserializer: Optional[Callable] = None,
+    def unary_unary(self, method: str, request_serializer: Optional[Callable[..., Any]] = None,
+                    response_deserializer: Optional[Callable[..., Any]] = None,
                     _registered_method: Optional[bool] = False) -> "UnaryUnaryMultiCallable":
         return UnaryUnaryMultiCallable(self, method, request_serializer, response_deserializer,
                                        _registered_method)
 
-    def unary_stream(self, method: str, request_serializer: Optional[Callable] = None,
-                     response_deserializer: Optional[Callable] = None,
+    def unary_stream(self, method: str, request_serializer: Optional[Callable[..., Any]] = None,
+                     response_deserializer: Optional[Callable[..., Any]] = None,
                      _registered_method: Optional[bool] = False) -> "UnaryStreamMultiCallable":
         return UnaryStreamMultiCallable(self, method, request_serializer, response_deserializer,
                                         _registered_method)
 
-    def stream_unary(self, method: str, request_serializer: Optional[Callable] = None,
-                     response_deserializer: Optional[Callable] = None,
+    def stream_unary(self, method: str, request_serializer: Optional[Callable[..., Any]] = None,
+                     response_deserializer: Optional[Callable[..., Any]] = None,
                      _registered_method: Optional[bool] = False) -> "StreamUnaryMultiCallable":
         return StreamUnaryMultiCallable(self, method, request_serializer, response_deserializer,
                                         _registered_method)
 
-    def stream_stream(self, method: str, request_serializer: Optional[Callable] = None,
-                      response_deserializer: Optional[Callable] = None,
+    def stream_stream(self, method: str, request_serializer: Optional[Callable[..., Any]] = None,
+                      response_deserializer: Optional[Callable[..., Any]] = None,
                       _registered_method: Optional[bool] = False) -> "StreamStreamMultiCallable":
         return StreamStreamMultiCallable(self, method, request_serializer,
                                          response_deserializer, _registered_method)
@@ -214,7 +214,7 @@ class Channel(Routing, aio.Channel):
 
 # ---------------------------------------------------------------------- multicallables
 
-def _core_metadata(metadata: Any) -> list:
+def _core_metadata(metadata: Any) -> list[Any]:
     md = to_core(tuple(metadata) if metadata is not None else None)
     # grpc drops a call's own user-agent: the server sees the channel's.
     return [kv for kv in md if kv[0] != "user-agent"] if md else md
@@ -223,8 +223,8 @@ def _core_metadata(metadata: Any) -> list:
 class _MultiCallable:
     _kind = ""
 
-    def __init__(self, channel: Channel, method: str, request_serializer: Optional[Callable],
-                 response_deserializer: Optional[Callable], registered: Optional[bool]) -> None:
+    def __init__(self, channel: Channel, method: str, request_serializer: Optional[Callable[..., Any]],
+                 response_deserializer: Optional[Callable[..., Any]], registered: Optional[bool]) -> None:
         self._channel = channel
         self._method = method
         self._serializer = request_serializer
@@ -298,12 +298,12 @@ class _MultiCallable:
             self._loop_bridge = bridge(get_engine(self._channel._cfg))
         return self._loop_bridge
 
-    def _fast_call(self, b: Any, fast: Any, md: list, timeout: Optional[float],
+    def _fast_call(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
                    request: Any) -> Any:
         raise NotImplementedError
 
 
-class UnaryUnaryMultiCallable(_MultiCallable, aio.UnaryUnaryMultiCallable):
+class UnaryUnaryMultiCallable(_MultiCallable, aio.UnaryUnaryMultiCallable[Any, Any]):
     _kind = "unary_unary"
 
     def __call__(self, request: Any = None, *, timeout: Optional[float] = None,
@@ -321,42 +321,42 @@ class UnaryUnaryMultiCallable(_MultiCallable, aio.UnaryUnaryMultiCallable):
                                     timeout, _call.serialize(self._serializer, request),
                                     self._deserializer)
 
-    def _fast_call(self, b: Any, fast: Any, md: list, timeout: Optional[float],
+    def _fast_call(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
                    request: Any) -> Any:
         return _call.UnaryUnaryCall(self._channel, b, fast, self._method, md, timeout,
                                     _call.serialize(self._serializer, request),
                                     self._deserializer)
 
 
-class UnaryStreamMultiCallable(_MultiCallable, aio.UnaryStreamMultiCallable):
+class UnaryStreamMultiCallable(_MultiCallable, aio.UnaryStreamMultiCallable[Any, Any]):
     _kind = "unary_stream"
 
-    def _fast_call(self, b: Any, fast: Any, md: list, timeout: Optional[float],
+    def _fast_call(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
                    request: Any) -> Any:
         return _call.UnaryStreamCall(self._channel, b, fast, self._method, md, timeout,
                                      _call.serialize(self._serializer, request),
                                      self._deserializer)
 
 
-class StreamUnaryMultiCallable(_MultiCallable, aio.StreamUnaryMultiCallable):
+class StreamUnaryMultiCallable(_MultiCallable, aio.StreamUnaryMultiCallable[Any, Any]):
     _kind = "stream_unary"
 
     def __call__(self, request_iterator: Any = None, **kwargs: Any) -> Any:  # type: ignore[override]
         return super().__call__(request_iterator, **kwargs)
 
-    def _fast_call(self, b: Any, fast: Any, md: list, timeout: Optional[float],
+    def _fast_call(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
                    request: Any) -> Any:
         return _call.StreamUnaryCall(self._channel, b, fast, self._method, md, timeout,
                                      request, self._serializer, self._deserializer)
 
 
-class StreamStreamMultiCallable(_MultiCallable, aio.StreamStreamMultiCallable):
+class StreamStreamMultiCallable(_MultiCallable, aio.StreamStreamMultiCallable[Any, Any]):
     _kind = "stream_stream"
 
     def __call__(self, request_iterator: Any = None, **kwargs: Any) -> Any:  # type: ignore[override]
         return super().__call__(request_iterator, **kwargs)
 
-    def _fast_call(self, b: Any, fast: Any, md: list, timeout: Optional[float],
+    def _fast_call(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
                    request: Any) -> Any:
         return _call.StreamStreamCall(self._channel, b, fast, self._method, md, timeout,
                                       request, self._serializer, self._deserializer)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NoReturn, Optional, Sequence
 
 import grpc
 from grpc import aio
@@ -51,8 +51,9 @@ def _grpc_batch_error() -> type[Exception]:
     # grpc.aio raises this (an InternalError) into a handler whose send batch failed;
     # the same class lets user code written against grpc.aio catch ours.
     try:
-        from grpc._cython import cygrpc
-        return cygrpc.ExecuteBatchError
+        from grpc._cython import cygrpc  # type: ignore[attr-defined]  # not in grpc's stubs
+        error: type[Exception] = cygrpc.ExecuteBatchError
+        return error
     except (ImportError, AttributeError):
         return type("ExecuteBatchError", (aio.InternalError,), {})
 
@@ -69,7 +70,8 @@ def status_code_int(code: Any) -> int:
     if isinstance(code, int):
         return code if _OK <= code <= _DATA_LOSS else _UNKNOWN
     try:
-        return code.value[0]
+        value: int = code.value[0]
+        return value
     except (KeyError, AttributeError, TypeError, IndexError):
         return _UNKNOWN
 
@@ -102,7 +104,7 @@ def deserialize(deserializer: Optional[Callable[[Any], Any]], raw: Any) -> Any:
     return raw if deserializer is None else deserializer(raw)
 
 
-def _wake(future: asyncio.Future) -> None:
+def _wake(future: asyncio.Future[Any]) -> None:
     if not future.done():
         future.set_result(None)
 
@@ -163,9 +165,9 @@ class RpcState:
         self.key: int = sc.key
         self.server = server
         self.loop = loop
-        self.task: Optional[asyncio.Task] = None
+        self.task: Optional[asyncio.Task[Any]] = None
         self.token = 0
-        self._waiters: list[asyncio.Future] = []
+        self._waiters: list[asyncio.Future[Any]] = []
         # The call ended without our status (peer cancel, deadline, lost connection,
         # stop()): its task was cancelled and nothing more is sent.
         self.client_closed = False
@@ -175,11 +177,11 @@ class RpcState:
         self.status_code = _OK
         self.py_status_code: Any = None
         self.status_details = ""
-        self.trailing_metadata: tuple = ()
+        self.trailing_metadata: tuple[Any, ...] = ()
         self.compression_algorithm: Any = None
         self.disable_next_compression = False
         self.callbacks: list[Callable[[], None]] = []
-        self._invocation_metadata: Optional[tuple] = None
+        self._invocation_metadata: Optional[tuple[Any, ...]] = None
 
     def release(self) -> None:
         """The call's task is done: let go of the engine's handle (see _EndedCall)."""
@@ -291,9 +293,10 @@ class RpcState:
         if trailing or not isinstance(details, str):
             return False  # to_core's checks and the details' conversion: send_status
         # quiet: the call's end is not posted to the loop (nobody waits for it).
-        return self.sc.try_finish(self.status_code, details, [], message, True) >= 0
+        sent: bool = self.sc.try_finish(self.status_code, details, [], message, True) >= 0
+        return sent
 
-    async def _finish(self, code: int, details: Any, md: list, message: Any) -> None:
+    async def _finish(self, code: int, details: Any, md: list[Any], message: Any) -> None:
         sc = self.sc
         details = details if isinstance(details, str) else str(details or "")
         delay = _RETRY_FIRST_S
@@ -328,7 +331,7 @@ class RpcState:
         if self.server._is_stopped():
             raise ServerStoppedError(_SERVER_STOPPED_DETAILS)
 
-    def invocation_metadata(self) -> tuple:
+    def invocation_metadata(self) -> tuple[Any, ...]:
         # Converted lazily: a registered method without interceptors never looks at it.
         md = self._invocation_metadata
         if md is None:
@@ -344,11 +347,13 @@ class RpcState:
             _LOGGER.exception("Error in callback for method [%s]", self.method)
 
 
-class ServicerContext(FastPathPeer, aio.ServicerContext):
+class ServicerContext(FastPathPeer, aio.ServicerContext[Any, Any]):
     """What an `async def` handler of a fast-path call is given."""
 
-    def __init__(self, state: RpcState, request_deserializer: Optional[Callable],
-                 response_serializer: Optional[Callable]) -> None:
+    _state: RpcState
+
+    def __init__(self, state: RpcState, request_deserializer: Optional[Callable[..., Any]],
+                 response_serializer: Optional[Callable[..., Any]]) -> None:
         self._state = state
         self._request_deserializer = request_deserializer
         self._response_serializer = response_serializer
@@ -383,7 +388,7 @@ class ServicerContext(FastPathPeer, aio.ServicerContext):
         state.metadata_sent = True
 
     async def abort(self, code: grpc.StatusCode, details: str = "",
-                    trailing_metadata: Any = ()) -> None:
+                    trailing_metadata: Any = ()) -> NoReturn:
         state = self._state
         if state.abort_exception is not None:
             raise aio.UsageError("Abort already called!")
@@ -405,17 +410,18 @@ class ServicerContext(FastPathPeer, aio.ServicerContext):
         await state.send_status(state.status_code, details, trailing_metadata)
         raise state.abort_exception
 
-    async def abort_with_status(self, status: grpc.Status) -> None:
+    async def abort_with_status(self, status: grpc.Status) -> NoReturn:
         await self.abort(status.code, status.details, status.trailing_metadata)
 
     def set_trailing_metadata(self, trailing_metadata: Any) -> None:
         check_trailing_metadata(trailing_metadata)
         self._state.trailing_metadata = tuple(trailing_metadata)
 
-    def trailing_metadata(self) -> tuple:
+    # ignore[override]: tuples of (key, value) pairs; grpc's stubs say Metadata
+    def trailing_metadata(self) -> tuple[Any, ...]:  # type: ignore[override]
         return self._state.trailing_metadata
 
-    def invocation_metadata(self) -> tuple:
+    def invocation_metadata(self) -> tuple[Any, ...]:  # type: ignore[override]
         return self._state.invocation_metadata()
 
     def set_code(self, code: grpc.StatusCode) -> None:
@@ -441,7 +447,8 @@ class ServicerContext(FastPathPeer, aio.ServicerContext):
     def disable_next_message_compression(self) -> None:
         self._state.disable_next_compression = True
 
-    def time_remaining(self) -> Optional[float]:
+    # None without a deadline; grpc's stubs say float
+    def time_remaining(self) -> Optional[float]:  # type: ignore[override]
         remaining = self._state.sc.time_remaining()
         return None if remaining is None else max(remaining, 0.0)
 
@@ -481,7 +488,7 @@ class SyncServicerContext:
     def set_trailing_metadata(self, metadata: Any) -> None:
         self._context.set_trailing_metadata(metadata)
 
-    def invocation_metadata(self) -> tuple:
+    def invocation_metadata(self) -> tuple[Any, ...]:
         return self._context.invocation_metadata()
 
     def set_code(self, code: grpc.StatusCode) -> None:

@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import types
-from typing import Any, Coroutine, Generator, Optional
+from typing import Any, Coroutine, Generator, Optional, cast
 
 __all__ = ["start"]
 
 
 def start(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any],
-          context: contextvars.Context) -> Optional[asyncio.Task]:
+          context: contextvars.Context) -> Optional[asyncio.Task[Any]]:
     """Runs `coro` up to its first wait in `context`; None if it finished (its exceptions
     propagate, as its own), else the task that carries on from there."""
     try:
@@ -31,7 +31,8 @@ def _cancel_unstarted(coro: Coroutine[Any, Any, Any], context: contextvars.Conte
     """A task cancelled before its first step never runs _resume, so the coroutine it
     carries would only be closed when collected, its `except CancelledError` skipped:
     deliver the cancellation to it here, as its task would have."""
-    if coro.cr_frame is None:  # finished
+    # an `async def`'s coroutine (the only kind started here) has cr_frame
+    if cast("types.CoroutineType[Any, Any, Any]", coro).cr_frame is None:  # finished
         return
     try:
         context.run(coro.throw, asyncio.CancelledError())

@@ -27,10 +27,10 @@ _CALL_CLASS = {"unary_unary": aio.UnaryUnaryCall, "unary_stream": aio.UnaryStrea
                "stream_unary": aio.StreamUnaryCall, "stream_stream": aio.StreamStreamCall}
 
 
-def split(interceptors: Any) -> dict[str, list]:
+def split(interceptors: Any) -> dict[str, list[Any]]:
     """Interceptors by the arity they intercept; ValueError for anything else, with
     grpc.aio's message."""
-    out: dict[str, list] = {}
+    out: dict[str, list[Any]] = {}
     for interceptor in interceptors or ():
         for cls, kind, _ in _KINDS:
             if isinstance(interceptor, cls):
@@ -153,7 +153,10 @@ class _Outcome:
         return bool(getattr(self._call, "_done_writing_flag", False))
 
 
-class _Response(_Outcome, aio.UnaryUnaryCall, aio.StreamUnaryCall):
+# ignore[misc] below: no metadata is None, as for grpc.aio's intercepted calls; grpc's
+# stubs say Metadata
+class _Response(_Outcome, aio.UnaryUnaryCall[Any, Any],  # type: ignore[misc]
+                aio.StreamUnaryCall[Any, Any]):
     def __await__(self) -> Generator[Any, None, Any]:
         return self._value
         yield  # noqa: unreachable - makes this a generator
@@ -165,9 +168,11 @@ class _Response(_Outcome, aio.UnaryUnaryCall, aio.StreamUnaryCall):
         return None
 
 
-class _Responses(_Outcome, aio.UnaryStreamCall, aio.StreamStreamCall):
+class _Responses(_Outcome, aio.UnaryStreamCall[Any, Any],  # type: ignore[misc]
+                 aio.StreamStreamCall[Any, Any]):
     def __aiter__(self) -> AsyncIterator[Any]:
-        return self._value.__aiter__()
+        responses: AsyncIterator[Any] = self._value.__aiter__()
+        return responses
 
     async def read(self) -> Any:
         try:

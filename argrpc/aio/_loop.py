@@ -89,7 +89,7 @@ class LoopBridge:
         """The notifier's fd is readable: run the callbacks of what changed."""
         self._run(self.notifier.drain())
 
-    def _run(self, tokens: list) -> None:
+    def _run(self, tokens: list[Any]) -> None:
         callbacks = self._callbacks
         for token in tokens:
             callback = callbacks.get(token)
@@ -164,7 +164,7 @@ class _PollingSelector(selectors.BaseSelector):
     def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         return self._inner.modify(fileobj, events, data)
 
-    def select(self, timeout: Optional[float] = None) -> list:
+    def select(self, timeout: Optional[float] = None) -> list[Any]:
         owner = self._owner()
         if owner is not None:
             if owner.busy and (timeout is None or timeout > 0):

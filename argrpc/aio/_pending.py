@@ -12,7 +12,7 @@ writes as the request iterator.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Callable, Coroutine, Generator, Optional
+from typing import Any, AsyncIterator, Callable, Coroutine, Generator, Optional, cast
 
 import grpc
 from grpc import aio
@@ -57,7 +57,7 @@ class PendingCall:
             return t.result()
         return None
 
-    def _started(self, task: asyncio.Task) -> None:
+    def _started(self, task: asyncio.Task[Any]) -> None:
         callbacks, self._pending_callbacks = self._pending_callbacks, []
         call = self._call_now()
         for cb in callbacks:
@@ -70,7 +70,7 @@ class PendingCall:
         """The real call, once made; a cancelled waiter cancels it (as for await)."""
         return await self._task
 
-    async def _settled(self) -> tuple[Any, Optional[aio.AioRpcError]]:
+    async def _settled(self) -> tuple[Optional[aio.Call], Optional[aio.AioRpcError]]:
         """(real call, None), or (None, the error that ended the call before it was
         made), or (None, None) if it was cancelled before; a cancelled waiter does not
         cancel the call (as for code() or the metadata of grpc.aio's calls)."""
@@ -93,7 +93,8 @@ class PendingCall:
         exc = t.exception()
         if exc is not None:
             return isinstance(exc, aio.AioRpcError) and exc.code() == grpc.StatusCode.CANCELLED
-        return t.result().cancelled()
+        cancelled: bool = t.result().cancelled()
+        return cancelled
 
     def done(self) -> bool:
         t = self._task
@@ -147,14 +148,17 @@ class PendingCall:
     async def details(self) -> str:
         call, error = await self._settled()
         if call is None:
-            return error.details() if error is not None else _LOCAL_CANCEL
+            # an error that ended a call carries its details (grpc's stubs allow None)
+            return cast(str, error.details()) if error is not None else _LOCAL_CANCEL
         return await call.details()
 
     async def debug_error_string(self) -> Optional[str]:
         call, error = await self._settled()
         if call is None:
             return error.debug_error_string() if error is not None else ""
-        return await call.debug_error_string()
+        # grpc.aio's calls (and argrpc's) have it; the Call ABC does not declare it
+        debug: Optional[str] = await cast(Any, call).debug_error_string()
+        return debug
 
     async def wait_for_connection(self) -> None:
         await (await self.real_call()).wait_for_connection()
@@ -243,8 +247,8 @@ class RequestProxy:
     at a time, each put waiting until the call takes it or ends."""
 
     def __init__(self) -> None:
-        self._queue: asyncio.Queue = asyncio.Queue(maxsize=1)
-        self._status: Optional[asyncio.Task] = None
+        self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=1)
+        self._status: Optional[asyncio.Task[Any]] = None
         self._owner: Optional[PendingCall] = None
 
     def bind(self, owner: PendingCall) -> None:
@@ -272,37 +276,44 @@ class RequestProxy:
                 put.cancel()
 
 
-class UnaryUnary(_UnaryResponse, aio.UnaryUnaryCall):
+# ignore[misc] below: the metadata of a call cancelled before it was made is None, as
+# grpc.aio's intercepted calls answer; grpc's stubs say Metadata.
+class UnaryUnary(_UnaryResponse, aio.UnaryUnaryCall[Any, Any]):  # type: ignore[misc]
     pass
 
 
-class UnaryStream(_StreamResponse, aio.UnaryStreamCall):
+class UnaryStream(_StreamResponse, aio.UnaryStreamCall[Any, Any]):  # type: ignore[misc]
     pass
 
 
-class StreamUnary(_StreamRequest, _UnaryResponse, aio.StreamUnaryCall):
+class StreamUnary(_StreamRequest, _UnaryResponse,  # type: ignore[misc]
+                  aio.StreamUnaryCall[Any, Any]):
     pass
 
 
-class StreamStream(_StreamRequest, _StreamResponse, aio.StreamStreamCall):
+class StreamStream(_StreamRequest, _StreamResponse,  # type: ignore[misc]
+                   aio.StreamStreamCall[Any, Any]):
     pass
 
 
-class InterceptedUnaryStream(_InterceptedStreamResponse, aio.UnaryStreamCall):
+class InterceptedUnaryStream(_InterceptedStreamResponse,  # type: ignore[misc]
+                             aio.UnaryStreamCall[Any, Any]):
     pass
 
 
-class InterceptedStreamUnary(_InterceptedStreamRequest, _UnaryResponse, aio.StreamUnaryCall):
+class InterceptedStreamUnary(_InterceptedStreamRequest, _UnaryResponse,  # type: ignore[misc]
+                             aio.StreamUnaryCall[Any, Any]):
     pass
 
 
-class InterceptedStreamStream(_InterceptedStreamRequest, _InterceptedStreamResponse,
-                              aio.StreamStreamCall):
+class InterceptedStreamStream(_InterceptedStreamRequest,  # type: ignore[misc]
+                              _InterceptedStreamResponse, aio.StreamStreamCall[Any, Any]):
     pass
 
 
-_PLAIN = {"unary_unary": UnaryUnary, "unary_stream": UnaryStream,
-          "stream_unary": StreamUnary, "stream_stream": StreamStream}
-_INTERCEPTED = {"unary_unary": UnaryUnary, "unary_stream": InterceptedUnaryStream,
-                "stream_unary": InterceptedStreamUnary,
-                "stream_stream": InterceptedStreamStream}
+_PLAIN: dict[str, type[PendingCall]] = {
+    "unary_unary": UnaryUnary, "unary_stream": UnaryStream,
+    "stream_unary": StreamUnary, "stream_stream": StreamStream}
+_INTERCEPTED: dict[str, type[PendingCall]] = {
+    "unary_unary": UnaryUnary, "unary_stream": InterceptedUnaryStream,
+    "stream_unary": InterceptedStreamUnary, "stream_stream": InterceptedStreamStream}

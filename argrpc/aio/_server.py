@@ -21,7 +21,7 @@ import logging
 import sys
 import weakref
 from concurrent.futures import Executor
-from typing import Any, Awaitable, Callable, Optional, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, Sequence, cast
 
 import grpc
 from grpc import aio
@@ -66,12 +66,13 @@ class _Stage(enum.Enum):
 
 
 # --- the gRPC port ----------------------------------------------------------------------
-async def _refuse_over_limit(request_iterator: Any, context: aio.ServicerContext) -> None:
+async def _refuse_over_limit(request_iterator: Any, context: aio.ServicerContext[Any, Any]) -> None:
     await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, _OVER_LIMIT_DETAILS)
 
 
 # Request-streaming, so grpc.aio runs it without waiting for a request message.
-_REFUSE_HANDLER = grpc.stream_unary_rpc_method_handler(_refuse_over_limit)
+_REFUSE_HANDLER: grpc.RpcMethodHandler[Any, Any] = grpc.stream_unary_rpc_method_handler(
+    _refuse_over_limit)
 
 
 class _Gate(aio.ServerInterceptor):
@@ -107,9 +108,10 @@ def _bootstrap_handler(listener: _bootstrap.FastPathListener) -> grpc.GenericRpc
     """The bootstrap RPC for grpc.aio. `decide` only issues a secret (shm) or attaches an
     endpoint (verbs): short enough to run on the loop."""
 
-    async def negotiate(request: Any, context: aio.ServicerContext) -> Any:
-        user_agent = next((str(v) for k, v in context.invocation_metadata()
-                           if k == "user-agent"), "")
+    async def negotiate(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+        # grpc.aio gives a call's metadata (its stubs allow None)
+        metadata = cast(aio.Metadata, context.invocation_metadata())
+        user_agent = next((str(v) for k, v in metadata if k == "user-agent"), "")
         return listener.decide(request, encrypted=_bootstrap._is_encrypted(context),
                                user_agent=user_agent)
 
@@ -153,7 +155,7 @@ class Server(aio.Server):
         self._thread_pool = thread_pool
         self._interceptors = interceptors
         self._generic: list[grpc.GenericRpcHandler] = []
-        self._registered: dict[str, grpc.RpcMethodHandler] = {}
+        self._registered: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
         self._stage = _Stage.NEW
         # In-flight fast-path calls by ServerCall.key.
         self._calls: dict[int, RpcState] = {}
@@ -164,7 +166,7 @@ class Server(aio.Server):
         # grpc.aio call's task copies its serving task's.
         self._context = contextvars.copy_context()
         self._stop_deadline: Optional[float] = None
-        self._stop_task: Optional[asyncio.Task] = None
+        self._stop_task: Optional[asyncio.Task[Any]] = None
         self._changed: Optional[asyncio.Event] = None
         self._terminated: Optional[asyncio.Event] = None
 
@@ -192,14 +194,16 @@ class Server(aio.Server):
         return self._core is not None
 
     # --- handlers -----------------------------------------------------------------------
-    def add_generic_rpc_handlers(self, generic_rpc_handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+    def add_generic_rpc_handlers(self, generic_rpc_handlers: Iterable[grpc.GenericRpcHandler]
+                                 ) -> None:
         generic_rpc_handlers = tuple(generic_rpc_handlers)
         self._grpc.add_generic_rpc_handlers(
             tuple(_buffers.GrpcGenericHandler(h) for h in generic_rpc_handlers))
         self._generic.extend(generic_rpc_handlers)
 
     def add_registered_method_handlers(self, service_name: str,
-                                       method_handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+                                       method_handlers: Mapping[str, grpc.RpcMethodHandler[Any, Any]]
+                                       ) -> None:
         # grpc.aio warns and ignores once started; forwarding keeps its exact behaviour.
         self._grpc.add_registered_method_handlers(service_name, {
             name: _buffers.grpc_method_handler(h) for name, h in method_handlers.items()})
@@ -391,23 +395,25 @@ class Server(aio.Server):
         if self._stage is _Stage.STOPPING and self._changed is not None:
             self._changed.set()
 
-    def _find_handler_now(self, state: RpcState) -> Optional[grpc.RpcMethodHandler]:
+    def _find_handler_now(self, state: RpcState) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
         """The call's handler when there are no interceptors (nothing to await)."""
         handler = self._registered.get(state.method)
         if handler is not None:
             return handler
         return self._resolve(HandlerCallDetails(state.method, state))
 
-    async def _intercepted_handler(self, state: RpcState) -> Optional[grpc.RpcMethodHandler]:
+    async def _intercepted_handler(self, state: RpcState) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
         """The call's handler through the interceptors (grpc.aio resolves registered
         methods first, both by the possibly rewritten details)."""
-        return await intercept(self._interceptors, 0, self._resolve_async,
-                               HandlerCallDetails(state.method, state))
+        handler: Optional[grpc.RpcMethodHandler[Any, Any]] = await intercept(
+            self._interceptors, 0, self._resolve_async, HandlerCallDetails(state.method, state))
+        return handler
 
-    async def _resolve_async(self, details: grpc.HandlerCallDetails) -> Optional[grpc.RpcMethodHandler]:
+    async def _resolve_async(self, details: grpc.HandlerCallDetails
+                             ) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
         return self._resolve(details)
 
-    def _resolve(self, details: grpc.HandlerCallDetails) -> Optional[grpc.RpcMethodHandler]:
+    def _resolve(self, details: grpc.HandlerCallDetails) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
         handler = self._registered.get(details.method)
         if handler is not None:
             return handler

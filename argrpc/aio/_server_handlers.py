@@ -44,8 +44,9 @@ class HandlerCallDetails(grpc.HandlerCallDetails):
         self.method = method
         self._state = state
 
+    # read-only, converted when read; grpc's stubs declare a plain attribute
     @property
-    def invocation_metadata(self) -> tuple:
+    def invocation_metadata(self) -> tuple[Any, ...]:  # type: ignore[override]
         return self._state.invocation_metadata()
 
 
@@ -92,7 +93,7 @@ def _blocking_iterator(agen: Any, loop: asyncio.AbstractEventLoop) -> Iterator[A
 async def _async_responses(gen: Iterator[Any], loop: asyncio.AbstractEventLoop,
                            pool: Optional[Executor]) -> AsyncIterator[Any]:
     """A sync handler's response generator, iterated in the pool."""
-    queue: asyncio.Queue = asyncio.Queue()
+    queue: asyncio.Queue[Any] = asyncio.Queue()
     end = object()
 
     def produce() -> None:
@@ -141,7 +142,7 @@ def _request_iterator(context: ServicerContext, behavior: Any) -> Any:
 
 # --- the arities ------------------------------------------------------------------------
 async def _unary_response(state: RpcState, behavior: Any, request: Any,
-                          context: ServicerContext, serializer: Optional[Callable]) -> None:
+                          context: ServicerContext, serializer: Optional[Callable[..., Any]]) -> None:
     if is_async_handler(behavior):
         response = await behavior(request, context)
     else:
@@ -198,7 +199,7 @@ async def _stream_responses(state: RpcState, behavior: Any, request: Any,
     await state.send_status(state.status_code, state.status_details, state.trailing_metadata)
 
 
-async def _handle(state: RpcState, handler: grpc.RpcMethodHandler) -> None:
+async def _handle(state: RpcState, handler: grpc.RpcMethodHandler[Any, Any]) -> None:
     deserializer = handler.request_deserializer
     serializer = handler.response_serializer
     if not handler.request_streaming:

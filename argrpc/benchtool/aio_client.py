@@ -50,7 +50,8 @@ async def fetch_env(channel: Any) -> dict[str, Any]:
     """The server's own report ({pid, env}); also the call that settles negotiation."""
     call = channel.unary_unary(msg.path(msg.SERVICE, msg.ENV), request_serializer=None,
                                response_deserializer=None)
-    return json.loads(await call(b"", timeout=60, wait_for_ready=True))
+    report: dict[str, Any] = json.loads(await call(b"", timeout=60, wait_for_ready=True))
+    return report
 
 
 async def first_call(rpc: P2PCall) -> AsyncCall:

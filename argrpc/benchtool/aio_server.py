@@ -15,7 +15,7 @@ import argparse
 import asyncio
 import sys
 import threading
-from typing import Any, Callable, Coroutine
+from typing import Any, Callable, Coroutine, cast
 
 import grpc
 
@@ -44,11 +44,12 @@ def _on_loop(fn: Handler) -> Callable[[Any, Any], Coroutine[Any, Any, Any]]:
     return handle
 
 
-def async_handlers(stack: str) -> dict[str, grpc.RpcMethodHandler]:
+def async_handlers(stack: str) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
     """server.handlers(stack) with every behaviour made a coroutine function; the
     (de)serializers are the same objects."""
     return {name: grpc.unary_unary_rpc_method_handler(
-                _on_loop(h.unary_unary), h.request_deserializer, h.response_serializer)
+                _on_loop(cast(Handler, h.unary_unary)),  # every bench method is unary
+                h.request_deserializer, h.response_serializer)
             for name, h in handlers(stack).items()}
 
 

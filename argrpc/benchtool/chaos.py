@@ -206,7 +206,7 @@ class _Activity:
         return plain
 
 
-def _handlers(activity: _Activity) -> dict[str, grpc.RpcMethodHandler]:
+def _handlers(activity: _Activity) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
     def unary(request: Any, context: grpc.ServicerContext) -> Any:
         return request
 
@@ -266,7 +266,7 @@ def _install_hangup() -> threading.Event:
     return done
 
 
-def reap(proc: subprocess.Popen, log: Any) -> None:
+def reap(proc: subprocess.Popen[Any], log: Any) -> None:
     """Kill `proc` (a stopped one too: SIGCONT first), wait for it, close its pipes and
     its log file."""
     if proc.poll() is None:
@@ -331,8 +331,9 @@ class _Loop:
     """One kind of call, repeated: each checks every byte (client stream: the digests)."""
 
     def __init__(self, channel: grpc.Channel, arity: str, body: bytes) -> None:
-        factory = {"unary": channel.unary_unary, "server_stream": channel.unary_stream,
-                   "client_stream": channel.stream_unary, "bidi": channel.stream_stream}
+        factory: dict[str, Callable[[str], Any]] = {
+            "unary": channel.unary_unary, "server_stream": channel.unary_stream,
+            "client_stream": channel.stream_unary, "bidi": channel.stream_stream}
         self._call = factory[arity](method(arity))
         self.arity, self.body = arity, body
         self._digests = hashlib.sha256(body).digest() * STREAM_MESSAGES
@@ -372,8 +373,8 @@ def caller(target: str, arity: str, size: int, seed: int, survivor: bool) -> int
     hung_up = _install_hangup()
     channel = _channel(target)
     pre = snapshot()
-    warm = channel.unary_unary(method("unary"))(b"w", timeout=CALL_TIMEOUT_S,
-                                                 wait_for_ready=True)
+    unary: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(method("unary"))
+    warm = unary(b"w", timeout=CALL_TIMEOUT_S, wait_for_ready=True)
     if bytes(warm) != b"w":
         raise Corrupt("the warm-up call came back changed")
     print(f"READY {getattr(channel, 'transport', 'grpc')}", flush=True)
@@ -441,7 +442,8 @@ def caller(target: str, arity: str, size: int, seed: int, survivor: bool) -> int
 class _Witness:
     def __init__(self, target: str) -> None:
         self.channel = _channel(target)
-        self.call = self.channel.unary_unary(WITNESS_METHOD)
+        self.call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = self.channel.unary_unary(
+            WITNESS_METHOD)
         self.bodies = [_payload(s, 7 + s) for s in WITNESS_SIZES]
         self.ok = 0
         self.errors: list[str] = []
@@ -792,7 +794,8 @@ class Orchestrator:
         """The server's resources with the witness paused (its own call finished)."""
         witness.ask("pause", "PAUSED")
         try:
-            return server.ask("res", "RES")
+            res: dict[str, Any] = server.ask("res", "RES")
+            return res
         finally:
             witness.tell("run")
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from argrpc._config import KNOBS, ConfigError, load as load_config, parse_size
+from argrpc._version import __version__
 from argrpc.benchtool import APIS, BENCHMARKS, FAST_TRANSPORTS, MODES, SCHEMES, TRANSPORTS
 from argrpc.benchtool.progress import Progress
 from argrpc.benchtool.report import (AIO_TARGET_CONCURRENCY, evaluate_targets, fmt_size,
@@ -214,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  argrpc-bench chaos --trials 40     (peers killed at random moments;\n"
                "                                      see argrpc-bench chaos --help)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"argrpc-bench {__version__}")
     p.add_argument("benchmark", nargs="?", default="all", choices=[*BENCHMARKS, "all"],
                    help="latency: ping-pong echo; bandwidth: one-way large messages; "
                         "ps: parameter server + N workers; all: the three (default)")
@@ -647,8 +649,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     if errors:
         print("errors:")
-        for e in errors:
-            print(f"  {e}")
+        for err in errors:
+            print(f"  {err}")
     print(f"finished in {elapsed:.0f} s; written:")
     print(f"  JSON      {json_path}")
     print(f"  Markdown  {md_path}")

@@ -113,9 +113,10 @@ def check_transport(channel: grpc.Channel, expected: str) -> str:
 
 def fetch_env(channel: grpc.Channel, service: str, method: str) -> dict[str, Any]:
     """The peer's own report ({pid, env, ...}); also the call that settles negotiation."""
-    call = channel.unary_unary(msg.path(service, method), request_serializer=None,
-                               response_deserializer=None)
-    return json.loads(call(b"", timeout=60, wait_for_ready=True))
+    call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+        msg.path(service, method), request_serializer=None, response_deserializer=None)
+    report: dict[str, Any] = json.loads(call(b"", timeout=60, wait_for_ready=True))
+    return report
 
 
 def percentile(sorted_ns: Sequence[int], q: float) -> float:

@@ -34,10 +34,14 @@ Equivalent proto (package ``argrpc.benchtool``)::
 from __future__ import annotations
 
 import struct
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+if TYPE_CHECKING:
+    # numpy declares ndarray's __buffer__ only for Python >= 3.12
+    from typing_extensions import Buffer
 
 PACKAGE = "argrpc.benchtool"
 SERVICE = f"{PACKAGE}.Bench"
@@ -88,7 +92,8 @@ def _build_file() -> descriptor_pb2.FileDescriptorProto:
 def _load_messages() -> dict[str, type]:
     # A private pool: never collides with anything the application registered.
     pool = descriptor_pool.DescriptorPool()
-    fd = pool.Add(_build_file())
+    add: Callable[..., Any] = pool.Add  # returns the FileDescriptor; its stubs say None
+    fd = add(_build_file())
     return {name: message_factory.GetMessageClass(fd.message_types_by_name[name])
             for name in ("Payload", "Ack", "VarRequest", "Tensor")}
 
@@ -127,14 +132,14 @@ class RawFrame:
 
     def pack(self, buffers: Sequence[np.ndarray]) -> Any:
         if self.single:
-            return memoryview(buffers[0])
+            return memoryview(cast("Buffer", buffers[0]))
         assert self._frame is not None
         off = self.header_len
         frame = self._frame
         for buf, n in zip(buffers, self.sizes):
             frame[off:off + n] = buf  # the gather: one memcpy per buffer
             off += n
-        return memoryview(frame)
+        return memoryview(cast("Buffer", frame))
 
 
 def unpack(data: Any, framed: bool) -> list[np.ndarray]:
@@ -143,7 +148,7 @@ def unpack(data: Any, framed: bool) -> list[np.ndarray]:
     arr = np.frombuffer(data, dtype=np.uint8)
     if not framed:
         return [arr]
-    n = int(_U64.unpack_from(arr, 0)[0])
+    n = int(_U64.unpack_from(cast("Buffer", arr), 0)[0])
     sizes = np.frombuffer(arr, dtype="<u8", count=n, offset=8)
     off = 8 * (n + 1)
     out = []

@@ -7,7 +7,7 @@ it ``write_plots`` raises ``PlotsUnavailable`` and the CLI says so and skips the
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 from argrpc.benchtool import APIS, MODES, TRANSPORTS
 from argrpc.benchtool.report import BASELINE, env_label, fmt_ratio, fmt_size, speedup, \
@@ -154,16 +154,17 @@ def plot_ps(ms: Sequence[Measurement], path: str) -> str | None:
         labels.append(f"{mode}, {scheme}\n{workers} workers"
                       + (f"\n{env_label(dict(env))}" if env else ""))
         for ti, t in enumerate(transports):
-            m = next((x for x in members if x.transport == t), None)
-            if m is None:
+            bar = next((x for x in members if x.transport == t), None)
+            if bar is None:
                 continue
+            steps = cast(float, bar.steps_per_s)  # `data` holds only measured runs
             x = gi + (ti - (len(transports) - 1) / 2) * width
-            ax.bar(x, m.steps_per_s, width * 0.9, color=_COLOURS.get(t),
+            ax.bar(x, steps, width * 0.9, color=_COLOURS.get(t),
                    label=t if gi == 0 else None)
-            r = speedup(m, baseline_of(m, data), "steps_per_s")
-            text = f"{m.steps_per_s:.3g}/s" + \
+            r = speedup(bar, baseline_of(bar, data), "steps_per_s")
+            text = f"{steps:.3g}/s" + \
                 (f"\n{fmt_ratio(r)} grpc" if r is not None and t != BASELINE else "")
-            ax.text(x, m.steps_per_s + top * 0.01, text, ha="center", va="bottom",
+            ax.text(x, steps + top * 0.01, text, ha="center", va="bottom",
                     fontsize="small")
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels)

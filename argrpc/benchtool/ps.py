@@ -168,7 +168,9 @@ class Worker:
                 response_deserializer=lambda d: np.frombuffer(d, dtype=np.uint8))
             self._push = channel.unary_unary(
                 msg.path(msg.PS_SERVICE, msg.PUSH_RAW),
-                request_serializer=lambda a: to_wire(a.view(np.uint8)),
+                # argrpc takes any buffer (grpc's stubs say bytes)
+                request_serializer=lambda a: to_wire(  # type: ignore[arg-type,return-value]
+                    a.view(np.uint8)),
                 response_deserializer=parse_raw_ack)
             self._pull_reqs = [_ID.pack(i) for i in range(len(sizes))]
             self._md = [((msg.VAR_ID_KEY, str(i)),) for i in range(len(sizes))]

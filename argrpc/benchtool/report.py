@@ -126,7 +126,8 @@ def speedup(m: Measurement, base: Measurement | None, metric: str) -> float | No
     """>1 means the transport is better than grpc on ``metric``."""
     if base is None or m.skipped:
         return None
-    a, b = getattr(m, metric), getattr(base, metric)
+    a: float | None = getattr(m, metric)
+    b: float | None = getattr(base, metric)
     if a is None or b is None or a <= 0 or b <= 0:
         return None
     return b / a if metric in LOWER_IS_BETTER else a / b
@@ -265,9 +266,9 @@ def sweep_table(ms: Sequence[Measurement], benchmark: str,
         vals: list[str] = []
         best: tuple[float, str] | None = None
         for e in envs:
-            m = by_env.get(e)
-            v = None if m is None or m.skipped else getattr(m, metric)
-            vals.append(fmt_num(v) if m is None or not m.skipped else "skipped")
+            cell = by_env.get(e)
+            v = None if cell is None or cell.skipped else getattr(cell, metric)
+            vals.append(fmt_num(v) if cell is None or not cell.skipped else "skipped")
             if v is not None:
                 score = -v if metric in LOWER_IS_BETTER else v
                 if best is None or score > best[0]:

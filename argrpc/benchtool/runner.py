@@ -43,7 +43,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, cast
 
 from argrpc import _config, _transports
 from argrpc.benchtool import APIS, BENCHMARKS, FAST_TRANSPORTS, MODES, SCHEMES, TRANSPORTS
@@ -211,7 +211,7 @@ class Child:
             except queue.Empty:
                 continue
             if kind == "out":
-                return value
+                return cast(str, value)
             if kind == "progress":
                 if on_progress is not None:
                     on_progress(*value)

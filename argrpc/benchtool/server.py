@@ -85,7 +85,7 @@ def raw_serializer(stack: str) -> Callable[[Any], Any]:
     return msg.bytes_only(msg.identity) if stack == "grpc" else msg.identity
 
 
-def handlers(stack: str) -> dict[str, grpc.RpcMethodHandler]:
+def handlers(stack: str) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
     uu = grpc.unary_unary_rpc_method_handler
     out_raw = raw_serializer(stack)
 

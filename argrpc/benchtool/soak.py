@@ -156,11 +156,13 @@ def sha(data: Any) -> bytes:
 
 
 def _pb_serialize(buf: Any) -> bytes:
-    return msg.Payload(buffers=[bytes(buf)]).SerializeToString()
+    wire: bytes = msg.Payload(buffers=[bytes(buf)]).SerializeToString()
+    return wire
 
 
 def _pb_deserialize(data: Any) -> bytes:
-    return msg.Payload.FromString(data).buffers[0]
+    buffer: bytes = msg.Payload.FromString(data).buffers[0]
+    return buffer
 
 
 # codec -> (serializer, deserializer), the same on both ends. Raw: buffers as they are
@@ -210,7 +212,7 @@ class _Control:
         return True
 
 
-def _handlers(corpus: Corpus) -> dict[str, grpc.RpcMethodHandler]:
+def _handlers(corpus: Corpus) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
     def unary(request: Any, context: grpc.ServicerContext) -> Any:
         return request if _Control(context).step(context, 0) else b""
 
@@ -497,7 +499,7 @@ class Runner:
         self.corpus = corpus
         factories = {"unary": channel.unary_unary, "server_stream": channel.unary_stream,
                      "client_stream": channel.stream_unary, "bidi": channel.stream_stream}
-        self._callables = {
+        self._callables: dict[tuple[str, str], Any] = {
             (arity, codec): factories[arity](method(arity, codec),
                                              request_serializer=SERDES[codec][0],
                                              response_deserializer=SERDES[codec][1])
@@ -822,7 +824,8 @@ class Soak:
             def server_resources() -> dict[str, Any]:
                 server.send("resources")
                 line = server.expect("RESOURCES ", time.monotonic() + 60)
-                return json.loads(line.split(" ", 1)[1])
+                resources: dict[str, Any] = json.loads(line.split(" ", 1)[1])
+                return resources
 
             doc = self._soak(channel, server_resources)
             if not self._server_alive():

@@ -1,0 +1,205 @@
+"""Each extra covers what its entry point imports: the third-party imports of an area
+(read with ast, so nothing is imported) must each be provided by the base dependencies or
+by that area's extra. A new import without its requirement fails here, not on a user's
+machine with a ModuleNotFoundError (or, for the plots, a quiet "plots skipped")."""
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import re
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from tests.support.procs import REPO_ROOT
+
+FIRST_PARTY = {"argrpc", "tests", "bench", "examples"}
+# Modules generated at run time from a .proto next to the code that loads them.
+GENERATED = re.compile(r".*_pb2(_grpc)?$")
+
+# top-level module -> the distribution that provides it
+DISTRIBUTION = {
+    "grpc": "grpcio",
+    "grpc_tools": "grpcio-tools",
+    "google": "protobuf",
+    "numpy": "numpy",
+    "matplotlib": "matplotlib",
+    "sklearn": "scikit-learn",
+    "pytest": "pytest",
+    "pytest_benchmark": "pytest-benchmark",
+    "cryptography": "cryptography",
+    "uvloop": "uvloop",
+    "fastgrpc2": "fastgrpc2",
+    "pydantic": "pydantic",
+    "yaml": "PyYAML",
+    "jsonschema": "jsonschema",
+}
+
+# Imports an area may leave to its user, each with the reason.
+OPTIONAL = {
+    # only regenerates a stale _pb2 in a source checkout, whose build needs grpcio-tools
+    # anyway (pyproject's build-system); an installed argrpc ships the generated module
+    ("base", "grpc_tools"),
+    # rdma-core's bindings (Debian's python3-pyverbs), not on PyPI; tests/verbs skips
+    # with the reason without them, and CI's RDMA guest has them
+    ("test", "pyverbs"),
+}
+
+# Requirements that no import shows: pytest plugins configured by name.
+NOT_IMPORTED = {
+    "test": {"pytest-timeout"},  # pytest.ini: timeout = ...
+    "bench": {"pytest-benchmark"},  # bench/'s `benchmark` fixture
+}
+
+# The code each extra's users run. "base" is argrpc itself, for the plain dependencies.
+AREAS: dict[str, list[str]] = {
+    "base": ["argrpc"],
+    "bench": ["argrpc/benchtool", "bench"],
+    "examples": ["examples"],
+    # the tests also run argrpc-bench, the examples and bench/across_hosts.py
+    "test": ["tests", "argrpc/benchtool", "examples", "bench/across_hosts.py"],
+}
+EXCLUDED_FROM_BASE = "argrpc/benchtool"  # argrpc-bench: the bench extra's
+
+
+def _files(area: str) -> Iterator[Path]:
+    for entry in AREAS[area]:
+        path = REPO_ROOT / entry
+        for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            rel = f.relative_to(REPO_ROOT).as_posix()
+            if area == "base" and rel.startswith(EXCLUDED_FROM_BASE + "/"):
+                continue
+            if GENERATED.match(f.stem):
+                continue
+            yield f
+
+
+def _literal_arg(call: ast.Call) -> str | None:
+    """The module named by importorskip("x") / import_module("x") / find_spec("x")."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if name not in {"importorskip", "import_module", "find_spec"} or not call.args:
+        return None
+    arg = call.args[0]
+    return arg.value if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else None
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _run_time_nodes(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node but those under `if TYPE_CHECKING:`, which only type checkers import."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child.test):
+                stack.extend(child.orelse)
+            else:
+                stack.append(child)
+
+
+def imported_modules(source: str) -> set[str]:
+    """Top-level names of the absolute imports in `source` that run, string-named ones
+    included."""
+    names: set[str] = set()
+    for node in _run_time_nodes(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Call):
+            literal = _literal_arg(node)
+            if literal and not literal.startswith("."):  # ".x": relative, first-party
+                names.add(literal)
+    return {n.split(".")[0] for n in names}
+
+
+def third_party(area: str) -> dict[str, list[str]]:
+    """{top-level module: files importing it} for the area's third-party imports."""
+    found: dict[str, list[str]] = {}
+    for f in _files(area):
+        for mod in imported_modules(f.read_text()):
+            if mod in sys.stdlib_module_names or mod in FIRST_PARTY or GENERATED.match(mod):
+                continue
+            found.setdefault(mod, []).append(f.relative_to(REPO_ROOT).as_posix())
+    return found
+
+
+def _name(requirement: str) -> str:
+    """'grpcio-tools>=1.60' -> 'grpcio-tools', normalized as packaging does."""
+    match = re.match(r"[A-Za-z0-9._-]+", requirement)
+    assert match, requirement
+    return re.sub(r"[-_.]+", "-", match.group(0)).lower()
+
+
+def _project() -> Any:
+    return tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+
+
+def provided(area: str) -> set[str]:
+    project = _project()
+    names = {_name(r) for r in project["dependencies"]}
+    if area != "base":
+        names |= {_name(r) for r in project["optional-dependencies"][area]}
+    return names
+
+
+def test_scan_sees_imports() -> None:
+    # the scan itself: every form of import the areas use
+    source = ("import numpy.linalg\nfrom google.protobuf import message\nfrom . import x\n"
+              "import os\nyaml = pytest.importorskip('yaml')\n"
+              "importlib.import_module('echo_pb2')\nimportlib.import_module('.x', 'p')\n"
+              "if TYPE_CHECKING:\n    import typing_extensions\nelse:\n    import json\n"
+              "def f():\n    if typing.TYPE_CHECKING:\n        import numpy.typing\n"
+              "    import sklearn\n")
+    assert imported_modules(source) == {"numpy", "google", "os", "yaml", "echo_pb2", "json",
+                                        "sklearn"}
+    assert set(third_party("bench")) >= {"numpy", "matplotlib"}
+    assert "sklearn" in third_party("examples")
+
+
+@pytest.mark.parametrize("area", sorted(AREAS))
+def test_area_imports_are_provided(area: str) -> None:
+    have = provided(area)
+    missing = []
+    for mod, files in sorted(third_party(area).items()):
+        if (area, mod) in OPTIONAL:
+            continue
+        dist = DISTRIBUTION.get(mod)
+        if dist is None:
+            missing.append(f"{mod} (imported by {files[0]}): add it to DISTRIBUTION here "
+                           "and its distribution to the extra")
+        elif _name(dist) not in have:
+            where = "dependencies" if area == "base" else f"[{area}]"
+            missing.append(f"{dist} for {mod} (imported by {files[0]}): add it to {where}")
+    for dist in NOT_IMPORTED.get(area, set()):
+        if _name(dist) not in have:
+            missing.append(f"{dist}: add it to [{area}]")
+    assert missing == []
+
+
+def test_extras_name_only_used_distributions() -> None:
+    # the other direction: an extra naming what nothing imports is stale
+    for area in ("bench", "examples", "test"):
+        used = {_name(DISTRIBUTION[m]) for m in third_party(area) if m in DISTRIBUTION}
+        used |= {_name(d) for d in NOT_IMPORTED.get(area, set())}
+        named = {_name(r) for r in _project()["optional-dependencies"][area]}
+        assert named - used == set(), area
+
+
+def test_distribution_map_matches_installed() -> None:
+    # where a module is installed, the map must name a distribution that provides it
+    installed = importlib.metadata.packages_distributions()
+    checked = 0
+    for mod, dist in DISTRIBUTION.items():
+        if mod in installed:
+            assert _name(dist) in {_name(d) for d in installed[mod]}, mod
+            checked += 1
+    assert checked >= 3  # grpc, google and pytest are always here
