@@ -13,7 +13,7 @@ import atexit
 import logging
 import os
 import threading
-from typing import Any
+from types import ModuleType
 
 __all__ = ["ENGINE_LOGGER", "start"]
 
@@ -24,7 +24,7 @@ _lock = threading.Lock()
 _started_pid: int | None = None
 
 
-def _emit(core: Any, timeout_ms: int) -> None:
+def _emit(core: ModuleType, timeout_ms: int) -> None:
     entries, dropped = core._take_log(timeout_ms)
     if dropped:
         ENGINE_LOGGER.warning("%d engine messages were dropped (nobody took them in time)",
@@ -33,7 +33,7 @@ def _emit(core: Any, timeout_ms: int) -> None:
         ENGINE_LOGGER.log(level, "%s", text)
 
 
-def _run(core: Any) -> None:
+def _run(core: ModuleType) -> None:
     while True:
         try:
             _emit(core, _TAKE_MS)
@@ -41,7 +41,7 @@ def _run(core: Any) -> None:
             logging.getLogger("argrpc").exception("logging an engine message failed")
 
 
-def start(core: Any) -> None:
+def start(core: ModuleType) -> None:
     """Take the engine's messages in this process from now on (idempotent per process)."""
     global _started_pid
     pid = os.getpid()
