@@ -27,8 +27,10 @@ py_include="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"]
 need_apt=()
 command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
 command -v make >/dev/null 2>&1 || need_apt+=(make)
-# The verbs fabric is compiled against rdma-core's headers; libibverbs itself is loaded
-# at run time (dlopen), so hosts without RDMA still import argrpc.
+# rdma-core's headers are for the verbs ABI check only (scripts/check_verbs_abi.sh, run by
+# tests/test_verbs_abi.py): argrpc declares the verbs ABI it uses itself and builds
+# without them, and libibverbs is loaded at run time (dlopen), so hosts without RDMA
+# still import argrpc.
 [ -f /usr/include/infiniband/verbs.h ] || need_apt+=(libibverbs-dev)
 if [ ! -f "$py_include/Python.h" ]; then
     # Only Debian's own python3 gets its headers from apt; others (pyenv, venvs of it)

@@ -1,6 +1,7 @@
 #include "fabric/verbs/ibv_api.h"
 
 #include <dlfcn.h>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -79,6 +80,16 @@ Loaded load() {
   return l;
 }
 
+// The verbs_context around ctx if libibverbs embedded ctx in one and that one reaches
+// back to query_port (older libraries have a shorter one, without it).
+const verbs_context* extended_query_port(ibv_context* ctx) {
+  if (ctx->abi_compat != reinterpret_cast<void*>(kVerbsAbiExtended)) return nullptr;
+  const auto* v = reinterpret_cast<const verbs_context*>(reinterpret_cast<const uint8_t*>(ctx) -
+                                                         offsetof(verbs_context, context));
+  if (v->sz < sizeof(verbs_context) - offsetof(verbs_context, query_port) || !v->query_port) return nullptr;
+  return v;
+}
+
 const Loaded& loaded() {
   static const Loaded l = load();  // thread-safe once
   return l;
@@ -96,8 +107,7 @@ const Api& require() {
 }
 
 int query_port(ibv_context* ctx, uint8_t port, ibv_port_attr* attr) {
-  verbs_context* vctx = verbs_get_ctx_op(ctx, query_port);
-  if (vctx) return vctx->query_port(ctx, port, attr, sizeof(*attr));
+  if (const verbs_context* v = extended_query_port(ctx)) return v->query_port(ctx, port, attr, sizeof(*attr));
   std::memset(attr, 0, sizeof(*attr));
   return require().query_port(ctx, port, reinterpret_cast<_compat_ibv_port_attr*>(attr));
 }
