@@ -8,6 +8,8 @@ reference: the same assertions must hold for plain grpcio). Select one with e.g.
 """
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -16,7 +18,20 @@ import pytest
 from tests.support import stubs as stubgen
 from tests.support.clients import (PAIRS, UNLIMITED, UNLIMITED_SERVER_ARGS, Client,
                                    open_client, pair_id)
-from tests.support.procs import ServerProcess
+from tests.support.procs import REPO_ROOT, ServerProcess
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """ARGRPC_INSTALLED_TEST=1 (scripts/test_installed.sh): the suite runs against an
+    installed argrpc, so it must not be importing one from the tree the tests are in."""
+    if os.environ.get("ARGRPC_INSTALLED_TEST") != "1":
+        return
+    import argrpc
+
+    where = Path(argrpc.__file__).resolve()
+    if REPO_ROOT.resolve() in where.parents or "site-packages" not in where.parts:
+        raise pytest.UsageError(f"ARGRPC_INSTALLED_TEST=1 but argrpc is imported from {where}, "
+                                "not from an installed package")
 
 
 @pytest.fixture(scope="session")

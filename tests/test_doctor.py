@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import pytest
 
+import argrpc
 from argrpc import _doctor
 from tests.support.procs import REPO_ROOT, child_env
 
@@ -22,12 +23,14 @@ HAS_RDMA = bool(os.path.isdir("/sys/class/infiniband") and os.listdir("/sys/clas
 
 
 def _command() -> list[str]:
-    """The installed console script when it is this checkout's, else `python -m argrpc`."""
+    """The installed console script when it runs the argrpc under test (this checkout's,
+    or the installed package's under scripts/test_installed.sh), else `python -m argrpc`."""
     exe = shutil.which("argrpc")
     if exe:
         probe = subprocess.run([sys.executable, "-c", "import argrpc; print(argrpc.__file__)"],
                                cwd="/", capture_output=True, text=True)
-        if probe.stdout.strip() == str(REPO_ROOT / "argrpc" / "__init__.py"):
+        if probe.stdout.strip() in (str(REPO_ROOT / "argrpc" / "__init__.py"),
+                                    os.path.abspath(argrpc.__file__)):
             return [exe]
     return [sys.executable, "-m", "argrpc"]
 

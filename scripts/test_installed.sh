@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# The test suite against argrpc as a user installs it, not against the editable build:
+#
+#   1. wheel venv: a clean venv (no system site-packages) gets dist/'s manylinux wheel
+#      and the test dependencies, all as binary wheels, with NO compiler on PATH (PATH is
+#      the venv's bin/ plus a directory of symlinks to the few tools the suite runs: sh,
+#      coreutils, git, ip...; gcc/cc/c++/g++/clang/ld are checked to be absent). The suite
+#      runs from a copy of the repository WITHOUT argrpc/ (and without build/), so neither
+#      the checkout nor its package is importable: `import argrpc` in the tests and in
+#      every process they spawn can only find the venv's site-packages. A pre-flight
+#      check proves that before pytest starts, and ARGRPC_INSTALLED_TEST=1 makes the
+#      suite's conftest check it again in the pytest process.
+#   2. sdist venv: another clean venv builds and installs dist/'s sdist (with the
+#      compiler: that is what an sdist is for) and runs a smoke subset of the suite.
+#
+# dist/ is made by scripts/build_wheel.sh if it holds no wheel (ARGRPC_REBUILD_WHEEL=1:
+# always). Arguments go to the wheel venv's pytest (default: the whole default suite).
+# Exit status: non-zero if anything fails. Prints the time of each step.
+#
+# Environment: PYTHON (default python3), DIST_DIR (default dist/), ARGRPC_SKIP_SDIST=1
+# (only the wheel venv), KEEP_INSTALLED_TEST_DIR=1 (keep the
+# temporary directory: the repository copy and both venvs).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="$("${PYTHON:-python3}" -c 'import sys; print(sys.executable)')"  # not a pyenv shim
+DIST="${DIST_DIR:-$ROOT/dist}"
+log() { printf '[installed] %s\n' "$*"; }
+t0=$SECONDS
+times=()
+
+# Names that would let anything compile; none may be on the wheel venv's PATH.
+COMPILERS=(gcc cc c++ g++ cpp clang clang++ clang-14 clang++-14 ld ld.bfd ld.gold as
+           x86_64-linux-gnu-gcc x86_64-linux-gnu-g++ x86_64-linux-gnu-gcc-12
+           x86_64-linux-gnu-g++-12 x86_64-linux-gnu-ld)
+# What the suite and its children run besides Python (absent ones are left out: the tests
+# that need them skip as they would on any host without them).
+TOOLS=(sh bash dash env cat cp mv rm ls ln mkdir rmdir mktemp chmod touch readlink realpath
+       dirname basename head tail tr cut sort uniq wc tee grep egrep sed awk mawk find
+       xargs sleep true false kill ps pgrep id whoami uname nproc date stat du df
+       timeout nice taskset git ip rdma ibv_devices ibv_devinfo ldconfig getconf py-spy)
+
+# ------------------------------------------------------------------------ dist/
+shopt -s nullglob
+wheels=("$DIST"/argrpc-*-manylinux*.whl)
+sdists=("$DIST"/argrpc-*.tar.gz)
+if [ "${ARGRPC_REBUILD_WHEEL:-0}" = "1" ] || [ "${#wheels[@]}" -ne 1 ] || [ "${#sdists[@]}" -ne 1 ]; then
+    t=$SECONDS
+    DIST_DIR="$DIST" PYTHON="$PY" bash "$ROOT/scripts/build_wheel.sh"
+    times+=("build sdist+wheel+repair: $((SECONDS - t))s")
+    wheels=("$DIST"/argrpc-*-manylinux*.whl)
+    sdists=("$DIST"/argrpc-*.tar.gz)
+fi
+[ "${#wheels[@]}" -eq 1 ] && [ "${#sdists[@]}" -eq 1 ] || {
+    log "want exactly one manylinux wheel and one sdist in $DIST" >&2; exit 1; }
+WHEEL="${wheels[0]}"
+SDIST="${sdists[0]}"
+log "wheel: $WHEEL"
+log "sdist: $SDIST"
+
+# ------------------------------------------------------- the repository, minus argrpc/
+# The working tree (uncommitted and new unignored files too), without the package and
+# build outputs: tests read README.md, csrc/knobs.h, docs/, examples/, bench/ from it.
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/argrpc-installed.XXXXXX")"
+cleanup() {
+    if [ "${KEEP_INSTALLED_TEST_DIR:-0}" = "1" ]; then log "kept $WORK"; else rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+TREE="$WORK/repo"
+mkdir -p "$TREE"
+if git -C "$ROOT" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard \
+        | grep -zv -e '^argrpc/' -e '^build/' -e '^dist/' -e '^\.venvs/' \
+        | xargs -0 -r sh -c 'for f; do [ -e "$f" ] && printf "%s\0" "$f"; done' sh \
+        | tar --null -T - -cf -) | tar -xf - -C "$TREE"
+else
+    tar -C "$ROOT" --exclude=./argrpc --exclude=./build --exclude=./dist --exclude=./.venvs \
+        --exclude=.git -cf - . | tar -xf - -C "$TREE"
+fi
+[ ! -e "$TREE/argrpc" ] || { log "the copy holds argrpc/" >&2; exit 1; }
+# tests/test_knobs.py lists the tracked files with git: the copy is a repository of its own.
+git -C "$TREE" init -q
+git -C "$TREE" add -A
+
+# ------------------------------------------------------------- a PATH without compilers
+NOCC="$WORK/bin"
+mkdir -p "$NOCC"
+for tool in "${TOOLS[@]}"; do
+    p="$(command -v "$tool" 2>/dev/null || true)"
+    case "$p" in /*) ln -sf "$p" "$NOCC/$tool";; esac
+done
+
+# Checks run inside a venv before its pytest: argrpc comes from the venv's site-packages,
+# nothing of the checkout or of the base interpreter's site-packages is on sys.path.
+preflight() {  # VENV EXPECT_NO_COMPILER
+    (cd "$TREE" && "$1/bin/python" - "$1" "$ROOT" "$2" "${COMPILERS[@]}" <<'PY'
+import os, shutil, site, sys, sysconfig
+venv, checkout, no_cc, compilers = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4:]
+venv = os.path.realpath(venv)
+import argrpc, argrpc._core, argrpc.aio, argrpc._proto  # noqa: E401  (the compiled engine loads)
+where = os.path.realpath(argrpc.__file__)
+purelib = os.path.realpath(sysconfig.get_paths()["purelib"])
+platlib = os.path.realpath(sysconfig.get_paths()["platlib"])
+assert where.startswith((purelib + os.sep, platlib + os.sep)), f"argrpc from {where}"
+assert os.path.realpath(argrpc._core.__file__).startswith(os.path.dirname(where) + os.sep)
+assert os.path.realpath(sys.prefix) == venv, sys.prefix
+assert sys.prefix != sys.base_prefix
+base_sites = {os.path.realpath(p) for p in site.getsitepackages([sys.base_prefix])}
+for p in sys.path:
+    rp = os.path.realpath(p or ".")
+    assert not (rp == checkout or rp.startswith(checkout + os.sep)), f"checkout on sys.path: {p}"
+    assert rp not in base_sites, f"base site-packages on sys.path: {p}"
+if no_cc:
+    found = {c: shutil.which(c) for c in compilers if shutil.which(c)}
+    cc = (sysconfig.get_config_var("CC") or "").split()
+    if cc and shutil.which(cc[0]):
+        found[cc[0]] = shutil.which(cc[0])
+    assert not found, f"compilers on PATH: {found}"
+print(f"[installed] preflight ok: argrpc {where}; compiler on PATH: "
+      f"{'none' if no_cc else shutil.which('g++')}")
+PY
+    )
+}
+
+pip_in() {  # VENV ARGS...: pip of that venv, quiet
+    local venv="$1"; shift
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --root-user-action=ignore "$@"
+}
+
+run_pytest() {  # VENV PATH ARGS...
+    local venv="$1" path="$2"; shift 2
+    local rc=0
+    (cd "$TREE" && env PATH="$path" ARGRPC_INSTALLED_TEST=1 VIRTUAL_ENV="$venv" \
+        PYTHONPATH= PYTHONNOUSERSITE=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@") \
+        || rc=$?
+    if [ "$rc" -eq 5 ]; then log "pytest collected no tests (exit 5)" >&2; return 1; fi
+    return "$rc"
+}
+
+# --------------------------------------------------------------------- wheel venv
+VW="$WORK/venv-wheel"
+NOCC_PATH="$VW/bin:$NOCC"
+log "wheel venv $VW (PATH=$NOCC_PATH)"
+t=$SECONDS
+"$PY" -m venv --clear "$VW"
+# Binary wheels only: with no compiler on PATH, a dependency that needed building would
+# fail anyway; --only-binary makes that failure say so at once.
+env PATH="$NOCC_PATH" PYTHONNOUSERSITE=1 "$VW/bin/python" -m pip install -q \
+    --disable-pip-version-check --root-user-action=ignore --only-binary :all: \
+    "argrpc[test] @ file://$WHEEL"
+times+=("wheel venv: create + install wheel and test deps: $((SECONDS - t))s")
+(export PATH="$NOCC_PATH" PYTHONNOUSERSITE=1 PYTHONPATH=; preflight "$VW" 1)
+t=$SECONDS
+rc_wheel=0
+run_pytest "$VW" "$NOCC_PATH" "$@" || rc_wheel=$?
+times+=("wheel venv: pytest (exit $rc_wheel): $((SECONDS - t))s")
+
+# --------------------------------------------------------------------- sdist venv
+rc_sdist=0
+if [ "${ARGRPC_SKIP_SDIST:-0}" != "1" ]; then
+    VS="$WORK/venv-sdist"
+    log "sdist venv $VS: pip install of the sdist builds the engine (a few minutes on 2 cores)"
+    t=$SECONDS
+    "$PY" -m venv --clear "$VS"
+    (export PYTHONNOUSERSITE=1; pip_in "$VS" "argrpc[test] @ file://$SDIST")
+    times+=("sdist venv: create + build and install the sdist: $((SECONDS - t))s")
+    (export PYTHONNOUSERSITE=1 PYTHONPATH=; preflight "$VS" 0)
+    t=$SECONDS
+    # Smoke: the engine's own API, the conformance suite's shm fast path against the
+    # reference, aio, the CLI (doctor), the generated knob header and the sim fabric.
+    run_pytest "$VS" "$VS/bin:$PATH" tests/test_knobs.py tests/test_channel_api.py \
+        tests/test_doctor.py tests/test_sim_fabric.py tests/aio/test_aio_client.py \
+        -k "not client_grpc-server_grpc" || rc_sdist=$?
+    times+=("sdist venv: smoke pytest (exit $rc_sdist): $((SECONDS - t))s")
+fi
+
+for line in "${times[@]}"; do log "time: $line"; done
+log "time: total $((SECONDS - t0))s"
+if [ "$rc_wheel" -ne 0 ] || [ "$rc_sdist" -ne 0 ]; then
+    log "FAILED: wheel venv pytest exit $rc_wheel, sdist venv pytest exit $rc_sdist" >&2
+    exit 1
+fi
+log "OK: the installed wheel passes the suite without a compiler; the sdist builds and passes the smoke set"
