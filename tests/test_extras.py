@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.support.procs import REPO_ROOT
+from tests.support.procs import PACKAGE_ROOT, REPO_ROOT
 
 FIRST_PARTY = {"argrpc", "tests", "bench", "examples"}
 # Modules generated at run time from a .proto next to the code that loads them.
@@ -36,6 +36,7 @@ DISTRIBUTION = {
     "pydantic": "pydantic",
     "yaml": "PyYAML",
     "jsonschema": "jsonschema",
+    "pybind11": "pybind11",
 }
 
 # Imports an area may leave to its user, each with the reason.
@@ -65,11 +66,22 @@ AREAS: dict[str, list[str]] = {
 EXCLUDED_FROM_BASE = "argrpc/benchtool"  # argrpc-bench: the bench extra's
 
 
+def _root(entry: str) -> Path:
+    """argrpc's own files where the argrpc under test is (site-packages for the installed
+    wheel), the rest from the repository."""
+    return PACKAGE_ROOT if entry.split("/")[0] == "argrpc" else REPO_ROOT
+
+
+def _rel(f: Path) -> str:
+    root = PACKAGE_ROOT if PACKAGE_ROOT in f.parents else REPO_ROOT
+    return f.relative_to(root).as_posix()
+
+
 def _files(area: str) -> Iterator[Path]:
     for entry in AREAS[area]:
-        path = REPO_ROOT / entry
+        path = _root(entry) / entry
         for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
-            rel = f.relative_to(REPO_ROOT).as_posix()
+            rel = _rel(f)
             if area == "base" and rel.startswith(EXCLUDED_FROM_BASE + "/"):
                 continue
             if GENERATED.match(f.stem):
@@ -128,7 +140,7 @@ def third_party(area: str) -> dict[str, list[str]]:
         for mod in imported_modules(f.read_text()):
             if mod in sys.stdlib_module_names or mod in FIRST_PARTY or GENERATED.match(mod):
                 continue
-            found.setdefault(mod, []).append(f.relative_to(REPO_ROOT).as_posix())
+            found.setdefault(mod, []).append(_rel(f))
     return found
 
 

@@ -1,14 +1,15 @@
 """What a wheel carries: every package under argrpc/ is listed for setuptools (one left
 out is silently missing from the wheel), and the PEP 561 marker plus the engine's stub
-are there and declared as package data."""
+are there and declared as package data. Run against the installed wheel
+(scripts/test_installed.sh), the same checks read what the wheel put in site-packages."""
 from __future__ import annotations
 
 import tomllib
 from typing import Any
 
-from tests.support.procs import REPO_ROOT
+from tests.support.procs import PACKAGE_ROOT, REPO_ROOT
 
-ARGRPC = REPO_ROOT / "argrpc"
+ARGRPC = PACKAGE_ROOT / "argrpc"
 
 
 def _setuptools() -> Any:
@@ -16,7 +17,7 @@ def _setuptools() -> Any:
 
 
 def test_every_package_is_listed() -> None:
-    on_disk = {".".join(init.parent.relative_to(REPO_ROOT).parts)
+    on_disk = {".".join(init.parent.relative_to(PACKAGE_ROOT).parts)
                for init in ARGRPC.rglob("__init__.py")}
     assert {"argrpc", "argrpc.aio", "argrpc.benchtool"} <= on_disk
     assert sorted(_setuptools()["packages"]) == sorted(on_disk)
@@ -24,7 +25,7 @@ def test_every_package_is_listed() -> None:
 
 def test_no_module_outside_a_package() -> None:
     # a .py in a directory without __init__.py would not be in the wheel at all
-    stray = [str(p.relative_to(REPO_ROOT)) for p in ARGRPC.rglob("*.py")
+    stray = [str(p.relative_to(PACKAGE_ROOT)) for p in ARGRPC.rglob("*.py")
              if not (p.parent / "__init__.py").exists()]
     assert stray == []
 

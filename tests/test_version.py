@@ -11,9 +11,9 @@ import tomllib
 import pytest
 
 import argrpc
-from tests.support.procs import REPO_ROOT, child_env
+from tests.support.procs import PACKAGE_ROOT, REPO_ROOT, child_env
 
-VERSION_FILE = REPO_ROOT / "argrpc" / "_version.py"
+VERSION_FILE = PACKAGE_ROOT / "argrpc" / "_version.py"
 
 
 def _literal_version() -> str:

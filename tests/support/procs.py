@@ -12,9 +12,13 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import argrpc
 from argrpc.benchtool.chaos import reap
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+# Where the argrpc under test lives: the checkout in an editable run, site-packages when
+# scripts/test_installed.sh runs the suite against the installed wheel.
+PACKAGE_ROOT = Path(argrpc.__file__).resolve().parent.parent
 
 
 def child_env(extra: Mapping[str, str] | None = None,
