@@ -22,12 +22,16 @@ def _fd_targets() -> list[str]:
 # keeps its threads (ThreadPoolExecutor never ends an idle one), so its threads are
 # counted apart: they are the pool's, bounded by it, not a leak.
 SERVER_POOL_PREFIX = "server-pool"
+# argrpc's engine is process-wide and lives until exit; so does the thread that hands
+# its messages to logging (argrpc/_log.py), started with it: not a leak either.
+PROCESS_WIDE = {"argrpc-log"}
 
 
 def snapshot() -> dict[str, Any]:
     gc.collect()
     targets = _fd_targets()
-    threads = [t for t in threading.enumerate() if not t.name.startswith(SERVER_POOL_PREFIX)]
+    threads = [t for t in threading.enumerate()
+               if not t.name.startswith(SERVER_POOL_PREFIX) and t.name not in PROCESS_WIDE]
     return {
         "fds": len(targets),
         "fd_targets": targets,
