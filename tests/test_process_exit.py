@@ -81,3 +81,38 @@ def test_process_exits_without_close(pair: tuple[str, str], mode: str, servers: 
         assert "TRANSPORT shm\n" in lines
     # The server stays usable for the next client.
     assert server.alive()
+
+
+RACE_SCRIPT = r'''
+import sys, threading, time
+from argrpc import _engine
+core = _engine.core_module()
+
+class SlowAtExit:
+    """Finalizing begins, then this releases the GIL while the thread below wants it."""
+    def __del__(self):
+        sys.stdout.write(f"FINALIZING {sys.is_finalizing()}\n")
+        sys.stdout.flush()
+        time.sleep(0.6)
+
+keep = SlowAtExit()
+keep.cycle = keep  # collected during finalization, not at module teardown's start
+threading.Thread(target=core._without_gil_for_test, args=(300,), daemon=True).start()
+time.sleep(0.05)
+print("EXITING", flush=True)
+'''
+
+
+def test_a_thread_retaking_the_gil_as_finalizing_begins_does_not_abort() -> None:
+    """CPython ends such a thread from inside PyEval_RestoreThread; it parks instead.
+
+    A daemon thread came back from the engine just before finalizing began and waits for
+    the GIL; when finalization releases it (here a __del__ that sleeps), CPython unwinds
+    the thread with pthread_exit(). Unwinding through the binding's frames used to end the
+    process with "terminate called without an active exception".
+    """
+    proc = subprocess.run([sys.executable, "-c", RACE_SCRIPT], cwd=REPO_ROOT, env=child_env({}),
+                          capture_output=True, text=True, timeout=EXIT_BUDGET_S)
+    assert "FINALIZING True" in proc.stdout, (proc.stdout, proc.stderr)
+    assert proc.returncode == 0, proc.stderr
+    assert "terminate" not in proc.stderr, proc.stderr

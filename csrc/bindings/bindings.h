@@ -5,6 +5,7 @@
 #pragma once
 #include <pybind11/pybind11.h>
 
+#include <cxxabi.h>
 #include <unistd.h>
 
 #include <memory>
@@ -23,8 +24,12 @@ namespace bindings {
 
 // Releases the GIL for a wait or a copy. A thread that comes back while the
 // interpreter is finalizing must not retake the GIL: CPython would pthread_exit() it,
-// and that forced unwind through pybind11's noexcept frames aborts the process. Such
-// a thread (a daemon thread still in a call at exit) parks until the process ends.
+// and that forced unwind through pybind11's noexcept frames (or through a frame still
+// holding a Python buffer, which would be released without the GIL) aborts the process.
+// Such a thread (a daemon thread still in a call at exit) parks until the process ends.
+// Finalizing may begin while the thread already waits for the GIL, after the check:
+// CPython then unwinds it from inside PyEval_RestoreThread, without the GIL, and the
+// unwind is stopped right here and parks as well.
 // The finalizing thread itself (a __del__ or atexit close at shutdown) is the one
 // thread that may keep running: it keeps the GIL, since no other thread can take it.
 class NoGil {
@@ -34,12 +39,22 @@ class NoGil {
   NoGil& operator=(const NoGil&) = delete;
   ~NoGil() {
     if (state_ == nullptr) return;
-    if (_Py_IsFinalizing())
-      for (;;) ::pause();
-    PyEval_RestoreThread(state_);
+    if (_Py_IsFinalizing() && !skip_check_for_test) park();
+    try {
+      PyEval_RestoreThread(state_);
+    } catch (abi::__forced_unwind&) {
+      park();  // never leaves the handler, so the unwind never reaches a noexcept frame
+    }
   }
 
+  // Test-only: go straight to retaking the GIL, as a thread that passed the check just
+  // before finalizing began.
+  bool skip_check_for_test = false;
+
  private:
+  [[noreturn]] static void park() {
+    for (;;) ::pause();
+  }
   PyThreadState* state_;
 };
 

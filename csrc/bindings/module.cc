@@ -157,6 +157,14 @@ PYBIND11_MODULE(_core, m) {
     }
   });
 
+  // Test-only: hold no GIL for `ms`, then take it back without first checking whether
+  // the interpreter began finalizing meanwhile (the race NoGil must survive at exit).
+  m.def("_without_gil_for_test", [](int ms) {
+    NoGil nogil;
+    nogil.skip_check_for_test = true;
+    ::usleep(static_cast<useconds_t>(ms) * 1000);
+  });
+
   // What the engine uses when Python passes nothing: tests compare it with the knob table.
   m.def("_config_defaults", [] {
     const EngineConfig e;
