@@ -203,6 +203,13 @@ struct PyServerCall {
   }
 };
 
+// Text that may come from a peer (a method name, a message quoting one): never fails on
+// bytes that are not UTF-8.
+inline pybind11::str lenient_str(const std::string& s) {
+  return pybind11::reinterpret_steal<pybind11::str>(
+      PyUnicode_DecodeUTF8(s.data(), pybind11::ssize_t(s.size()), "replace"));
+}
+
 Metadata to_metadata(const pybind11::object& o);
 pybind11::list from_metadata(const Metadata& md);
 // bytes for an eager message, a memoryview keeping the pool block for a large one.
@@ -222,6 +229,8 @@ void add_shm(pybind11::module_& m, pybind11::class_<PyEngine>& engine);    // sh
 void add_verbs(pybind11::module_& m, pybind11::class_<PyEngine>& engine);  // verbs.cc
 void add_sim(pybind11::module_& m);  // sim.cc: test-only, _core._sim_pair
 void add_log(pybind11::module_& m);  // log.cc: engine messages for Python's logging
+// call_stats.cc: per-call records for an application's metrics
+void add_call_stats(pybind11::module_& m, pybind11::class_<PyConnection>& connection);
 // aio.cc: the loop's Notifier and the calls' and server's methods that never wait.
 void add_aio(pybind11::module_& m, pybind11::class_<PyEngine>& engine,
              pybind11::class_<PyConnection>& connection,

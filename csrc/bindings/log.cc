@@ -20,10 +20,8 @@ void add_log(py::module_& m) {
       got = take_log(timeout_ms, &dropped);
     }
     py::list entries;
-    // Texts may quote what a peer sent: never fail on bytes that are not UTF-8.
-    for (auto& e : got)
-      entries.append(py::make_tuple(e.level, py::reinterpret_steal<py::str>(PyUnicode_DecodeUTF8(
-                                                 e.text.data(), py::ssize_t(e.text.size()), "replace"))));
+    // Texts may quote what a peer sent.
+    for (auto& e : got) entries.append(py::make_tuple(e.level, lenient_str(e.text)));
     return py::make_tuple(entries, dropped);
   }, py::arg("timeout_ms"));
   // Test-only: a message as the engine would log it, from the calling thread.

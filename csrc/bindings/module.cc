@@ -221,7 +221,26 @@ PYBIND11_MODULE(_core, m) {
         d["grown"] = s.grown;
         d["in_use"] = s.in_use;
         d["waiters"] = s.waiters;
+        d["waits"] = s.waits;
         return d;
+      })
+      // Per transport that has had a connection on this engine (engine/transport_stats.h
+      // says what each path counts).
+      .def("transport_stats", [](PyEngine& e) {
+        py::dict out;
+        for (const auto& kv : e.engine->transport_stats().snapshot()) {
+          const TransportSnapshot& s = kv.second;
+          py::dict d;
+          d["connections_open"] = s.connections_open;
+          d["eager_bytes_sent"] = s.eager_bytes_sent;
+          d["eager_bytes_received"] = s.eager_bytes_received;
+          d["rendezvous_bytes_sent"] = s.rendezvous_bytes_sent;
+          d["rendezvous_bytes_received"] = s.rendezvous_bytes_received;
+          d["zero_copy_bytes_received"] = s.zero_copy_bytes_received;
+          d["keepalive_failures"] = s.keepalive_failures;
+          out[py::str(kv.first)] = d;
+        }
+        return out;
       })
       .def_property_readonly("connection_count", [](PyEngine& e) { return e.engine->connection_count(); })
       .def("shutdown", [](PyEngine& e) {
@@ -499,5 +518,6 @@ PYBIND11_MODULE(_core, m) {
   add_verbs(m, engine);
   add_sim(m);  // the test fabric (docs/core-api.md, "Test fabric")
   add_log(m);
+  add_call_stats(m, connection);
   add_aio(m, engine, connection, client_call, server, server_call);
 }

@@ -20,7 +20,8 @@ Connection::Connection(Engine* engine, std::unique_ptr<Fabric> fabric, const Con
       server_(std::move(server)),
       peer_name_(std::move(peer_name)),
       peer_user_agent_(std::move(peer_user_agent)),
-      client_(server_ == nullptr) {
+      client_(server_ == nullptr),
+      counters_(engine->transport_stats().of(fabric_->name())) {
   batch_.reserve(cfg_.acc_size + 64);
   scratch_.reserve(cfg_.acc_size + 64);
   last_heard_us_.store(now_us(), std::memory_order_relaxed);
@@ -51,11 +52,12 @@ void Connection::keepalive(uint64_t now) {
     if (last_recv_us_.load(std::memory_order_relaxed) >= ping_sent_us_) {
       ping_sent_us_ = 0;  // answered (any batch or credit will do)
     } else if (now - ping_sent_us_ >= uint64_t(cfg_.keepalive_timeout_ms) * 1000) {
-      fail(kUnavailable, "argrpc: peer " + peer_name_ + " did not answer a keepalive for " +
+      const bool failed = fail(kUnavailable, "argrpc: peer " + peer_name_ + " did not answer a keepalive for " +
                              (cfg_.keepalive_timeout_ms % 1000
                                   ? std::to_string(cfg_.keepalive_timeout_ms) + " ms"
                                   : std::to_string(cfg_.keepalive_timeout_ms / 1000) + " s") +
                              " (it died or hangs)");
+      if (failed) TransportCounters::add(counters_.keepalive_failures, 1);
       return;
     }
   }
@@ -87,9 +89,9 @@ void Connection::protocol_error(const std::string& what) {
   fail(kInternal, "argrpc: connection to " + peer_name_ + " closed: protocol error: " + what);
 }
 
-void Connection::fail(uint32_t code, const std::string& why) {
-  if (inherited()) return;  // the parent's: its fabric must not be touched from here
-  if (dead_.exchange(true)) return;
+bool Connection::fail(uint32_t code, const std::string& why) {
+  if (inherited()) return false;  // the parent's: its fabric must not be touched from here
+  if (dead_.exchange(true)) return false;
   const auto self = shared_from_this();  // detach() below may drop the engine's reference
   {
     std::lock_guard<std::mutex> g(epitaph_->mu);
@@ -124,6 +126,13 @@ void Connection::fail(uint32_t code, const std::string& why) {
     pullq_.clear();
   }
   engine_->detach(this);
+  return true;
+}
+
+void Connection::set_stats_target(std::string target) {
+  auto t = std::make_shared<const std::string>(std::move(target));
+  std::lock_guard<std::mutex> g(stats_target_mu_);
+  stats_target_ = std::move(t);
 }
 
 }  // namespace argrpc

@@ -15,6 +15,7 @@
 #include "engine/frame.h"
 #include "engine/probes.h"
 #include "engine/stream.h"
+#include "engine/transport_stats.h"
 #include "fabric/fabric.h"
 #include "tunables.h"
 
@@ -77,13 +78,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::string error() const { return epitaph_->text(); }
   const std::shared_ptr<Epitaph>& epitaph() const { return epitaph_; }
   uint64_t serial = 0;  // the engine's id for it
+  // The engine's counters of this connection's transport (engine/transport_stats.h).
+  TransportCounters& counters() { return counters_; }
+  // Client side: the label its calls' records carry (common/call_stats.h); calls that
+  // start after this carry the new one.
+  void set_stats_target(std::string target);
 
   // Called periodically by the engine: PINGs a silent peer while calls are in flight.
   void keepalive(uint64_t now_us);
   // The same: ring credits owed too long go back on their own (connection_credits.cc).
   void sweep_credits(uint64_t now_us);
-  // Ends every stream with `code`/`why` and tears the connection down.
-  void fail(uint32_t code, const std::string& why);
+  // Ends every stream with `code`/`why` and tears the connection down. False if it had
+  // already failed (or is the parent's, in a forked child).
+  bool fail(uint32_t code, const std::string& why);
 
   // connection_progress.cc: reading the peer's batches.
   // Non-blocking; returns whether it did any work.
@@ -228,13 +235,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::shared_ptr<Stream> find(uint64_t id);
   // Every stream of this connection is made here and stays in live_ until destroyed,
   // so fail() reaches each one that anybody could wait on, registered by id or not.
-  std::shared_ptr<Stream> new_stream(uint64_t id, const Deadline& dl);
+  std::shared_ptr<Stream> new_stream(uint64_t id, const Deadline& dl, std::string method);
   friend class Stream;  // ~Stream leaves live_
   void forget_stream(Stream* s);
   // Local end of a stream: drops it from the map, releases its pulls unless keep_inbox
   // (a normal end keeps what already arrived), wakes waiters. False if already ended.
   bool end_stream(const std::shared_ptr<Stream>& s, uint32_t code, const std::string& details,
                   bool cancelled, Metadata* trailing, bool keep_inbox);
+  // The call stats' records of a stream's birth and of its end (as end_stream decided it).
+  void record_start(Stream& s);
+  void record_end(const Stream& s, uint32_t code, uint64_t sent, uint64_t rcvd);
   void release_inbox_locked(Stream& s, std::vector<uint64_t>* fins);
   // After fail(): ends `s` with the connection's error if it still runs, and if it had
   // ended with messages still arriving, fails it too (they never will). True if it
@@ -258,6 +268,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const std::string peer_name_;
   const std::string peer_user_agent_;
   const bool client_;
+  TransportCounters& counters_;
+  std::mutex stats_target_mu_;
+  std::shared_ptr<const std::string> stats_target_;
   std::atomic<bool> dead_{false};
   const uint64_t born_ = fork_generation();
   const std::shared_ptr<Epitaph> epitaph_ = std::make_shared<Epitaph>();

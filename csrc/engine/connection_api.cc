@@ -41,8 +41,7 @@ bool recv_ready(const Stream& s) {
 std::shared_ptr<Stream> Connection::start_call(const std::string& method, const Metadata& md,
                                                double timeout, bool send_headers_now) {
   const Deadline dl = timeout < 0 ? Deadline::never() : Deadline::after_seconds(timeout);
-  auto s = new_stream(0, dl);
-  s->method = method;
+  auto s = new_stream(0, dl, method);
   s->request_md = md;
   if (send_headers_now) submit(s, Outgoing{});  // a dead connection ends it there
   return s;

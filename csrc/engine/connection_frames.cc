@@ -77,9 +77,8 @@ bool Connection::on_new_call(const FrameHead& h, Reader& r) {
   if (!r.str(&method) || !r.metadata(&md) || !r.ok()) return malformed("HEADERS");
   const Deadline dl = timeout_us < 0 ? Deadline::never()
                                      : Deadline::after_seconds(double(timeout_us) / 1e6);
-  auto s = new_stream(h.stream, dl);
+  auto s = new_stream(h.stream, dl, std::move(method));
   if (!alive()) return false;  // failed meanwhile: new_stream() ended it
-  s->method = std::move(method);
   s->request_md = std::move(md);
   {
     std::lock_guard<std::mutex> g(streams_mu_);
@@ -94,6 +93,7 @@ bool Connection::on_new_call(const FrameHead& h, Reader& r) {
 }
 
 bool Connection::on_message(const FrameHead& h, const uint8_t* p) {
+  TransportCounters::add(counters_.eager_bytes_received, h.len);  // arrived, whatever its stream
   auto s = find(h.stream);
   if (!s) return true;
   if (cfg_.max_recv >= 0 && int64_t(h.len) > cfg_.max_recv) {
@@ -111,6 +111,7 @@ bool Connection::on_message(const FrameHead& h, const uint8_t* p) {
     overrun = s->recv_held + h.len > cfg_.stream_window;
     if (!overrun) {
       s->recv_held += h.len;
+      s->rcvd_bytes += h.len;
       s->inbox.push_back(std::move(in));
       s->notify_locked();
     }
@@ -153,6 +154,7 @@ bool Connection::on_rts(const FrameHead& h, Reader& r) {
       refuse = true;
     } else {
       s->inbox.push_back(Incoming{Payload(), pull});
+      s->rcvd_bytes += b.length;
       if (s->pulls_active < cfg_.pull_ahead) {
         ++s->pulls_active;
         pull->started = true;

@@ -103,6 +103,7 @@ bool Connection::try_view(const std::shared_ptr<Pull>& p) {
     return false;
   }
   p->dst.view = v;
+  TransportCounters::add(counters_.zero_copy_bytes_received, p->len);
   p->dst.lease = std::make_shared<ViewLease>(shared_from_this(), p->rdv_id, p->len);
   if (auto s = p->stream.lock()) {
     std::lock_guard<std::mutex> g(s->mu);
@@ -179,6 +180,7 @@ void Connection::on_read_done(uint64_t wr_id) {
   auto& p = rd.pull;
   --p->inflight;
   p->done += rd.len;
+  TransportCounters::add(counters_.rendezvous_bytes_received, rd.len);
   fail_point(FailPoint::kPull);
   if (!alive()) return;
   if (p->next_off < p->len) {

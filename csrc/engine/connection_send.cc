@@ -41,6 +41,11 @@ bool Connection::submit(const std::shared_ptr<Stream>& sp, const Outgoing& o, bo
     if (!block.valid()) return false;
   }
   if (!claim_headers(*sp, o, &plan)) return false;
+  // Counted before it goes out: a peer's answer to it may be read before this thread
+  // runs again, and whoever reads the counters then must see this message in them.
+  if (o.has_msg)
+    TransportCounters::add(plan.eager ? counters_.eager_bytes_sent : counters_.rendezvous_bytes_sent,
+                           o.msg_len);
   if (block.valid()) {
     // The copy into the pool happens here, outside the send lock other calls wait on.
     plan.rdv = expose_message(o, std::move(block), &plan.ref);
@@ -77,10 +82,12 @@ bool Connection::may_submit(const std::shared_ptr<Stream>& sp) {
 }
 
 // Under the stream's lock, so that of several submits on one stream exactly one carries
-// its headers. False if the stream has ended.
+// its headers. False if the stream has ended. The message is committed from here on,
+// so it counts in the stream's sent bytes here, under the lock its end is decided under.
 bool Connection::claim_headers(Stream& s, const Outgoing& o, SubmitPlan* plan) {
   std::lock_guard<std::mutex> g(s.mu);
   if (s.ended) return false;
+  if (o.has_msg) s.sent_bytes += o.msg_len;
   if (client_) plan->client_headers = !s.headers_sent;
   else plan->server_headers = !s.headers_sent && (o.initial_md || o.has_msg);
   s.headers_sent = s.headers_sent || plan->client_headers || plan->server_headers;

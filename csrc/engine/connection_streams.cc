@@ -1,8 +1,11 @@
 // Stream lifetimes on a connection: made (new_stream), found by id, and ended exactly
 // once, whether by the peer, the deadline, the application, or the connection's failure.
+// Those two places are also where a recorded call's records come from (call stats).
 #include <algorithm>
+#include <chrono>
 #include <string>
 
+#include "common/call_stats.h"
 #include "common/status.h"
 #include "engine/connection.h"
 #include "engine/server.h"
@@ -15,9 +18,13 @@ std::shared_ptr<Stream> Connection::find(uint64_t id) {
   return it == streams_.end() ? nullptr : it->second;
 }
 
-std::shared_ptr<Stream> Connection::new_stream(uint64_t id, const Deadline& dl) {
+std::shared_ptr<Stream> Connection::new_stream(uint64_t id, const Deadline& dl,
+                                               std::string method) {
   auto s = std::make_shared<Stream>(id, client_, shared_from_this(), dl);
+  s->method = std::move(method);
   s->send_window = static_cast<int64_t>(fabric_->peer_stream_window());
+  // Before the stream is registered, so its start is queued before anything can end it.
+  if (call_stats_on()) record_start(*s);
   {
     std::lock_guard<std::mutex> g(live_mu_);
     live_.emplace(s.get(), s);
@@ -57,10 +64,13 @@ bool Connection::end_stream(const std::shared_ptr<Stream>& s, uint32_t code,
   }
   std::vector<uint64_t> fins;
   bool report = false;
+  uint64_t sent = 0, rcvd = 0;
   {
     std::lock_guard<std::mutex> g(s->mu);
     if (s->ended) return false;
     s->ended = true;
+    sent = s->sent_bytes;
+    rcvd = s->rcvd_bytes;
     s->code = code;
     s->details = details;
     if (trailing) s->trailing_md = std::move(*trailing);
@@ -73,11 +83,40 @@ bool Connection::end_stream(const std::shared_ptr<Stream>& s, uint32_t code,
     s->notify_locked();
   }
   for (uint64_t f : fins) queue_fin(f);
+  if (s->recorded) record_end(*s, code, sent, rcvd);
   if (server_) {
     server_->remove_active(s.get());
     if (report) server_->report_cancelled(s);
   }
   return true;
+}
+
+void Connection::record_start(Stream& s) {
+  s.recorded = true;
+  s.started = Clock::now();
+  if (client_) {
+    std::lock_guard<std::mutex> g(stats_target_mu_);
+    s.stats_target = stats_target_;
+  }
+  CallRecord r;
+  r.kind = client_ ? CallEvent::kClientStarted : CallEvent::kServerStarted;
+  r.method = s.method;
+  r.target = s.stats_target;
+  r.transport = fabric_->name();
+  record_call(std::move(r));
+}
+
+void Connection::record_end(const Stream& s, uint32_t code, uint64_t sent, uint64_t rcvd) {
+  CallRecord r;
+  r.kind = client_ ? CallEvent::kClientEnded : CallEvent::kServerEnded;
+  r.method = s.method;
+  r.target = s.stats_target;
+  r.code = code;
+  r.duration_s = std::chrono::duration<double>(Clock::now() - s.started).count();
+  r.sent_bytes = sent;
+  r.rcvd_bytes = rcvd;
+  r.transport = fabric_->name();
+  record_call(std::move(r));
 }
 
 void Connection::abandon(const std::shared_ptr<Stream>& s) {

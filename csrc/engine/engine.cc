@@ -89,6 +89,8 @@ std::shared_ptr<Connection> Engine::attach(std::unique_ptr<Fabric> fabric, const
     auto next = std::make_shared<ConnList>(*conns_);
     next->push_back(conn);
     conns_ = std::move(next);
+    // Under conns_mu_, as detach()'s decrement is: never counted down before up.
+    conn->counters().connections_open.fetch_add(1, std::memory_order_relaxed);
   }
   if (pollers_.load() > 0) conn->fabric().disarm();
   return conn;
@@ -99,6 +101,7 @@ void Engine::detach(Connection* conn) {
   auto next = std::make_shared<ConnList>();
   for (auto& c : *conns_) {
     if (c.get() == conn) {
+      conn->counters().connections_open.fetch_sub(1, std::memory_order_relaxed);
       ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, c->fabric().wait_fd(), nullptr);
       if (c->fabric().liveness_fd() >= 0)
         ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, c->fabric().liveness_fd(), nullptr);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/unique_fd.h"
+#include "engine/transport_stats.h"
 #include "tunables.h"
 
 namespace argrpc {
@@ -33,6 +34,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   const EngineConfig& config() const { return cfg_; }
   const std::shared_ptr<Pool>& pool() const { return pool_; }
   Copier& copier() { return *copier_; }
+  TransportStats& transport_stats() { return transport_stats_; }
 
   // peer_user_agent: what the peer's gRPC channel sent as user-agent when it
   // negotiated; a server presents it with every fast-path call, as grpc would.
@@ -59,6 +61,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   const EngineConfig cfg_;
   std::shared_ptr<Pool> pool_;
   std::unique_ptr<Copier> copier_;
+  TransportStats transport_stats_;
   UniqueFd epoll_, ctl_;
   std::atomic<int> pollers_{0};
   std::atomic<bool> stop_{false};

@@ -74,8 +74,8 @@ class Stream {
   const bool client;
   const std::shared_ptr<Connection> conn;
   const Deadline deadline;
-  std::string method;   // server side
-  Metadata request_md;  // server side
+  std::string method;   // set at birth (new_stream), never changed
+  Metadata request_md;  // client: the call's; server: what its HEADERS carried
 
   std::mutex mu;
   std::condition_variable cv;
@@ -96,6 +96,15 @@ class Stream {
   uint64_t recv_held = 0;  // eager bytes received and not yet returned by a WINDOW frame
   bool headers_sent = false;   // server: initial metadata went out
   bool trailers_sent = false;
+  // Message bytes, payloads only: committed to the wire by this side, and arrived from
+  // the peer while the stream ran (a rendezvous message counts when announced, so the
+  // sum is whole when the trailers that follow it end the call).
+  uint64_t sent_bytes = 0, rcvd_bytes = 0;
+  // Set at birth, then never changed: whether this call is in the call stats
+  // (common/call_stats.h), since when, and the client connection's label then.
+  bool recorded = false;
+  Clock::time_point started;
+  std::shared_ptr<const std::string> stats_target;
   // An asyncio call's subscription (engine/notifier.h): told of every change, as the
   // sleepers are.
   std::shared_ptr<Watch> watch;

@@ -89,6 +89,7 @@ Block Pool::alloc(size_t n, const Deadline& dl, AllocStatus* status,
     return Block();
   }
   std::unique_lock<std::mutex> lk(mu_);
+  bool waited = false;
   for (;;) {
     if (shutdown_) {
       *status = AllocStatus::kShutdown;
@@ -108,6 +109,10 @@ Block Pool::alloc(size_t n, const Deadline& dl, AllocStatus* status,
     if (abort && abort->load(std::memory_order_acquire)) {
       *status = AllocStatus::kAborted;
       return Block();
+    }
+    if (!waited) {  // counted once per allocation, however often it wakes
+      waited = true;
+      ++waits_;
     }
     ++waiters_;
     if (dl.infinite()) cv_.wait(lk);
@@ -150,7 +155,7 @@ void Pool::give_back(size_t off, size_t len) {
 
 PoolStats Pool::stats() const {
   std::lock_guard<std::mutex> g(mu_);
-  return PoolStats{capacity(), grown_, in_use_, waiters_};
+  return PoolStats{capacity(), grown_, in_use_, waiters_, waits_};
 }
 
 void Pool::wake_waiters() {

@@ -52,6 +52,7 @@ enum class AllocStatus { kOk, kTimeout, kTooBig, kShutdown, kAborted };
 struct PoolStats {
   size_t capacity, grown, in_use;
   int waiters;
+  uint64_t waits;  // alloc()s that had to wait for room, since the pool was made
 };
 
 class Pool : public std::enable_shared_from_this<Pool> {
@@ -90,6 +91,7 @@ class Pool : public std::enable_shared_from_this<Pool> {
   std::map<size_t, size_t> free_;  // offset -> length, coalesced
   size_t grown_ = 0, in_use_ = 0;
   int waiters_ = 0;
+  uint64_t waits_ = 0;
   bool shutdown_ = false;
 };
 
