@@ -48,6 +48,7 @@ class Negotiation:
     reason: str = ""              # why not fast ("" when fast)
     retryable: bool = False       # server unreachable: negotiate again on a later call
     forced_error: str = ""        # TF_RDMA_TRANSPORT forces an impossible transport
+    kind: str = ""                # the reason's class, a metric label ("" when fast)
 
 
 def client_offer(cfg: Config) -> tuple[list[str], dict[str, str]]:
@@ -70,13 +71,14 @@ def client_offer(cfg: Config) -> tuple[list[str], dict[str, str]]:
 
 # --------------------------------------------------------------------------- client
 
-def _fallback(cfg: Config, reason: str, retryable: bool = False) -> Negotiation:
+def _fallback(cfg: Config, reason: str, kind: str, retryable: bool = False) -> Negotiation:
     forced = ""
     required = by_name(cfg.transport)
     if required is not None and cfg.enabled:
         forced = (f"TF_RDMA_TRANSPORT={cfg.transport} but {required.what} is not "
                   f"possible: {reason}")
-    return Negotiation(transport="grpc", reason=reason, retryable=retryable, forced_error=forced)
+    return Negotiation(transport="grpc", reason=reason, retryable=retryable, forced_error=forced,
+                       kind=kind)
 
 
 def negotiate(grpc_channel: grpc.Channel, cfg: Config, max_recv: int, timeout: float | None,
@@ -124,6 +126,8 @@ async def negotiate_async(aio_channel: Any, cfg: Config, max_recv: int, timeout:
 
 
 def _bootstrap_rpc(channel: Any) -> Any:
+    # Not a registered method, though grpc's own metrics would then name it: grpc 1.85
+    # crashes the process making a registered multicallable on a closed channel.
     return channel.unary_unary(
         BOOTSTRAP_METHOD,
         request_serializer=_proto.NegotiateRequest.SerializeToString,
@@ -149,12 +153,12 @@ Steps = Generator[Any, Any, Negotiation]
 
 def negotiation(cfg: Config, max_recv: int, secure: bool, target: str) -> Steps:
     if not cfg.enabled:
-        return _fallback(cfg, "TF_RDMA_ENABLED=false")
+        return _fallback(cfg, "TF_RDMA_ENABLED=false", "disabled")
     if secure and not cfg.over_tls:
         return _fallback(cfg, "secure_channel: the fast paths (shared memory, RDMA) are not "
-                              "encrypted; set TF_RDMA_OVER_TLS=true to allow them")
+                              "encrypted; set TF_RDMA_OVER_TLS=true to allow them", "tls")
     if cfg.transport == "grpc":
-        return _fallback(cfg, "TF_RDMA_TRANSPORT=grpc")
+        return _fallback(cfg, "TF_RDMA_TRANSPORT=grpc", "transport_grpc")
     if cfg.transport == "auto" and target and target_is_local(target):
         # Same-host transports first; the others only if this process can use them and
         # the server declines (it runs in another network namespace).
@@ -185,7 +189,7 @@ def _ask(cfg: Config, max_recv: int, target: str, skipped: dict[str, str] | None
             offers[t.name] = t.offer(request, cfg, max_recv, target=target)
         except Unavailable as e:
             if cfg.transport == t.name:
-                return _fallback(cfg, f"this host: {e}"), False
+                return _fallback(cfg, f"this host: {e}", "this_host"), False
             t.decline(request, str(e))
     local_identity().to_proto(request.host)
     response = yield request
@@ -194,28 +198,29 @@ def _ask(cfg: Config, max_recv: int, target: str, skipped: dict[str, str] | None
         details = response.details() if isinstance(response, (grpc.Call, grpc.aio.AioRpcError)) \
             else str(response)
         if code == grpc.StatusCode.UNIMPLEMENTED:
-            return _fallback(cfg, _PLAIN_SERVER_REASON), False
+            return _fallback(cfg, _PLAIN_SERVER_REASON, "plain_server"), False
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             return _fallback(cfg, f"bootstrap RPC failed: {code.name}: {details}",
-                             retryable=True), False
+                             "server_unreachable", retryable=True), False
         name = code.name if code is not None else "error"
-        return _fallback(cfg, f"bootstrap RPC failed: {name}: {details}"), False
+        return _fallback(cfg, f"bootstrap RPC failed: {name}: {details}",
+                         "bootstrap_failed"), False
     if isinstance(response, BaseException):  # e.g. ValueError: the channel was closed
-        return _fallback(cfg, f"bootstrap RPC failed: {response}"), False
+        return _fallback(cfg, f"bootstrap RPC failed: {response}", "bootstrap_failed"), False
 
     chosen = by_name(response.transport)
     if chosen is None:
         reason = response.reason or f"server declined the fast path ({response.transport!r})"
-        return _fallback(cfg, f"server: {reason}"), True
+        return _fallback(cfg, f"server: {reason}", "server_declined"), True
     if chosen.name not in offers:
         return _fallback(cfg, f"server chose {chosen.name}, which this client did not "
-                              "offer"), False
+                              "offer", "not_offered"), False
     offer = offers.pop(chosen.name)
     offers.clear()  # what the server did not pick is released now (e.g. QPs still in INIT)
     try:
         conn = chosen.attach(offer, response, cfg, max_recv)
     except Unavailable as e:
-        return _fallback(cfg, str(e)), False
+        return _fallback(cfg, str(e), "attach_failed"), False
     return Negotiation(transport=chosen.name, connection=conn), False
 
 
@@ -252,15 +257,19 @@ class FastPathListener:
 
     # -- public
 
+    def method_handlers(self) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
+        """Register these on the real grpc server under BOOTSTRAP_SERVICE (as registered
+        methods: no catch-all generic handler can shadow them, and grpc's own metrics name
+        the call instead of counting it as "other")."""
+        return {"Negotiate": grpc.unary_unary_rpc_method_handler(
+            self._serve,
+            request_deserializer=_proto.NegotiateRequest.FromString,
+            response_serializer=_proto.NegotiateResponse.SerializeToString,
+        )}
+
     def handler(self) -> grpc.GenericRpcHandler:
-        """Add this to the real grpc server: it serves BOOTSTRAP_METHOD on the gRPC port."""
-        return grpc.method_handlers_generic_handler(BOOTSTRAP_SERVICE, {
-            "Negotiate": grpc.unary_unary_rpc_method_handler(
-                self._serve,
-                request_deserializer=_proto.NegotiateRequest.FromString,
-                response_serializer=_proto.NegotiateResponse.SerializeToString,
-            ),
-        })
+        """The same as a generic handler, for a plain grpc server of the caller's."""
+        return grpc.method_handlers_generic_handler(BOOTSTRAP_SERVICE, self.method_handlers())
 
     def decide(self, request: Any, encrypted: bool = False, user_agent: str = "") -> Any:
         """The NegotiateResponse for `request` (the chosen transport's server half has

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, cast
 
 import grpc
 
+from . import _observe
 from ._bases import (FutureBase, StreamStreamBase, StreamUnaryBase, UnaryStreamBase,
                      UnaryUnaryBase)
 from ._config import LIMITS
@@ -566,6 +567,12 @@ class _MultiCallable:
         conn, timeout = self._channel._route(timeout, wait_for_ready, credentials)
         if conn is not None:
             return conn, timeout, None
+        observer = _observe.sink()
+        if observer is not None:
+            return None, None, _observe.timed_grpc_call(
+                observer, self._method, self._channel._target, grpc_fn, arg, timeout=timeout,
+                metadata=metadata, credentials=credentials, wait_for_ready=wait_for_ready,
+                compression=compression)
         return None, None, grpc_fn(arg, timeout=timeout, metadata=metadata,
                                    credentials=credentials, wait_for_ready=wait_for_ready,
                                    compression=compression)

@@ -15,7 +15,7 @@ from typing import Any, Callable, Literal, Optional
 
 import grpc
 
-from . import _buffers, _config, _plain
+from . import _buffers, _config, _observe, _plain
 from ._calls import DoneWatcher, StreamStream, StreamUnary, UnaryStream, UnaryUnary
 from ._errors import local_error
 from ._routing import GRPC, Routing
@@ -115,39 +115,47 @@ class Channel(Routing, grpc.Channel):
     def unsubscribe(self, callback: Callable[[grpc.ChannelConnectivity], None]) -> None:
         self._grpc.unsubscribe(callback)
 
-    # ignore[call-arg] below: grpc's channels take _registered_method (generated stubs pass
-    # it); grpc's type stubs do not list it
     def unary_unary(self, method: str, request_serializer: Optional[Callable[..., Any]] = None,
                     response_deserializer: Optional[Callable[..., Any]] = None,
                     _registered_method: Optional[bool] = False) -> UnaryUnary:
         return UnaryUnary(self, method, request_serializer, response_deserializer,
-                          self._grpc.unary_unary(  # type: ignore[call-arg]
-                              method, _buffers.bytes_serializer(request_serializer),
-                              response_deserializer, _registered_method))
+                          self._grpc_callable(self._grpc.unary_unary, method, request_serializer,
+                                              response_deserializer, _registered_method))
 
     def unary_stream(self, method: str, request_serializer: Optional[Callable[..., Any]] = None,
                      response_deserializer: Optional[Callable[..., Any]] = None,
                      _registered_method: Optional[bool] = False) -> UnaryStream:
         return UnaryStream(self, method, request_serializer, response_deserializer,
-                           self._grpc.unary_stream(  # type: ignore[call-arg]
-                               method, _buffers.bytes_serializer(request_serializer),
-                               response_deserializer, _registered_method))
+                           self._grpc_callable(self._grpc.unary_stream, method, request_serializer,
+                                               response_deserializer, _registered_method))
 
     def stream_unary(self, method: str, request_serializer: Optional[Callable[..., Any]] = None,
                      response_deserializer: Optional[Callable[..., Any]] = None,
                      _registered_method: Optional[bool] = False) -> StreamUnary:
         return StreamUnary(self, method, request_serializer, response_deserializer,
-                           self._grpc.stream_unary(  # type: ignore[call-arg]
-                               method, _buffers.bytes_serializer(request_serializer),
-                               response_deserializer, _registered_method))
+                           self._grpc_callable(self._grpc.stream_unary, method, request_serializer,
+                                               response_deserializer, _registered_method))
 
     def stream_stream(self, method: str, request_serializer: Optional[Callable[..., Any]] = None,
                       response_deserializer: Optional[Callable[..., Any]] = None,
                       _registered_method: Optional[bool] = False) -> StreamStream:
         return StreamStream(self, method, request_serializer, response_deserializer,
-                            self._grpc.stream_stream(  # type: ignore[call-arg]
-                                method, _buffers.bytes_serializer(request_serializer),
-                                response_deserializer, _registered_method))
+                            self._grpc_callable(self._grpc.stream_stream, method,
+                                                request_serializer, response_deserializer,
+                                                _registered_method))
+
+    @staticmethod
+    def _grpc_callable(factory: Callable[..., Any], method: str,
+                       request_serializer: Optional[Callable[..., Any]],
+                       response_deserializer: Optional[Callable[..., Any]],
+                       registered: Optional[bool]) -> Any:
+        """grpc's own multicallable for the method (the gRPC path), which generated stubs
+        mark as registered, as the metrics label them."""
+        _observe.register_client_method(method, registered)
+        # grpc's channels take _registered_method positionally (generated stubs pass it);
+        # grpc's type stubs do not list it.
+        return factory(method, _buffers.bytes_serializer(request_serializer),
+                       response_deserializer, registered)
 
     def close(self) -> None:
         """Close the fast connection (in-flight calls end CANCELLED) and the grpc channel."""

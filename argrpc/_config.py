@@ -436,6 +436,13 @@ class Limits:
     credit_owe_ms: int = _fixed(
         5, "verbs: credits owed this long are returned at the next sweep, however few",
         engine=True)
+    call_records_max: int = _fixed(
+        65536, "metrics: call records the engine keeps for the OpenTelemetry plugin between "
+        "two takes; beyond it they are counted as dropped (argrpc.metrics.dropped_records)",
+        engine=True)
+    metrics_drain_s: float = _fixed(
+        0.1, "metrics: how often the OpenTelemetry plugin records the engine's call "
+        "records (and before every collection)")
     pull_ahead: int = _fixed(
         2, "large messages pulled ahead of the reader per stream", engine=True)
     slab_size: int = _fixed(

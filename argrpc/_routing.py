@@ -15,7 +15,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import _config
+from . import _config, _observe
 
 if TYPE_CHECKING:
     from ._bootstrap import Negotiation
@@ -41,6 +41,7 @@ class Routing:
         self._next_try = 0.0
         self._logged = False
         self._closed = False
+        _observe.track_channel(self)
 
     def _closing(self) -> bool:
         """close() has begun: no new fast connection."""
@@ -74,17 +75,21 @@ class Routing:
 
         if neg is None:
             _LOGGER.warning("argrpc: negotiation failed unexpectedly", exc_info=error)
-            neg = Negotiation(transport="grpc", reason=f"negotiation failed: {error}")
+            neg = Negotiation(transport="grpc", reason=f"negotiation failed: {error}",
+                              kind="error")
         conn = neg.connection
         if neg.transport in names() and conn is not None:
             if self._closing():  # close() ran while we negotiated
                 conn.close()
                 return
+            conn.set_stats_target(self._target)
             self._fast, self._fast_name, self._state = conn, neg.transport, FAST
             self._reason = self._forced_error = ""
             return
         if conn is not None:
             conn.close()
+        if self._state == NEW:  # retries of an unreachable server are one fallback
+            _observe.fallback(neg.kind or "other")
         self._reason = neg.reason or "no fast transport"
         self._forced_error = neg.forced_error
         if neg.retryable:
@@ -100,6 +105,11 @@ class Routing:
             _LOGGER.log(level, "argrpc: channel to %s uses plain gRPC: %s%s", self._target,
                         neg.forced_error or self._reason,
                         " (will retry)" if neg.retryable else "")
+
+    @property
+    def _on_grpc(self) -> bool:
+        """Calls go over plain gRPC now (settled on it, retrying, or not negotiated yet)."""
+        return not self._closed and self._fast is None and self._state != NEW
 
     def _fallback_text(self) -> str:
         """Why the channel is not on a fast transport ("" when it is)."""

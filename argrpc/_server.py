@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Se
 
 import grpc
 
-from . import _bootstrap, _buffers, _config, _engine, _handlers, _plain
+from . import _bootstrap, _buffers, _config, _engine, _handlers, _observe, _plain
 from ._context import _CallState, _ServicerContext
 
 _LOGGER = logging.getLogger(__name__)
@@ -378,8 +378,8 @@ class _Server(grpc.Server):
         )
         # Served on the grpc port even when the fast path is off, so a client learns why.
         self._listener = _bootstrap.FastPathListener(self._core, cfg, max_recv)
-        # First, so no catch-all generic handler of the user's can shadow it.
-        self._grpc.add_generic_rpc_handlers((self._listener.handler(),))
+        self._grpc.add_registered_method_handlers(_bootstrap.BOOTSTRAP_SERVICE,
+                                                  self._listener.method_handlers())
         if handlers:
             self.add_generic_rpc_handlers(handlers)
 
@@ -416,6 +416,8 @@ class _Server(grpc.Server):
     def add_registered_method_handlers(self, service_name: str,
                                        method_handlers: Mapping[str, grpc.RpcMethodHandler[Any, Any]]
                                        ) -> None:
+        for method in method_handlers:
+            _observe.register_server_method(service_name, method)
         with self._lock:
             started = self._stage is not _Stage.NEW
         # grpc warns and ignores once started; forwarding keeps its exact behaviour.

@@ -107,6 +107,10 @@ inline constexpr int64_t kCreditOweFraction = 8;
 // verbs: credits owed this long are returned at the next sweep, however few
 inline constexpr int64_t kCreditOweMs = 5;
 
+// metrics: call records the engine keeps for the OpenTelemetry plugin between two takes;
+// beyond it they are counted as dropped (argrpc.metrics.dropped_records)
+inline constexpr int64_t kCallRecordsMax = 65536;
+
 // large messages pulled ahead of the reader per stream
 inline constexpr int64_t kPullAhead = 2;
 

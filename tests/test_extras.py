@@ -37,7 +37,15 @@ DISTRIBUTION = {
     "yaml": "PyYAML",
     "jsonschema": "jsonschema",
     "pybind11": "pybind11",
+    "grpc_observability": "grpcio-observability",
+    "prometheus_client": "prometheus-client",
+    # namespace packages: the distribution goes by subpackage (the longest key that names
+    # a prefix of the import)
+    "opentelemetry.metrics": "opentelemetry-api",
+    "opentelemetry.sdk": "opentelemetry-sdk",
+    "opentelemetry.exporter.prometheus": "opentelemetry-exporter-prometheus",
 }
+NAMESPACES = {"opentelemetry"}
 
 # Imports an area may leave to its user, each with the reason.
 OPTIONAL = {
@@ -47,6 +55,11 @@ OPTIONAL = {
     # rdma-core's bindings (Debian's python3-pyverbs), not on PyPI; tests/verbs skips
     # with the reason without them, and CI's RDMA guest has them
     ("test", "pyverbs"),
+    # grpc's own plugin, for the calls plain gRPC carries; without it the plugin says so
+    # once (each grpcio-observability release requires one grpcio exactly)
+    ("observability", "grpc_observability"),
+    ("bench", "grpc_observability"),
+    ("examples", "grpc_observability"),
 }
 
 # Requirements that no import shows: pytest plugins configured by name.
@@ -58,12 +71,16 @@ NOT_IMPORTED = {
 # The code each extra's users run. "base" is argrpc itself, for the plain dependencies.
 AREAS: dict[str, list[str]] = {
     "base": ["argrpc"],
-    "bench": ["argrpc/benchtool", "bench"],
-    "examples": ["examples"],
-    # the tests also run argrpc-bench, the examples and bench/across_hosts.py
-    "test": ["tests", "argrpc/benchtool", "examples", "bench/across_hosts.py"],
+    "observability": ["argrpc/observability"],
+    # argrpc-bench measures the plugin's cost too
+    "bench": ["argrpc/benchtool", "argrpc/observability", "bench"],
+    "examples": ["examples", "argrpc/observability"],
+    # the tests also run argrpc-bench, the examples, the plugin and bench/across_hosts.py
+    "test": ["tests", "argrpc/benchtool", "argrpc/observability", "examples",
+             "bench/across_hosts.py"],
 }
-EXCLUDED_FROM_BASE = "argrpc/benchtool"  # argrpc-bench: the bench extra's
+# argrpc-bench and the OpenTelemetry plugin: their extras'
+EXCLUDED_FROM_BASE = ("argrpc/benchtool", "argrpc/observability")
 
 
 def _root(entry: str) -> Path:
@@ -82,7 +99,7 @@ def _files(area: str) -> Iterator[Path]:
         path = _root(entry) / entry
         for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
             rel = _rel(f)
-            if area == "base" and rel.startswith(EXCLUDED_FROM_BASE + "/"):
+            if area == "base" and rel.startswith(tuple(e + "/" for e in EXCLUDED_FROM_BASE)):
                 continue
             if GENERATED.match(f.stem):
                 continue
@@ -130,7 +147,18 @@ def imported_modules(source: str) -> set[str]:
             literal = _literal_arg(node)
             if literal and not literal.startswith("."):  # ".x": relative, first-party
                 names.add(literal)
-    return {n.split(".")[0] for n in names}
+    return {_module_key(n) for n in names}
+
+
+def _module_key(name: str) -> str:
+    """The top-level module, or for a namespace package the DISTRIBUTION key naming it."""
+    top = name.split(".")[0]
+    if top not in NAMESPACES:
+        return top
+    for key in sorted(DISTRIBUTION, key=len, reverse=True):
+        if name == key or name.startswith(key + "."):
+            return key
+    return name
 
 
 def third_party(area: str) -> dict[str, list[str]]:
@@ -199,7 +227,7 @@ def test_area_imports_are_provided(area: str) -> None:
 
 def test_extras_name_only_used_distributions() -> None:
     # the other direction: an extra naming what nothing imports is stale
-    for area in ("bench", "examples", "test"):
+    for area in ("bench", "examples", "observability", "test"):
         used = {_name(DISTRIBUTION[m]) for m in third_party(area) if m in DISTRIBUTION}
         used |= {_name(d) for d in NOT_IMPORTED.get(area, set())}
         named = {_name(r) for r in _project()["optional-dependencies"][area]}

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 import grpc
 from grpc import aio
 
-from .. import _bootstrap, _buffers, _config, _plain
+from .. import _bootstrap, _buffers, _config, _observe, _plain
 from .._engine import get_engine
 from .._metadata import InvalidMetadataError, to_core
 from .._routing import GRPC, NEW, Routing
@@ -232,6 +232,7 @@ class _MultiCallable:
         factory = getattr(channel._grpc, self._kind)
         self._grpc = factory(method, _buffers.bytes_serializer(request_serializer),
                              response_deserializer, registered)
+        _observe.register_client_method(method, registered)
         self._intercepted = channel._interceptors.get(self._kind, ())
         # The channel's loop and its bridge, once a fast-path call was made on it.
         self._loop: Any = None
@@ -285,8 +286,12 @@ class _MultiCallable:
                 b = None  # grpc.aio's own TypeError, raised where the call is awaited
             else:
                 return self._fast_call(b, fast, md, timeout, request)
-        return self._grpc(request, timeout=timeout, metadata=metadata, credentials=credentials,
+        call = self._grpc(request, timeout=timeout, metadata=metadata, credentials=credentials,
                           wait_for_ready=wait_for_ready, compression=compression)
+        observer = _observe.sink()
+        if observer is not None:
+            _observe.watch_aio_call(observer, self._method, channel._target, call)
+        return call
 
     def _bridge(self) -> Any:
         """The running loop's bridge; None if that is not the channel's loop."""

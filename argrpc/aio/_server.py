@@ -26,7 +26,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, Sequen
 import grpc
 from grpc import aio
 
-from .. import _bootstrap, _buffers, _config, _engine, _plain, _proto
+from .. import _bootstrap, _buffers, _config, _engine, _observe, _plain, _proto
 from .._server import _OVER_LIMIT_DETAILS, _STOP_CODE, _STOP_DETAILS, _Admission
 from .._server import _Server as _ThreadedServer
 from . import _eager
@@ -104,7 +104,8 @@ class _Gate(aio.ServerInterceptor):
         return _REFUSE_HANDLER
 
 
-def _bootstrap_handler(listener: _bootstrap.FastPathListener) -> grpc.GenericRpcHandler:
+def _bootstrap_handlers(listener: _bootstrap.FastPathListener
+                        ) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
     """The bootstrap RPC for grpc.aio. `decide` only issues a secret (shm) or attaches an
     endpoint (verbs): short enough to run on the loop."""
 
@@ -115,13 +116,13 @@ def _bootstrap_handler(listener: _bootstrap.FastPathListener) -> grpc.GenericRpc
         return listener.decide(request, encrypted=_bootstrap._is_encrypted(context),
                                user_agent=user_agent)
 
-    return grpc.method_handlers_generic_handler(_bootstrap.BOOTSTRAP_SERVICE, {
+    return {
         "Negotiate": grpc.unary_unary_rpc_method_handler(
             negotiate,
             request_deserializer=_proto.NegotiateRequest.FromString,
             response_serializer=_proto.NegotiateResponse.SerializeToString,
         ),
-    })
+    }
 
 
 def _check_interceptors(interceptors: Sequence[Any]) -> None:
@@ -183,8 +184,9 @@ class Server(aio.Server):
         )
         # Served on the gRPC port even when the fast path is off, so a client learns why.
         self._listener = _bootstrap.FastPathListener(self._core, cfg, max_recv)
-        # First, so no catch-all generic handler of the user's can shadow it.
-        self._grpc.add_generic_rpc_handlers((_bootstrap_handler(self._listener),))
+        # Registered: no catch-all generic handler of the user's can shadow it.
+        self._grpc.add_registered_method_handlers(_bootstrap.BOOTSTRAP_SERVICE,
+                                                  _bootstrap_handlers(self._listener))
         if generic_handlers:
             self.add_generic_rpc_handlers(generic_handlers)
 
@@ -204,6 +206,8 @@ class Server(aio.Server):
     def add_registered_method_handlers(self, service_name: str,
                                        method_handlers: Mapping[str, grpc.RpcMethodHandler[Any, Any]]
                                        ) -> None:
+        for method in method_handlers:
+            _observe.register_server_method(service_name, method)
         # grpc.aio warns and ignores once started; forwarding keeps its exact behaviour.
         self._grpc.add_registered_method_handlers(service_name, {
             name: _buffers.grpc_method_handler(h) for name, h in method_handlers.items()})

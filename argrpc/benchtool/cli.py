@@ -213,7 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
                "  argrpc-bench soak --duration 600   (long mixed workload with checksums;\n"
                "                                      see argrpc-bench soak --help)\n"
                "  argrpc-bench chaos --trials 40     (peers killed at random moments;\n"
-               "                                      see argrpc-bench chaos --help)",
+               "                                      see argrpc-bench chaos --help)\n"
+               "  argrpc-bench metrics               (64 B round trip with the OpenTelemetry\n"
+               "                                      plugin off and on, argrpc's and grpc's)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"argrpc-bench {__version__}")
     p.add_argument("benchmark", nargs="?", default="all", choices=[*BENCHMARKS, "all"],
@@ -587,6 +589,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve_main(argv[1:])
     if argv[:1] == ["chaos"]:
         return chaos_main(argv[1:])
+    if argv[:1] == ["metrics"]:
+        from argrpc.benchtool.metrics_cost import main as metrics_main
+        return metrics_main(argv[1:])
     parser = build_parser()
     a = parser.parse_args(argv)
     _check_args(parser, a)

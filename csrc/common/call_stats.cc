@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "common/fork.h"
+#include "knobs.h"
 
 namespace argrpc {
 
@@ -13,7 +14,7 @@ namespace {
 
 // A few seconds of a busy server's calls between two takes; beyond it records are
 // counted, not kept, so a stalled taker costs no memory.
-constexpr size_t kMaxQueued = 65536;
+constexpr size_t kMaxQueued = size_t(knobs::kCallRecordsMax);
 
 struct CallQueue {
   const uint64_t born = fork_generation();
@@ -24,20 +25,7 @@ struct CallQueue {
   size_t bound = kMaxQueued;
 };
 
-// The queue of this process. A forked child gets a new one instead of emptying the
-// parent's copy: that copy's mutex may be held by a thread of the parent, which does
-// not exist here, so the child never touches it (nor destroys it).
-CallQueue& queue() {
-  // Never destroyed: engine threads may record at exit.
-  static std::atomic<CallQueue*> current{new CallQueue};
-  CallQueue* q = current.load(std::memory_order_acquire);
-  while (q->born != fork_generation()) {
-    auto* fresh = new CallQueue;
-    if (current.compare_exchange_strong(q, fresh, std::memory_order_acq_rel)) return *fresh;
-    delete fresh;  // another thread of this child replaced it first: q is now its queue
-  }
-  return *q;
-}
+CallQueue& queue() { return per_process<CallQueue>(); }
 
 }  // namespace
 

@@ -17,17 +17,15 @@ namespace {
 constexpr size_t kMaxQueued = 4096;
 
 struct LogQueue {
+  const uint64_t born = fork_generation();
   std::mutex mu;
   std::condition_variable cv;
   std::deque<LogEntry> q;
   uint64_t dropped = 0;
-  uint64_t taker_generation = ~uint64_t(0);  // none yet
+  bool taken = false;  // a taker of this process takes them (else stderr)
 };
 
-LogQueue& queue() {
-  static LogQueue* q = new LogQueue;  // never destroyed: engine threads may log at exit
-  return *q;
-}
+LogQueue& queue() { return per_process<LogQueue>(); }
 
 const char* level_name(LogLevel l) {
   switch (l) {
@@ -45,7 +43,7 @@ void log_message(LogLevel level, std::string text) {
   LogQueue& lq = queue();
   {
     std::lock_guard<std::mutex> g(lq.mu);
-    if (lq.taker_generation == fork_generation()) {
+    if (lq.taken) {
       if (lq.q.size() >= kMaxQueued) {
         ++lq.dropped;
         return;
@@ -63,12 +61,7 @@ void log_message(LogLevel level, std::string text) {
 std::vector<LogEntry> take_log(int timeout_ms, uint64_t* dropped) {
   LogQueue& lq = queue();
   std::unique_lock<std::mutex> lk(lq.mu);
-  if (lq.taker_generation != fork_generation()) {
-    // A child starts empty: what is queued is the parent's to take.
-    lq.taker_generation = fork_generation();
-    lq.q.clear();
-    lq.dropped = 0;
-  }
+  lq.taken = true;
   lq.cv.wait_for(lk, std::chrono::milliseconds(timeout_ms), [&] { return !lq.q.empty() || lq.dropped; });
   std::vector<LogEntry> out(std::make_move_iterator(lq.q.begin()), std::make_move_iterator(lq.q.end()));
   lq.q.clear();

@@ -1,0 +1,190 @@
+"""What the OpenTelemetry plugin costs: ``argrpc-bench metrics``.
+
+    argrpc-bench metrics [--seconds 2] [--reps 3] [--size 64] [--json PATH]
+
+A 64 B unary round trip, one client process and one server process per run, with the
+plugin off and on in both (argrpc.observability's on argrpc, grpc_observability's on
+grpc), runs interleaved and repeated; the medians and their ratios are reported. With the
+plugin on, the SDK's MeterProvider records into an in-memory reader (no exporter: the
+cost measured is the recording's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent import futures
+from typing import Any, Optional, Sequence
+
+__all__ = ["main"]
+
+SERVICE = "bench.Metrics"
+METHOD = f"/{SERVICE}/Echo"
+CONFIGS = (("grpc", False), ("grpc", True), ("argrpc", False), ("argrpc", True))
+_CHILD_TIMEOUT_S = 120.0
+
+
+def _plugin(stack: str) -> Any:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    if stack == "argrpc":
+        import argrpc.observability as observability
+        plugin: Any = observability.OpenTelemetryPlugin(meter_provider=provider)
+    else:
+        import grpc_observability
+        plugin = grpc_observability.OpenTelemetryPlugin(meter_provider=provider)
+    plugin.register_global()
+    return plugin
+
+
+def _stack(stack: str) -> Any:
+    import grpc
+
+    if stack == "argrpc":
+        import argrpc
+        return argrpc
+    return grpc
+
+
+def _serve(stack: str, plugin_on: bool) -> int:
+    import grpc
+
+    plugin = _plugin(stack) if plugin_on else None
+    server = _stack(stack).server(futures.ThreadPoolExecutor(4))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
+        "Echo": grpc.unary_unary_rpc_method_handler(lambda request, context: request)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    print(f"PORT {port}", flush=True)
+    sys.stdin.read()  # until the parent closes it
+    server.stop(None)
+    if plugin is not None:
+        plugin.deregister_global()
+    return 0
+
+
+def _client(stack: str, plugin_on: bool, target: str, seconds: float, size: int) -> int:
+    plugin = _plugin(stack) if plugin_on else None
+    channel = _stack(stack).insecure_channel(target)
+    echo = channel.unary_unary(METHOD)
+    payload = b"x" * size
+    for _ in range(200):  # warm-up (and the negotiation)
+        echo(payload, timeout=30)
+    times: list[int] = []
+    clock = time.perf_counter_ns
+    end = clock() + int(seconds * 1e9)
+    while True:
+        t0 = clock()
+        echo(payload, timeout=30)
+        t1 = clock()
+        times.append(t1 - t0)
+        if t1 >= end:
+            break
+    times.sort()
+    result = {"transport": getattr(channel, "transport", "grpc"),
+              "p50_us": times[len(times) // 2] / 1e3,
+              "p99_us": times[min(len(times) - 1, int(len(times) * 0.99))] / 1e3,
+              "rps": len(times) / (sum(times) / 1e9)}
+    channel.close()
+    if plugin is not None:
+        plugin.deregister_global()
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+def _run_once(stack: str, plugin_on: bool, seconds: float, size: int) -> dict[str, Any]:
+    me = [sys.executable, "-m", "argrpc.benchtool.metrics_cost"]
+    flag = ["--plugin"] if plugin_on else []
+    server = subprocess.Popen(me + ["--serve", stack] + flag, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        if not line.startswith("PORT "):
+            raise RuntimeError(f"metrics bench server ({stack}) did not start: {line!r}")
+        target = f"127.0.0.1:{line.split()[1]}"
+        out = subprocess.run(me + ["--client", stack, "--target", target, "--seconds",
+                                   str(seconds), "--size", str(size)] + flag,
+                             capture_output=True, text=True, timeout=_CHILD_TIMEOUT_S)
+        lines = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
+        if out.returncode != 0 or not lines:
+            raise RuntimeError(f"metrics bench client ({stack}) failed: {out.stderr[-2000:]}")
+        result: dict[str, Any] = json.loads(lines[-1][len("RESULT "):])
+        return result
+    finally:
+        if server.stdin is not None:
+            server.stdin.close()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def _name(stack: str, plugin_on: bool) -> str:
+    return f"{stack} plugin {'on' if plugin_on else 'off'}"
+
+
+def _report(rows: dict[str, dict[str, float]]) -> str:
+    lines = ["| run | transport | p50 µs | p99 µs | RPC/s |", "|---|---|---|---|---|"]
+    for name, r in rows.items():
+        lines.append(f"| {name} | {r['transport']} | {r['p50_us']:.1f} | {r['p99_us']:.1f} "
+                     f"| {r['rps']:.0f} |")
+    lines.append("")
+    for stack in ("argrpc", "grpc"):
+        off, on = rows[_name(stack, False)], rows[_name(stack, True)]
+        lines.append(f"{stack}: plugin on / off: p50 {on['p50_us'] / off['p50_us']:.2f}x, "
+                     f"p99 {on['p99_us'] / off['p99_us']:.2f}x, RPC/s "
+                     f"{on['rps'] / off['rps']:.2f}x")
+    a_on, g_on = rows[_name("argrpc", True)], rows[_name("grpc", True)]
+    lines.append(f"both plugins on: argrpc p50 {g_on['p50_us'] / a_on['p50_us']:.1f}x faster "
+                 "than grpc's")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="argrpc-bench metrics", description=__doc__.split(
+        "\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=2.0, help="measured time per run")
+    parser.add_argument("--reps", type=int, default=3, help="runs of each configuration")
+    parser.add_argument("--size", type=int, default=64, help="message bytes")
+    parser.add_argument("--json", help="write the results here too")
+    parser.add_argument("--serve", choices=("grpc", "argrpc"), help=argparse.SUPPRESS)
+    parser.add_argument("--client", choices=("grpc", "argrpc"), help=argparse.SUPPRESS)
+    parser.add_argument("--target", help=argparse.SUPPRESS)
+    parser.add_argument("--plugin", action="store_true", help=argparse.SUPPRESS)
+    a = parser.parse_args(argv)
+    if a.serve:
+        return _serve(a.serve, a.plugin)
+    if a.client:
+        return _client(a.client, a.plugin, a.target, a.seconds, a.size)
+
+    runs: dict[str, list[dict[str, Any]]] = {_name(s, p): [] for s, p in CONFIGS}
+    for rep in range(a.reps):
+        for stack, plugin_on in CONFIGS:  # interleaved: the machine's drift hits all alike
+            print(f"[{rep + 1}/{a.reps}] {_name(stack, plugin_on)}", file=sys.stderr,
+                  flush=True)
+            runs[_name(stack, plugin_on)].append(_run_once(stack, plugin_on, a.seconds,
+                                                          a.size))
+    rows = {name: {"transport": rs[-1]["transport"],
+                   **{k: statistics.median(r[k] for r in rs) for k in ("p50_us", "p99_us",
+                                                                         "rps")}}
+            for name, rs in runs.items()}
+    text = _report(rows)
+    sys.stdout.write(text)
+    if a.json:
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+        with open(a.json, "w") as f:
+            json.dump({"size": a.size, "seconds": a.seconds, "reps": a.reps, "rows": rows,
+                       "runs": runs}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
