@@ -163,7 +163,9 @@ if [ "${ARGRPC_SKIP_SDIST:-0}" != "1" ]; then
     log "sdist venv $VS: pip install of the sdist builds the engine (a few minutes on 2 cores)"
     t=$SECONDS
     "$PY" -m venv --clear "$VS"
-    (export PYTHONNOUSERSITE=1; pip_in "$VS" "argrpc[test] @ file://$SDIST")
+    # --no-cache-dir: pip would otherwise reuse a wheel it built from an earlier sdist of
+    # the same name and version (a previous run's), and test that instead of this build.
+    (export PYTHONNOUSERSITE=1; pip_in "$VS" --no-cache-dir "argrpc[test] @ file://$SDIST")
     times+=("sdist venv: create + build and install the sdist: $((SECONDS - t))s")
     (export PYTHONNOUSERSITE=1 PYTHONPATH=; preflight "$VS" 0)
     t=$SECONDS
