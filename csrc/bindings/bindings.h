@@ -5,7 +5,6 @@
 #pragma once
 #include <pybind11/pybind11.h>
 
-#include <cxxabi.h>
 #include <unistd.h>
 
 #include <memory>
@@ -42,8 +41,12 @@ class NoGil {
     if (_Py_IsFinalizing() && !skip_check_for_test) park();
     try {
       PyEval_RestoreThread(state_);
-    } catch (abi::__forced_unwind&) {
-      park();  // never leaves the handler, so the unwind never reaches a noexcept frame
+    } catch (...) {
+      // Only CPython's forced unwind lands here (PyEval_RestoreThread is C and throws
+      // nothing else). Never leaving the handler, the unwind never reaches a noexcept
+      // frame. Not `catch (abi::__forced_unwind&)`: that binds a reference to the
+      // exception object a forced unwind does not have (UBSan reports it).
+      park();
     }
   }
 
