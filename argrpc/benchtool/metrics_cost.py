@@ -18,8 +18,10 @@ import statistics
 import subprocess
 import sys
 import time
-from concurrent import futures
 from typing import Any, Optional, Sequence
+
+from argrpc.benchtool.client import make_channel
+from argrpc.benchtool.server import make_server
 
 __all__ = ["main"]
 
@@ -44,20 +46,11 @@ def _plugin(stack: str) -> Any:
     return plugin
 
 
-def _stack(stack: str) -> Any:
-    import grpc
-
-    if stack == "argrpc":
-        import argrpc
-        return argrpc
-    return grpc
-
-
 def _serve(stack: str, plugin_on: bool) -> int:
     import grpc
 
     plugin = _plugin(stack) if plugin_on else None
-    server = _stack(stack).server(futures.ThreadPoolExecutor(4))
+    server = make_server(stack, 4)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
         "Echo": grpc.unary_unary_rpc_method_handler(lambda request, context: request)}),))
     port = server.add_insecure_port("127.0.0.1:0")
@@ -72,8 +65,8 @@ def _serve(stack: str, plugin_on: bool) -> int:
 
 def _client(stack: str, plugin_on: bool, target: str, seconds: float, size: int) -> int:
     plugin = _plugin(stack) if plugin_on else None
-    channel = _stack(stack).insecure_channel(target)
-    echo = channel.unary_unary(METHOD)
+    channel = make_channel(stack, target)
+    echo: Any = channel.unary_unary(METHOD)
     payload = b"x" * size
     for _ in range(200):  # warm-up (and the negotiation)
         echo(payload, timeout=30)

@@ -90,8 +90,10 @@ class CallRecorder:
         self.on_dropped: Optional[Callable[[int], None]] = None
         self.active = True
         self._lock = threading.Lock()
-        # Labels per (side, method, target): the filters are the user's code, asked once.
+        # Labels per (side, method, target): the filters are the user's code, asked once;
+        # and with the status, per (side, method, target, code), built once.
         self._labels: dict[tuple[bool, str, str], dict[str, str]] = {}
+        self._ended: dict[tuple[bool, str, str, str], dict[str, str]] = {}
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -158,15 +160,23 @@ class CallRecorder:
             self._labels[key] = labels
         return labels
 
+    def _ended_attributes(self, server: bool, method: str, target: str,
+                          status: str) -> dict[str, str]:
+        key = (server, method, target, status)
+        labels = self._ended.get(key)
+        if labels is None:
+            labels = {**self._attributes(server, method, target), STATUS: status}
+            self._ended[key] = labels
+        return labels
+
     def grpc_call_ended(self, method: str, target: str, code: grpc.StatusCode,
                         duration: float) -> None:
         """A call carried by plain gRPC ended: its call duration (grpc's own plugin records
         its attempt)."""
         if not self.active:
             return
-        attributes = dict(self._attributes(False, method, target))
-        attributes[STATUS] = code.name
-        self.call_duration.record(duration, attributes)
+        self.call_duration.record(duration, self._ended_attributes(False, method, target,
+                                                                   code.name))
 
     def _record(self, records: list[Record]) -> None:
         started: Tally[tuple[bool, str, str]] = Tally()
@@ -175,8 +185,8 @@ class CallRecorder:
             if kind in (CLIENT_STARTED, SERVER_STARTED):
                 started[(server, method, target)] += 1
                 continue
-            attributes = dict(self._attributes(server, method, target))
-            attributes[STATUS] = _STATUS_NAMES.get(code, "UNKNOWN")
+            attributes = self._ended_attributes(server, method, target,
+                                                _STATUS_NAMES.get(code, "UNKNOWN"))
             if server:
                 self.server_duration.record(duration, attributes)
                 self.server_sent.record(sent, attributes)
