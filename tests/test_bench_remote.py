@@ -133,8 +133,9 @@ def test_cli_serve_then_remote_run_end_to_end(tmp_path: Path,
         captured = capsys.readouterr()
         assert f"grpc measured against the server at 127.0.0.1:{port}" in captured.err
         doc = json.loads((tmp_path / "results.json").read_text())
-        assert [(m["transport"], m["skipped"]) for m in doc["measurements"]] == \
-            [("grpc", False)]
+        # the ping-pong and 16 client threads; no floor (it says nothing of a remote peer)
+        assert [(m["transport"], m["skipped"], m["concurrency"])
+                for m in doc["measurements"]] == [("grpc", False, 1), ("grpc", False, 16)]
         assert doc["meta"]["specs"][0]["remote"] == {"grpc": f"127.0.0.1:{port}"}
         assert proc.poll() is None  # still serving: the run did not own it
     finally:

@@ -147,7 +147,7 @@ def test_targets_not_measured_says_how() -> None:
     res = report.evaluate_targets([lat("grpc", 1024, 1.0, 1.0), lat("shm", 1024, 1.0, 1.0)])
     assert {r.status for r in res} == {"not measured"}
     assert all("--sizes 64" in r.detail for r in res)
-    assert len(res) == 2                      # only the latency targets: only latency ran
+    assert len(res) == 3  # only the threaded latency targets (not the floor's: no floor row)
 
 
 def test_markdown_report(sample: list[Measurement], tmp_path: Path) -> None:
@@ -307,6 +307,7 @@ def _fake_runner(calls: list[Any], fail_mode: str | None = None) -> Any:
         env: dict[str, str] = field(default_factory=dict)
         api: str = "threaded"
         concurrency: int = 1
+        references: bool = False
 
     def run(spec: RunSpec, progress: Any = None) -> list[Measurement]:
         calls.append((spec, dict(os.environ)))
@@ -518,7 +519,7 @@ def test_cli_parses_apis() -> None:
     assert cli.parse_apis("threaded") == ["threaded"]
     assert cli.parse_apis("both") == cli.parse_apis("aio,threaded") == ["threaded", "aio"]
     a = cli.build_parser().parse_args(["latency"])
-    assert a.api == ["threaded"] and a.concurrency == 64
+    assert a.api == ["threaded"] and a.concurrency is None  # per API: 16 threads, 64 tasks
 
 
 @pytest.mark.parametrize("argv", [
@@ -547,10 +548,67 @@ def test_cli_plans_both_apis_side_by_side(monkeypatch: Any, tmp_path: Path,
         (b, m, api) for b in ("latency", "bandwidth") for m in ("raw", "serialized")
         for api in ("threaded", "aio")] + [("ps", m, "threaded") for m in ("raw", "serialized")]
     assert {s.concurrency for s in specs if s.api == "aio"} == {8}
-    assert {s.concurrency for s in specs if s.api == "threaded"} == {1}
+    assert {s.concurrency for s in specs if s.api == "threaded"} == {8, 1}  # 1: not latency
+    assert {s.references for s in specs} == {True, False}  # the floor: threaded, not ps
+    assert all(s.references == (s.api == "threaded") for s in specs if s.benchmark != "ps")
     calls.clear()
     assert cli.main(["all", "--quick", "--api", "aio", "--no-plots", "--out", str(tmp_path)]) == 0
     assert {(c[0].benchmark, c[0].api) for c in calls} == {("latency", "aio"),
                                                            ("bandwidth", "aio")}
     out = capsys.readouterr().out
     assert "== latency, asyncio API" in out and "== asyncio targets" in out
+
+
+# --------------------------------------------------------------------------- the floor
+
+def test_floor_columns_and_targets() -> None:
+    ms = [lat("grpc", 64, 400.0, 800.0), lat("shm", 64, 9.0, 30.0), lat("floor", 64, 3.0, 6.0),
+          lat("grpc", 64, 400.0, 800.0, mode="serialized"),
+          lat("shm", 64, 4.0, 12.0, mode="serialized"),
+          lat("floor", 64, 3.0, 6.0, mode="serialized")]
+    table = report.benchmark_table(ms, "latency")
+    assert table.headers[-2:] == ["p50 / floor", "p99 / floor"]
+    shm_raw = next(r for r in table.rows if r[0] == "raw" and r[4] == "shm")
+    assert shm_raw[-2:] == ["3.00×", "5.00×"]
+    floor_row = next(r for r in table.rows if r[4] == "floor")
+    assert floor_row[-2:] == ["–", "–"]  # the floor is not compared with itself
+    res = [r for r in report.evaluate_targets(ms) if r.target.versus == "floor"]
+    by = {(r.target.metric, r.where.split(",")[0]): r for r in res}
+    assert by[("p50_us", "raw")].status == "MISS"       # 3× the floor, 1.5× allowed
+    assert "over by 2.00×" in by[("p50_us", "raw")].detail
+    assert by[("p99_us", "raw")].status == "MISS"       # 5× the floor, 3× allowed
+    assert by[("p50_us", "serialized")].status == "PASS"  # 1.33×
+    assert by[("p99_us", "serialized")].status == "PASS"  # 2×
+    assert "floor = argrpc's shm ring" in report.terminal_report(ms)
+
+
+def test_floor_targets_need_a_floor_row() -> None:
+    ms = [lat("grpc", 64, 400.0, 800.0), lat("shm", 64, 9.0, 30.0)]
+    assert not [r for r in report.evaluate_targets(ms) if r.target.versus == "floor"]
+    assert "p50 / floor" not in report.benchmark_table(ms, "latency").headers
+    gone = dataclasses.replace(lat("floor", 64, 3.0, 6.0), skipped=True, note="no engine",
+                               p50_us=None, p99_us=None)
+    res = [r for r in report.evaluate_targets([*ms, gone]) if r.target.versus == "floor"]
+    assert {r.status for r in res} == {"no data"}
+    assert all("floor row missing or skipped" in r.detail for r in res)
+
+
+def test_memcpy_rows_bound_bandwidth() -> None:
+    ms = [bw("grpc", 64 * MiB, 0.4), bw("shm", 64 * MiB, 6.0), bw("memcpy-1t", 64 * MiB, 9.0),
+          bw("memcpy-2t", 64 * MiB, 12.0)]
+    table = report.benchmark_table(ms, "bandwidth")
+    assert table.headers[-1] == "memcpy / GB/s"
+    shm = next(r for r in table.rows if r[4] == "shm")
+    assert shm[-1] == "2.00×"  # the faster copy (two threads) over shm's GB/s
+
+
+def test_threads_in_flight_target() -> None:
+    def rate(transport: str, rps: float) -> Measurement:
+        return dataclasses.replace(lat(transport, 64, 100.0, 200.0), rpcs_per_s=rps,
+                                   concurrency=16)
+    ms = [lat("grpc", 64, 400.0, 800.0), lat("shm", 64, 9.0, 30.0),
+          rate("grpc", 4000.0), rate("shm", 50000.0)]
+    res = [r for r in report.evaluate_targets(ms) if r.target.concurrency == 16]
+    assert [r.status for r in res] == ["MISS"] and "12.5×" in res[0].detail
+    table = report.benchmark_table(ms, "latency")
+    assert "in flight" in table.headers and "RPC/s vs grpc" in table.headers

@@ -223,7 +223,9 @@ def test_cli_both_apis_in_one_real_run(tmp_path: Path,
     assert "== latency, asyncio API" in out and "== asyncio targets" in out
     doc = json.loads((tmp_path / "results.json").read_text())
     rows = {(m["api"], m["transport"], m["concurrency"]) for m in doc["measurements"]}
+    # the floor: the threaded ping-pong's reference, measured with it
     assert rows == {(api, t, c) for t in LIVE for api, c in
-                    (("threaded", 1), ("aio", 1), ("aio", 3))}
+                    (("threaded", 1), ("threaded", 3), ("aio", 1), ("aio", 3))} \
+        | {("threaded", "floor", 1)}
     if "shm" in LIVE:
         assert "== latency: asyncio vs threaded API" in out

@@ -29,7 +29,7 @@ from argrpc.benchtool import messages as msg
 from argrpc.benchtool import schemes
 from argrpc.benchtool.client import (CALL_TIMEOUT_S, P2PCall, Plan, arg_parser, check_transport,
                                      emit_outcome, exit_on_stdin_eof, p2p_call, parse_args,
-                                     progress, stats_us)
+                                     progress, result_row)
 from argrpc.benchtool.server import BIG_OPTIONS, tf_rdma_env
 
 AsyncCall = Callable[[], Awaitable[Any]]
@@ -98,15 +98,6 @@ async def timed_phases(calls: Sequence[AsyncCall], plan: Plan
     return samples, total_s, per_repeat
 
 
-def _row(size: int, buffers: int, concurrency: int, bytes_per_call: int,
-         phases: tuple[list[int], float, list[int]]) -> dict[str, Any]:
-    samples, total_s, per_repeat = phases
-    n = len(samples)
-    return {"size": size, "buffers": buffers, "concurrency": concurrency, "calls": n,
-            "iterations": min(per_repeat), "seconds": total_s, "rpcs_per_s": n / total_s,
-            "gbps": bytes_per_call * n / total_s / 1e9, **stats_us(samples)}
-
-
 async def measure(channel: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
     plan = Plan(args.warmup, args.iterations, args.duration, args.repeats)
     sizes = [int(s) for s in args.sizes.split(",") if s]
@@ -125,13 +116,13 @@ async def measure(channel: Any, args: argparse.Namespace) -> list[dict[str, Any]
         call = await first_call(rpc())
         for _ in range(max(0, args.warmup - 1)):
             await call()
-        out.append(_row(size, args.buffers, 1, bytes_per_call,
+        out.append(result_row(size, args.buffers, 1, bytes_per_call,
                         await timed_phases([call], plan)))
         if concurrency > 1:
             calls = [call] + [await first_call(rpc()) for _ in range(concurrency - 1)]
             for _ in range(max(1, math.ceil(args.warmup / concurrency))):
                 await asyncio.gather(*(c() for c in calls))
-            out.append(_row(size, args.buffers, concurrency, bytes_per_call,
+            out.append(result_row(size, args.buffers, concurrency, bytes_per_call,
                             await timed_phases(calls, plan)))
             del calls
         del call, bufs
@@ -157,17 +148,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _concurrency(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     p = arg_parser("python -m argrpc.benchtool.aio_client")
-    p.add_argument("--concurrency", type=_concurrency, default=1,
-                   help="latency: also measure this many calls in flight (1: ping-pong only)")
     args = parse_args(argv, p)
     exit_on_stdin_eof()
     return emit_outcome(lambda: asyncio.run(run(args)))

@@ -24,7 +24,8 @@ from argrpc._config import KNOBS, ConfigError, load as load_config, parse_size
 from argrpc._version import __version__
 from argrpc.benchtool import APIS, BENCHMARKS, FAST_TRANSPORTS, MODES, SCHEMES, TRANSPORTS
 from argrpc.benchtool.progress import Progress
-from argrpc.benchtool.report import (AIO_TARGET_CONCURRENCY, evaluate_targets, fmt_size,
+from argrpc.benchtool.report import (AIO_TARGET_CONCURRENCY, THREADS_TARGET_CONCURRENCY,
+                                     evaluate_targets, fmt_size,
                                      markdown_report, terminal_report, write_json,
                                      write_text)
 from argrpc.benchtool.results import Measurement, collect_meta
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 
 DEFAULT_OUT = "bench-results"
 DEFAULT_CONCURRENCY = AIO_TARGET_CONCURRENCY
+DEFAULT_THREADS_IN_FLIGHT = THREADS_TARGET_CONCURRENCY
 KNOB_NAMES = tuple(k[0] for k in KNOBS)
 
 
@@ -258,10 +260,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="threaded (grpc.server / channels, default), aio (grpc.aio vs "
                         "argrpc.aio, one event loop per process; latency and bandwidth), "
                         "or both / threaded,aio: each cell under both APIs in the same run")
-    p.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY,
-                   help="aio latency: besides the ping-pong, this many calls kept in flight "
-                        "from one event loop on one channel (RPC/s); 1: ping-pong only "
-                        f"(default {DEFAULT_CONCURRENCY})")
+    p.add_argument("--concurrency", type=int, default=None,
+                   help="latency: besides the ping-pong, this many calls kept in flight on "
+                        "one channel (RPC/s): client threads under the threaded API "
+                        f"(default {DEFAULT_THREADS_IN_FLIGHT}), tasks of one event loop "
+                        f"under asyncio (default {DEFAULT_CONCURRENCY}); 1: ping-pong only")
     p.add_argument("--seed", type=int, default=0, help="payload/scheme seed (default 0)")
     p.add_argument("--sweep", type=parse_sweep, action="append", default=[],
                    metavar="TF_RDMA_*=v1,v2,...",
@@ -276,6 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="short run (well under two minutes on 2 vCPUs) that still covers "
                         "every speed target")
+    p.add_argument("--no-floor", action="store_true",
+                   help="leave out the reference rows measured after the transports under "
+                        "the threaded API: the latency floor (argrpc's shm ring ping-ponged "
+                        "from Python with nothing on top) and the memory-copy rates "
+                        "(memcpy-1t/-2t)")
     return p
 
 
@@ -562,10 +570,14 @@ def plan(a: argparse.Namespace) -> list["RunSpec"]:
                         env=dict(env))
                     if b != "ps":
                         kw["sizes"] = list(a.sizes or d.sizes)
-                    if api != "threaded":  # threaded specs keep RunSpec's defaults
-                        kw.update(api=api, concurrency=a.concurrency)
+                    if api != "threaded":
+                        kw.update(api=api, concurrency=a.concurrency or DEFAULT_CONCURRENCY)
+                    elif b == "latency":
+                        kw["concurrency"] = a.concurrency or DEFAULT_THREADS_IN_FLIGHT
                     if getattr(a, "remote", None):
                         kw["remote"] = dict(a.remote)
+                    elif api == "threaded" and not getattr(a, "no_floor", False):
+                        kw["references"] = True
                     specs.append(RunSpec(**kw))
     return specs
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import math
 import os
@@ -149,6 +150,14 @@ class Plan:
 
 def timed_phases(call: Callable[[], None], plan: Plan) -> tuple[list[int], float, list[int]]:
     """All per-call samples (ns), total timed seconds, calls per repeat."""
+    return threaded_phases([call], plan)
+
+
+def threaded_phases(calls: Sequence[Callable[[], None]], plan: Plan
+                    ) -> tuple[list[int], float, list[int]]:
+    """``timed_phases`` with one thread per call, all on one channel, started together;
+    the plan counts calls over all threads. One call runs on this thread, as a ping-pong
+    client's would."""
     samples: list[int] = []
     total_s = 0.0
     per_repeat: list[int] = []
@@ -156,17 +165,41 @@ def timed_phases(call: Callable[[], None], plan: Plan) -> tuple[list[int], float
         gc.collect()
         gc.disable()
         try:
-            calls = 0
+            start = threading.Barrier(len(calls) + 1) if len(calls) > 1 else None
+            counter = itertools.count()
+            started = 0.0
+            mine: list[list[int]] = [[] for _ in calls]
+            errors: list[BaseException] = []
+
+            def keep_calling(call: Callable[[], None], out: list[int]) -> None:
+                try:
+                    if start is not None:
+                        start.wait()
+                    while not plan.phase_done(next(counter), started):
+                        t0 = time.perf_counter_ns()
+                        call()
+                        out.append(time.perf_counter_ns() - t0)
+                except BaseException as exc:  # noqa: BLE001 - re-raised by the caller
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=keep_calling, args=(c, o), daemon=True)
+                       for c, o in zip(calls, mine)] if start is not None else []
+            for t in threads:
+                t.start()
             started = time.perf_counter()
-            while not plan.phase_done(calls, started):
-                t0 = time.perf_counter_ns()
-                call()
-                samples.append(time.perf_counter_ns() - t0)
-                calls += 1
+            if start is None:
+                keep_calling(calls[0], mine[0])
+            else:
+                start.wait()
+            for t in threads:
+                t.join()
             total_s += time.perf_counter() - started
+            if errors:
+                raise errors[0]
         finally:
             gc.enable()
-        per_repeat.append(calls)
+        per_repeat.append(sum(len(o) for o in mine))
+        samples += [x for o in mine for x in o]
     return samples, total_s, per_repeat
 
 
@@ -258,15 +291,27 @@ def measure(channel: grpc.Channel, args: argparse.Namespace) -> list[dict[str, A
         call = blocking_call(p2p_call(channel, args.benchmark, args.stack, args.mode, bufs))
         for _ in range(max(0, args.warmup - 1)):
             call()
-        samples, total_s, per_repeat = timed_phases(call, plan)
-        n = len(samples)
-        out.append({"size": size, "buffers": args.buffers, "calls": n,
-                    "iterations": min(per_repeat), "seconds": total_s,
-                    "rpcs_per_s": n / total_s, "gbps": per_call * size * n / total_s / 1e9,
-                    **stats_us(samples)})
+        out.append(result_row(size, args.buffers, 1, per_call * size, timed_phases(call, plan)))
+        if args.concurrency > 1 and args.benchmark == "latency":
+            calls = [call] + [blocking_call(p2p_call(channel, args.benchmark, args.stack,
+                                                     args.mode, bufs))
+                              for _ in range(args.concurrency - 1)]
+            out.append(result_row(size, args.buffers, args.concurrency, per_call * size,
+                            threaded_phases(calls, plan)))
+            del calls
         del call, bufs
         progress(i + 1, len(sizes))
     return out
+
+
+def result_row(size: int, buffers: int, concurrency: int, bytes_per_call: int,
+         phases: tuple[list[int], float, list[int]]) -> dict[str, Any]:
+    """One result row: a phase's samples (ns), timed seconds and calls per repeat."""
+    samples, total_s, per_repeat = phases
+    n = len(samples)
+    return {"size": size, "buffers": buffers, "concurrency": concurrency, "calls": n,
+            "iterations": min(per_repeat), "seconds": total_s, "rpcs_per_s": n / total_s,
+            "gbps": bytes_per_call * n / total_s / 1e9, **stats_us(samples)}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -304,7 +349,17 @@ def arg_parser(prog: str = "python -m argrpc.benchtool.client") -> argparse.Argu
     p.add_argument("--duration", type=float)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--concurrency", type=_at_least_one, default=1,
+                   help="latency: also measure this many calls in flight on the one channel "
+                        "(threads, or tasks of one loop under asyncio); 1: ping-pong only")
     return p
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
 
 
 def parse_args(argv: list[str] | None,

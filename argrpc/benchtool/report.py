@@ -20,6 +20,8 @@ from argrpc.benchtool.results import Measurement, to_json
 
 BASELINE = "grpc"
 TARGET_TRANSPORT = "shm"  # the speed targets compare argrpc-shm with plain grpcio
+FLOOR = "floor"           # the latency floor's row (argrpc.benchtool.floor)
+MEMCPY_PREFIX = "memcpy-"  # the memory-copy rate rows: memcpy-1t, memcpy-2t
 
 MiB = 1 << 20
 
@@ -42,6 +44,12 @@ _AIO_COLUMNS: dict[str, list[tuple[str, str, str]]] = {
     "latency": [*_COLUMNS["latency"], ("RPC/s vs grpc", "rpcs_per_s", "ratio")],
 }
 
+# Shown when the run measured the reference rows: each row's cost in floors.
+_FLOOR_COLUMNS: dict[str, list[tuple[str, str, str]]] = {
+    "latency": [("p50 / floor", "p50_us", "floor"), ("p99 / floor", "p99_us", "floor")],
+    "bandwidth": [("memcpy / GB/s", "gbps", "floor")],
+}
+
 # The one number a sweep table shows per cell.
 PRIMARY: dict[str, str] = {"latency": "p50_us", "bandwidth": "gbps", "ps": "steps_per_s"}
 LOWER_IS_BETTER = {"p50_us", "p99_us", "mean_us"}
@@ -53,6 +61,13 @@ _DESCRIPTION = {
     "ps": "parameter server: each worker pulls every variable and pushes a gradient of each "
           "per step; size = bytes per step per worker (pull + push); "
           "speedup = transport steps/s / grpc steps/s",
+}
+_FLOOR_DESCRIPTION = {
+    "latency": "; floor = argrpc's shm ring and wait ping-ponged from Python with nothing on "
+               "top (no connection, call, facade or protobuf), x / floor = the row's latency "
+               "over the floor's",
+    "bandwidth": "; memcpy-1t/-2t = one and two threads copying the message between "
+                 "pre-faulted buffers, memcpy / GB/s = the faster copy rate over the row's",
 }
 _AIO_DESCRIPTION = ("grpc = grpc.aio's client and server, shm/verbs = argrpc.aio's, one event "
                     "loop per process; in flight = calls kept going by as many tasks on one "
@@ -120,6 +135,28 @@ def baseline_of(m: Measurement, ms: Sequence[Measurement]) -> Measurement | None
         if b.transport == BASELINE and not b.skipped and cell_key(b) == key:
             return b
     return None
+
+
+def is_reference(m: Measurement) -> bool:
+    """The floor and memcpy rows: what the machine allows, not a transport."""
+    return m.transport == FLOOR or m.transport.startswith(MEMCPY_PREFIX)
+
+
+def floor_of(m: Measurement, ms: Sequence[Measurement]) -> Measurement | None:
+    """The reference row of ``m``'s cell: the floor (latency), or the faster memory-copy
+    rate (bandwidth)."""
+    key = cell_key(m)
+    refs = [r for r in ms if is_reference(r) and not r.skipped and cell_key(r) == key]
+    if not refs:
+        return None
+    return max(refs, key=lambda r: r.gbps or 0.0)
+
+
+def over_floor(m: Measurement, ref: Measurement | None, metric: str) -> float | None:
+    """How many times the floor's cost ``m`` pays (>= 1 unless noise): the transport's
+    latency over the floor's, or the copy rate over the transport's GB/s."""
+    r = speedup(m, ref, metric)
+    return None if r is None else 1 / r
 
 
 def speedup(m: Measurement, base: Measurement | None, metric: str) -> float | None:
@@ -201,7 +238,8 @@ def benchmark_table(ms: Sequence[Measurement], benchmark: str, api: str = "threa
     vs grpc under the same API."""
     rows_ms = _order(m for m in ms if m.benchmark == benchmark and m.api == api)
     sweep = _has_sweep(rows_ms)
-    in_flight = api != "threaded" and benchmark == "latency"
+    in_flight = benchmark == "latency" and (api != "threaded"
+                                            or any(m.concurrency > 1 for m in rows_ms))
     size_head = "bytes/step/worker" if benchmark == "ps" else "size"
     bufs_head = "vars" if benchmark == "ps" else "bufs"
     lead = ["mode", "scheme", size_head, bufs_head]
@@ -212,7 +250,9 @@ def benchmark_table(ms: Sequence[Measurement], benchmark: str, api: str = "threa
     if sweep:
         lead.append("env")
     lead.append("transport")
-    cols = (_COLUMNS if api == "threaded" else _AIO_COLUMNS)[benchmark]
+    cols = (_AIO_COLUMNS if in_flight else _COLUMNS)[benchmark]
+    if any(is_reference(m) and not m.skipped for m in rows_ms):
+        cols = cols + _FLOOR_COLUMNS.get(benchmark, [])
     headers = lead + [c[0] for c in cols]
     numeric = [False, False, True, True] + ([True] if benchmark == "ps" else []) \
         + ([True] if in_flight else []) + ([False] if sweep else []) + [False] \
@@ -232,10 +272,13 @@ def benchmark_table(ms: Sequence[Measurement], benchmark: str, api: str = "threa
             r.append(f"skipped: {m.note}" if m.note else "skipped")
         else:
             base = baseline_of(m, rows_ms)
+            ref = floor_of(m, rows_ms)
             for _, attr, kind in cols:
                 if kind == "ratio":
                     r.append("base" if m.transport == BASELINE
                              else fmt_ratio(speedup(m, base, attr)))
+                elif kind == "floor":
+                    r.append("–" if is_reference(m) else fmt_ratio(over_floor(m, ref, attr)))
                 else:
                     r.append(fmt_num(getattr(m, attr)))
         rows.append(r)
@@ -320,6 +363,7 @@ def api_table(ms: Sequence[Measurement], benchmark: str) -> Table | None:
 # --------------------------------------------------------------------------- targets
 
 AIO_TARGET_CONCURRENCY = 64  # the asyncio throughput target's calls in flight
+THREADS_TARGET_CONCURRENCY = 16  # the threaded one's: client threads on one channel
 
 
 @dataclass(frozen=True)
@@ -344,6 +388,11 @@ TARGETS: tuple[Target, ...] = (
            flags="argrpc-bench latency --sizes 64"),
     Target("latency", "p99_us", 10.0, size=64, text="latency p99 at 64 B ≥ 10× lower",
            flags="argrpc-bench latency --sizes 64"),
+    Target("latency", "rpcs_per_s", 15.0, size=64, concurrency=THREADS_TARGET_CONCURRENCY,
+           text=f"{THREADS_TARGET_CONCURRENCY} threads calling on one channel at 64 B ≥ "
+                "15× grpcio's RPC/s",
+           flags=f"argrpc-bench latency --sizes 64 --concurrency "
+                 f"{THREADS_TARGET_CONCURRENCY}"),
     Target("bandwidth", "gbps", 30.0, mode="raw", size=64 * MiB,
            text="raw bandwidth at 64 MiB ≥ 30× higher",
            flags="argrpc-bench bandwidth --mode raw --sizes 64M"),
@@ -372,10 +421,17 @@ TARGETS: tuple[Target, ...] = (
     Target("latency", "p50_us", 1 / 1.5, size=64, api="aio", versus="threaded",
            text="asyncio: argrpc.aio p50 at 64 B within 1.5× of threaded argrpc's",
            flags="argrpc-bench latency --api both --sizes 64"),
+    # the floor: the bare shm ring ping-ponged from Python, same run, same sizes
+    Target("latency", "p50_us", 1 / 1.5, size=64, versus=FLOOR,
+           text="latency p50 at 64 B within 1.5× of the floor's",
+           flags="argrpc-bench latency --sizes 64"),
+    Target("latency", "p99_us", 1 / 3, size=64, versus=FLOOR,
+           text="latency p99 at 64 B within 3× of the floor's",
+           flags="argrpc-bench latency --sizes 64"),
 )
 
 _TARGET_HEADINGS = {
-    "threaded": "speed targets (argrpc-shm vs plain grpcio, same run)",
+    "threaded": "speed targets (argrpc-shm vs plain grpcio and vs the floor, same run)",
     "aio": "asyncio targets (argrpc.aio over shm vs grpc.aio, and vs threaded argrpc; "
            "same run)",
 }
@@ -403,13 +459,18 @@ class TargetResult:
 
 
 def _applies(t: Target, ms: Sequence[Measurement]) -> bool:
-    """Targets of a benchmark (and API) that did not run are left out."""
+    """Targets of a benchmark (and API) that did not run are left out, and so are the
+    floor's when the run measured no reference rows (remote servers, --no-floor)."""
     if not ran(ms, t.benchmark, t.api):
         return False
+    if t.versus == FLOOR:
+        return any(is_reference(m) and m.benchmark == t.benchmark for m in ms)
     return t.versus != "threaded" or ran(ms, t.benchmark, "threaded")
 
 
 def _reference(t: Target, m: Measurement, ms: Sequence[Measurement]) -> Measurement | None:
+    if t.versus == FLOOR:
+        return floor_of(m, ms)
     if t.versus != "threaded":
         return baseline_of(m, ms)
     key = cell_key(replace(m, api="threaded", concurrency=1))
@@ -418,10 +479,13 @@ def _reference(t: Target, m: Measurement, ms: Sequence[Measurement]) -> Measurem
 
 
 def _verdict(t: Target, r: float) -> tuple[str, str]:
-    if t.versus == "threaded":
-        # shown as the slowdown it bounds: aio / threaded, at most 1 / min_ratio
+    if t.versus in ("threaded", FLOOR):
+        # shown as the slowdown it bounds: aio / threaded or shm / floor, at most
+        # 1 / min_ratio
         slower, allowed = 1 / r, 1 / t.min_ratio
-        what = f"aio {_UNITS[t.metric].split()[0]} = {fmt_ratio(slower)} threaded"
+        metric = _UNITS[t.metric].split()[0]
+        what = (f"aio {metric} = {fmt_ratio(slower)} threaded" if t.versus == "threaded"
+                else f"{metric} = {fmt_ratio(slower)} the floor's")
         if r >= t.min_ratio:
             return "PASS", f"{what} (allowed {allowed:g}×)"
         return "MISS", f"{what}, allowed {allowed:g}×: over by {slower / allowed:.2f}×"
@@ -469,8 +533,9 @@ def evaluate_targets(ms: Sequence[Measurement]) -> list[TargetResult]:
             ref = _reference(t, m, ms)
             r = speedup(m, ref, t.metric)
             if r is None:
-                missing = ("threaded shm row missing or skipped" if t.versus == "threaded"
-                           else "grpc baseline missing or skipped")
+                missing = {"threaded": "threaded shm row missing or skipped",
+                           FLOOR: "floor row missing or skipped"}.get(
+                               t.versus, "grpc baseline missing or skipped")
                 out.append(TargetResult(t, "no data", where=where,
                                         detail=missing if ref is None else "no value"))
                 continue
@@ -489,7 +554,10 @@ def _sections(ms: Sequence[Measurement]) -> list[tuple[str, str, str, Table]]:
             if not ran(ms, b, api):
                 continue
             if api == "threaded":
-                out.append(("main", b, _DESCRIPTION[b], benchmark_table(ms, b, api)))
+                desc = _DESCRIPTION[b]
+                if any(is_reference(m) and m.benchmark == b for m in ms):
+                    desc += _FLOOR_DESCRIPTION[b]
+                out.append(("main", b, desc, benchmark_table(ms, b, api)))
             else:
                 out.append(("main", f"{b}, asyncio API",
                             f"{_DESCRIPTION[b]}; {_AIO_DESCRIPTION}",

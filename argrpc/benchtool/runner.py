@@ -95,10 +95,13 @@ class RunSpec:
     threads: int = 8                # server / PS thread-pool size, the same on every stack
     timeout: float | None = None    # per child process; None: estimated from the spec
     api: str = "threaded"           # threaded | aio (latency and bandwidth only)
-    concurrency: int = 1            # aio latency: also N calls in flight from one loop
+    concurrency: int = 1            # latency: also N calls in flight on one channel
     # transport -> "HOST:PORT" of a server already running (elsewhere): no local server,
     # no forced TF_RDMA_TRANSPORT for that transport's client (latency/bandwidth, threaded)
     remote: dict[str, str] = field(default_factory=dict)
+    # latency and bandwidth under the threaded API, local servers: also measure the
+    # reference rows (argrpc.benchtool.floor) after the transports, in the same run
+    references: bool = False
 
 
 class BenchError(RuntimeError):
@@ -411,8 +414,9 @@ def skipped(spec: RunSpec, transport: str, reason: str) -> list[Measurement]:
 # ------------------------------------------------------------------ point to point
 
 def _concurrent(spec: RunSpec) -> bool:
-    """Whether the client also measures calls in flight at once (aio latency only)."""
-    return spec.api == "aio" and spec.benchmark == "latency" and spec.concurrency > 1
+    """Whether the client also measures calls in flight at once (latency only: threads
+    on one channel, or tasks of one loop under asyncio)."""
+    return spec.benchmark == "latency" and spec.concurrency > 1
 
 
 def run_p2p(spec: RunSpec, transport: str, progress: Callable[[int, int], None]
@@ -462,6 +466,53 @@ def run_p2p(spec: RunSpec, transport: str, progress: Callable[[int, int], None]
                          p99_us=r["p99_us"], mean_us=r["mean_us"], gbps=r["gbps"],
                          rpcs_per_s=r["rpcs_per_s"], concurrency=int(r.get("concurrency", 1)),
                          env=reported_env(spec, transport, doc["env"])))
+    return out
+
+
+# ------------------------------------------------------------------ reference rows
+
+def references_of(spec: RunSpec) -> tuple[str, ...]:
+    """The reference rows a spec measures (none for ps, asyncio or remote servers:
+    a floor on this host says nothing about a round trip to another)."""
+    from argrpc.benchtool.floor import REFERENCES
+
+    if not spec.references or spec.api != "threaded" or spec.remote:
+        return ()
+    return REFERENCES.get(spec.benchmark, ())
+
+
+def run_references(spec: RunSpec, reason: str) -> list[Measurement]:
+    """The floor (latency) or the memory-copy rates (bandwidth) at the spec's sizes;
+    skipped rows saying ``reason`` when argrpc's engine cannot run here."""
+    from argrpc.benchtool.floor import FLOOR
+
+    names = references_of(spec)
+    if reason:
+        return [m for name in names for m in skipped(spec, name, reason)]
+    env = child_env(spec)
+    module = "argrpc.benchtool.floor"
+    args = ["--sizes", ",".join(str(s) for s in spec.sizes), "--seed", str(spec.seed),
+            *_plan_args(spec)]
+    per_call = [_SLOW_CALL_S + s / _SLOW_BYTES_PER_S for s in spec.sizes]
+    with ExitStack() as procs:
+        if FLOOR in names:
+            server, pid = start_server(procs, "floor server", module, ["serve"], env)
+            client = spawn(procs, "floor client", module,
+                           ["client", "--target", f"{FLOOR}:{pid}", *args], env)
+        else:
+            server, client = None, spawn(procs, "memcpy", module, ["copy", *args], env)
+        doc = client.result(time.monotonic() + _budget(spec, per_call * len(names)))
+        if server is not None:
+            server.close()
+    check_env(client.name, spec, doc["env"], "reference")
+    out = []
+    for r in doc["results"]:
+        name = FLOOR if FLOOR in names else f"memcpy-{r['threads']}t"
+        out.append(_base(spec, name, int(r["size"]), spec.buffers,
+                         iterations=int(r["iterations"]), p50_us=r.get("p50_us"),
+                         p99_us=r["p99_us"], mean_us=r["mean_us"], gbps=r["gbps"],
+                         rpcs_per_s=r["rpcs_per_s"],
+                         env={k: str(v) for k, v in spec.env.items()}))
     return out
 
 
@@ -657,6 +708,11 @@ def run(spec: RunSpec, progress: ProgressFn | None = None) -> list[Measurement]:
         measure = run_ps if spec.benchmark == "ps" else run_p2p
         out.extend(measure(spec, transport, on_progress))
         done_units += units_per
+    if references_of(spec):
+        if progress is not None:
+            progress(f"{'/'.join(references_of(spec))}", done_units / total_units)
+        out.extend(run_references(spec, reasons.get("shm", "") if "floor" in
+                                  references_of(spec) else _argrpc_reason()))
     if progress is not None:
         progress("done", 1.0)
     return out

@@ -19,6 +19,8 @@
 #include "tunables.h"
 
 namespace argrpc {
+struct ShmPeer;
+
 namespace bindings {
 
 // Releases the GIL for a wait or a copy. A thread that comes back while the
@@ -229,9 +231,13 @@ T get_or(const pybind11::dict& d, const char* key, T dflt) {
 ConnConfig conn_config(const pybind11::dict& d);  // module.cc
 
 void add_shm(pybind11::module_& m, pybind11::class_<PyEngine>& engine);    // shm.cc
+// shm.cc: a peer's fabric half as the handshake received it; owns its fds from the start.
+ShmPeer shm_peer_arg(const pybind11::dict& peer);
 void add_verbs(pybind11::module_& m, pybind11::class_<PyEngine>& engine);  // verbs.cc
 void add_sim(pybind11::module_& m);  // sim.cc: test-only, _core._sim_pair
 void add_log(pybind11::module_& m);  // log.cc: engine messages for Python's logging
+// floor.cc: argrpc-bench's latency floor (a bare shm fabric) and memory-copy rate
+void add_floor(pybind11::module_& m, pybind11::class_<PyEngine>& engine);
 // call_stats.cc: per-call records for an application's metrics
 void add_call_stats(pybind11::module_& m, pybind11::class_<PyConnection>& connection);
 // aio.cc: the loop's Notifier and the calls' and server's methods that never wait.

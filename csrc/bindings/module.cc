@@ -520,4 +520,5 @@ PYBIND11_MODULE(_core, m) {
   add_log(m);
   add_call_stats(m, connection);
   add_aio(m, engine, connection, client_call, server, server_call);
+  add_floor(m, engine);  // argrpc-bench's reference rows
 }

@@ -20,6 +20,16 @@ namespace {
 using PyShmEndpoint = PyEndpoint<ShmEndpoint>;
 }  // namespace
 
+ShmPeer shm_peer_arg(const py::dict& peer) {
+  ShmPeer p;
+  p.ring_fd = UniqueFd(peer["ring_fd"].cast<int>());
+  p.event_fd = UniqueFd(peer["event_fd"].cast<int>());
+  p.pool_fd = UniqueFd(peer["pool_fd"].cast<int>());
+  p.ring_size = peer["ring_size"].cast<size_t>();
+  p.pool_size = peer["pool_size"].cast<size_t>();
+  return p;
+}
+
 void add_shm(py::module_& m, py::class_<PyEngine>& engine) {
   py::class_<PyShmEndpoint>(m, "ShmEndpoint")
       .def_property_readonly("ring_fd", [](PyShmEndpoint& e) { return e.get().ring_fd(); })
@@ -38,12 +48,7 @@ void add_shm(py::module_& m, py::class_<PyEngine>& engine) {
               std::string peer_name, std::string user_agent) {
              // Take ownership of every fd first so each one is closed on any failure.
              UniqueFd sock(sock_fd);
-             ShmPeer p;
-             p.ring_fd = UniqueFd(peer["ring_fd"].cast<int>());
-             p.event_fd = UniqueFd(peer["event_fd"].cast<int>());
-             p.pool_fd = UniqueFd(peer["pool_fd"].cast<int>());
-             p.ring_size = peer["ring_size"].cast<size_t>();
-             p.pool_size = peer["pool_size"].cast<size_t>();
+             ShmPeer p = shm_peer_arg(peer);
              std::shared_ptr<Server> srv = server_arg(server);
              auto fabric = std::make_unique<ShmFabric>(ep.take(), std::move(p), std::move(sock),
                                                        e.engine->pool(), &e.engine->copier());
