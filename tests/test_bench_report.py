@@ -23,7 +23,7 @@ DOCUMENTED_FIELDS = {
     "p99_us": (float, type(None)), "mean_us": (float, type(None)),
     "gbps": (float, type(None)), "rpcs_per_s": (float, type(None)),
     "steps_per_s": (float, type(None)), "workers": (int, type(None)), "env": dict,
-    "note": str, "skipped": bool, "api": str, "concurrency": int,
+    "note": str, "skipped": bool, "api": str, "concurrency": int, "clients": int,
 }
 
 
@@ -147,7 +147,7 @@ def test_targets_not_measured_says_how() -> None:
     res = report.evaluate_targets([lat("grpc", 1024, 1.0, 1.0), lat("shm", 1024, 1.0, 1.0)])
     assert {r.status for r in res} == {"not measured"}
     assert all("--sizes 64" in r.detail for r in res)
-    assert len(res) == 3  # only the threaded latency targets (not the floor's: no floor row)
+    assert len(res) == 4  # only the threaded latency targets (not the floor's: no floor row)
 
 
 def test_markdown_report(sample: list[Measurement], tmp_path: Path) -> None:
@@ -308,6 +308,7 @@ def _fake_runner(calls: list[Any], fail_mode: str | None = None) -> Any:
         api: str = "threaded"
         concurrency: int = 1
         references: bool = False
+        clients: int = 1
 
     def run(spec: RunSpec, progress: Any = None) -> list[Measurement]:
         calls.append((spec, dict(os.environ)))
@@ -390,6 +391,11 @@ def test_cli_all_quick_plan_and_failures(monkeypatch: Any, tmp_path: Path,
                    "--json", str(tmp_path / "x.json")])
     assert rc == 1                                    # the serialized runs failed ...
     specs = [c[0] for c in calls]
+    # latency's cell of 64 client processes: --quick measures it in the raw mode only
+    many = [s for s in specs if s.clients > 1]
+    assert [(s.benchmark, s.mode, s.clients, s.sizes) for s in many] == [
+        ("latency", "raw", 64, [64])]
+    specs = [s for s in specs if s.clients == 1]
     assert [(s.benchmark, s.mode) for s in specs] == [
         (b, m) for b in ("latency", "bandwidth", "ps") for m in ("raw", "serialized")]
     assert 64 in specs[0].sizes and 64 * MiB in specs[2].sizes and 4 * MiB in specs[3].sizes
@@ -543,7 +549,7 @@ def test_cli_plans_both_apis_side_by_side(monkeypatch: Any, tmp_path: Path,
     rc = cli.main(["all", "--quick", "--api", "both", "--concurrency", "8", "--no-plots",
                    "--out", str(tmp_path)])
     assert rc == 0
-    specs = [c[0] for c in calls]
+    specs = [c[0] for c in calls if c[0].clients == 1]
     assert [(s.benchmark, s.mode, s.api) for s in specs] == [
         (b, m, api) for b in ("latency", "bandwidth") for m in ("raw", "serialized")
         for api in ("threaded", "aio")] + [("ps", m, "threaded") for m in ("raw", "serialized")]

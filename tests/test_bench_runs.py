@@ -229,3 +229,24 @@ def test_cli_both_apis_in_one_real_run(tmp_path: Path,
         | {("threaded", "floor", 1)}
     if "shm" in LIVE:
         assert "== latency: asyncio vs threaded API" in out
+
+
+def test_client_processes_start_together_and_are_aggregated() -> None:
+    spec = tiny("latency", LIVE, sizes=[64], clients=3, repeats=2)
+    got = runner.run(spec)
+    assert [(m.transport, m.clients, m.concurrency) for m in got] == \
+        [(t, 3, 1) for t in LIVE]
+    for m in got:
+        assert not m.skipped and m.size == 64
+        # every process made its calls in every phase; the aggregate counts them all
+        assert m.iterations == spec.iterations
+        for key in ("p50_us", "p99_us", "mean_us", "gbps", "rpcs_per_s"):
+            assert finite_positive(getattr(m, key)), (key, m)
+
+
+@pytest.mark.parametrize("bad", [dict(clients=0), dict(clients=2, api="aio"),
+                                 dict(clients=2, benchmark="ps")])
+def test_client_processes_spec_is_checked(bad: dict[str, object]) -> None:
+    spec = tiny(str(bad.pop("benchmark", "latency")), ["grpc"], **bad)
+    with pytest.raises(ValueError, match="clients"):
+        runner.normalize(spec)

@@ -24,7 +24,8 @@ from argrpc._config import KNOBS, ConfigError, load as load_config, parse_size
 from argrpc._version import __version__
 from argrpc.benchtool import APIS, BENCHMARKS, FAST_TRANSPORTS, MODES, SCHEMES, TRANSPORTS
 from argrpc.benchtool.progress import Progress
-from argrpc.benchtool.report import (AIO_TARGET_CONCURRENCY, THREADS_TARGET_CONCURRENCY,
+from argrpc.benchtool.report import (AIO_TARGET_CONCURRENCY, CLIENTS_TARGET,
+                                     THREADS_TARGET_CONCURRENCY,
                                      evaluate_targets, fmt_size,
                                      markdown_report, terminal_report, write_json,
                                      write_text)
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 DEFAULT_OUT = "bench-results"
 DEFAULT_CONCURRENCY = AIO_TARGET_CONCURRENCY
 DEFAULT_THREADS_IN_FLIGHT = THREADS_TARGET_CONCURRENCY
+DEFAULT_CLIENTS = CLIENTS_TARGET
 KNOB_NAMES = tuple(k[0] for k in KNOBS)
 
 
@@ -265,6 +267,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "one channel (RPC/s): client threads under the threaded API "
                         f"(default {DEFAULT_THREADS_IN_FLIGHT}), tasks of one event loop "
                         f"under asyncio (default {DEFAULT_CONCURRENCY}); 1: ping-pong only")
+    p.add_argument("--clients", type=int, default=DEFAULT_CLIENTS,
+                   help="latency, threaded API: also this many client processes on one "
+                        "server at the smallest size, each calling one at a time, their "
+                        "timed phases started together (aggregate RPC/s); 1: none "
+                        f"(default {DEFAULT_CLIENTS})")
     p.add_argument("--seed", type=int, default=0, help="payload/scheme seed (default 0)")
     p.add_argument("--sweep", type=parse_sweep, action="append", default=[],
                    metavar="TF_RDMA_*=v1,v2,...",
@@ -288,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
-    for name in ("buffers", "iterations", "repeats", "workers", "concurrency"):
+    for name in ("buffers", "iterations", "repeats", "workers", "concurrency", "clients"):
         v = getattr(a, name)
         if v is not None and v < 1:
             p.error(f"--{name} must be >= 1")
@@ -579,6 +586,15 @@ def plan(a: argparse.Namespace) -> list["RunSpec"]:
                     elif api == "threaded" and not getattr(a, "no_floor", False):
                         kw["references"] = True
                     specs.append(RunSpec(**kw))
+                    clients = getattr(a, "clients", 1)
+                    # 64 processes start on two cores in about 20 s per transport:
+                    # --quick measures them in the first mode only
+                    if b == "latency" and api == "threaded" and clients > 1 \
+                            and not getattr(a, "remote", None) \
+                            and not (a.quick and mode != modes[0]):
+                        specs.append(RunSpec(**{**kw, "sizes": [min(kw["sizes"])],
+                                                "concurrency": 1, "references": False,
+                                                "clients": clients}))
     return specs
 
 

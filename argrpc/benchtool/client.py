@@ -31,6 +31,7 @@ import itertools
 import json
 import math
 import os
+import queue
 import statistics
 import sys
 import threading
@@ -71,6 +72,31 @@ def exit_on_stdin_eof() -> None:
         os._exit(EXIT_ERROR)
 
     threading.Thread(target=watch, name="stdin-eof", daemon=True).start()
+
+
+class StdinControl:
+    """Reads the orchestrator's commands (``GO`` lines) on a daemon thread; EOF on stdin
+    means the orchestrator is done or dead, and the worker exits at once, mid-step if need
+    be, so it is never orphaned."""
+
+    def __init__(self) -> None:
+        self._go: "queue.SimpleQueue[None]" = queue.SimpleQueue()
+        threading.Thread(target=self._read, name="stdin-control", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for line in sys.stdin:
+                if line.strip() == "GO":
+                    self._go.put(None)
+        except (OSError, ValueError):
+            pass
+        os._exit(EXIT_ERROR)
+
+    def wait_go(self) -> None:
+        """READY on stdout, then block until GO."""
+        sys.stdout.write("READY\n")
+        sys.stdout.flush()
+        self._go.get()
 
 
 def emit(result: dict[str, Any]) -> None:
@@ -279,7 +305,25 @@ def blocking_call(rpc: P2PCall) -> Callable[[], None]:
     return lambda: method(request, timeout=CALL_TIMEOUT_S)
 
 
-def measure(channel: grpc.Channel, args: argparse.Namespace) -> list[dict[str, Any]]:
+def synchronized_phases(call: Callable[[], None], plan: Plan, control: StdinControl
+                        ) -> list[dict[str, Any]]:
+    """One client among many processes: each repeat starts at the orchestrator's GO and
+    reports its calls, its start and end on the system-wide monotonic clock (the
+    orchestrator takes the aggregate rate over the window from the first start to the
+    last end) and every call's time."""
+    phases = []
+    for _ in range(plan.repeats):
+        control.wait_go()
+        samples, seconds, per_repeat = timed_phases(
+            call, Plan(plan.warmup, plan.iterations, plan.duration, 1))
+        end_ns = time.monotonic_ns()
+        phases.append({"steps": per_repeat[0], "start_ns": end_ns - int(seconds * 1e9),
+                       "end_ns": end_ns, "step_ns": samples})
+    return phases
+
+
+def measure(channel: grpc.Channel, args: argparse.Namespace,
+            control: StdinControl | None = None) -> list[dict[str, Any]]:
     plan = Plan(args.warmup, args.iterations, args.duration, args.repeats)
     sizes = [int(s) for s in args.sizes.split(",") if s]
     # Bytes moved per call: latency counts the request and the reply.
@@ -291,6 +335,12 @@ def measure(channel: grpc.Channel, args: argparse.Namespace) -> list[dict[str, A
         call = blocking_call(p2p_call(channel, args.benchmark, args.stack, args.mode, bufs))
         for _ in range(max(0, args.warmup - 1)):
             call()
+        if control is not None:
+            out.append({"size": size, "buffers": args.buffers,
+                        "phases": synchronized_phases(call, plan, control)})
+            del call, bufs
+            progress(i + 1, len(sizes))
+            continue
         out.append(result_row(size, args.buffers, 1, per_call * size, timed_phases(call, plan)))
         if args.concurrency > 1 and args.benchmark == "latency":
             calls = [call] + [blocking_call(p2p_call(channel, args.benchmark, args.stack,
@@ -314,7 +364,7 @@ def result_row(size: int, buffers: int, concurrency: int, bytes_per_call: int,
             "gbps": bytes_per_call * n / total_s / 1e9, **stats_us(samples)}
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, control: StdinControl | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {"ok": False, "pid": os.getpid(), "env": tf_rdma_env(),
                               "benchmark": args.benchmark, "transport": None}
     channel = make_channel(args.stack, args.target)
@@ -323,7 +373,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["server_env"] = server["env"]
         result["server_pid"] = server["pid"]
         result["transport"] = check_transport(channel, args.transport)
-        result["results"] = measure(channel, args)
+        result["results"] = measure(channel, args, control)
         # A connection that died mid-run would have carried the rest over plain gRPC.
         check_transport(channel, args.transport)
         result["ok"] = True
@@ -352,6 +402,10 @@ def arg_parser(prog: str = "python -m argrpc.benchtool.client") -> argparse.Argu
     p.add_argument("--concurrency", type=_at_least_one, default=1,
                    help="latency: also measure this many calls in flight on the one channel "
                         "(threads, or tasks of one loop under asyncio); 1: ping-pong only")
+    p.add_argument("--synchronized", action="store_true",
+                   help="one of many client processes: print READY before each timed "
+                        "phase and start it at GO on stdin, report the phases' clock "
+                        "window (threaded client only)")
     return p
 
 
@@ -389,6 +443,9 @@ def emit_outcome(work: Callable[[], dict[str, Any]]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.synchronized:
+        control = StdinControl()
+        return emit_outcome(lambda: run(args, control))
     exit_on_stdin_eof()
     return emit_outcome(lambda: run(args))
 

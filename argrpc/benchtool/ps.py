@@ -47,10 +47,8 @@ import argparse
 import gc
 import json
 import os
-import queue
 import struct
 import sys
-import threading
 import time
 from typing import Any
 
@@ -60,8 +58,8 @@ import numpy as np
 from argrpc.benchtool import TRANSPORTS
 from argrpc.benchtool import messages as msg
 from argrpc.benchtool import schemes
-from argrpc.benchtool.client import (CALL_TIMEOUT_S, EXIT_ERROR, check_transport, emit_outcome,
-                                 fetch_env, make_channel, stats_us)
+from argrpc.benchtool.client import (CALL_TIMEOUT_S, StdinControl, check_transport,
+                                     emit_outcome, fetch_env, make_channel, stats_us)
 from argrpc.benchtool.server import (DEFAULT_THREADS, make_server, parse_raw_ack, raw_ack,
                                  raw_serializer, serve, tf_rdma_env)
 
@@ -194,31 +192,6 @@ class Worker:
         if acks != self.sizes:
             raise RuntimeError("the PS acknowledged different gradient sizes")
         del pulled  # end of step: the pulled tensors are released
-
-
-class StdinControl:
-    """Reads the orchestrator's commands (``GO`` lines) on a daemon thread; EOF on stdin
-    means the orchestrator is done or dead, and the worker exits at once, mid-step if need
-    be, so it is never orphaned."""
-
-    def __init__(self) -> None:
-        self._go: "queue.SimpleQueue[None]" = queue.SimpleQueue()
-        threading.Thread(target=self._read, name="stdin-control", daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            for line in sys.stdin:
-                if line.strip() == "GO":
-                    self._go.put(None)
-        except (OSError, ValueError):
-            pass
-        os._exit(EXIT_ERROR)
-
-    def wait_go(self) -> None:
-        """READY on stdout, then block until GO."""
-        sys.stdout.write("READY\n")
-        sys.stdout.flush()
-        self._go.get()
 
 
 def run_worker(args: argparse.Namespace, control: StdinControl) -> dict[str, Any]:

@@ -124,8 +124,8 @@ def _env_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
 
 def cell_key(m: Measurement, with_env: bool = True) -> tuple[Any, ...]:
     """Everything but the transport: measurements with equal keys are comparable."""
-    key: tuple[Any, ...] = (m.benchmark, m.api, m.concurrency, m.mode, m.scheme, m.size,
-                            m.buffers, m.workers)
+    key: tuple[Any, ...] = (m.benchmark, m.api, m.concurrency, m.clients, m.mode, m.scheme,
+                            m.size, m.buffers, m.workers)
     return key + (_env_key(m.env),) if with_env else key
 
 
@@ -239,14 +239,18 @@ def benchmark_table(ms: Sequence[Measurement], benchmark: str, api: str = "threa
     rows_ms = _order(m for m in ms if m.benchmark == benchmark and m.api == api)
     sweep = _has_sweep(rows_ms)
     in_flight = benchmark == "latency" and (api != "threaded"
-                                            or any(m.concurrency > 1 for m in rows_ms))
+                                            or any(m.concurrency > 1 or m.clients > 1
+                                                   for m in rows_ms))
     size_head = "bytes/step/worker" if benchmark == "ps" else "size"
     bufs_head = "vars" if benchmark == "ps" else "bufs"
     lead = ["mode", "scheme", size_head, bufs_head]
     if benchmark == "ps":
         lead.append("workers")
+    many = any(m.clients > 1 for m in rows_ms)
     if in_flight:
         lead.append("in flight")
+    if many:
+        lead.append("clients")
     if sweep:
         lead.append("env")
     lead.append("transport")
@@ -255,7 +259,8 @@ def benchmark_table(ms: Sequence[Measurement], benchmark: str, api: str = "threa
         cols = cols + _FLOOR_COLUMNS.get(benchmark, [])
     headers = lead + [c[0] for c in cols]
     numeric = [False, False, True, True] + ([True] if benchmark == "ps" else []) \
-        + ([True] if in_flight else []) + ([False] if sweep else []) + [False] \
+        + ([True] if in_flight else []) + ([True] if many else []) \
+        + ([False] if sweep else []) + [False] \
         + [True] * len(cols)
     rows: list[list[str]] = []
     for m in rows_ms:
@@ -264,6 +269,8 @@ def benchmark_table(ms: Sequence[Measurement], benchmark: str, api: str = "threa
             r.append(str(m.workers if m.workers is not None else "–"))
         if in_flight:
             r.append(str(m.concurrency))
+        if many:
+            r.append(str(m.clients))
         if sweep:
             r.append(env_label(m.env))
         r.append(m.transport)
@@ -303,9 +310,11 @@ def sweep_table(ms: Sequence[Measurement], benchmark: str,
         [env_label(dict(e)) for e in envs] + ["best"]
     rows = []
     for key, by_env in cells.items():
-        _, _, concurrency, mode, scheme, size, bufs, _, transport = key
+        _, _, concurrency, clients, mode, scheme, size, bufs, _, transport = key
         if concurrency > 1:
             transport = f"{transport}, {concurrency} in flight"
+        if clients > 1:
+            transport = f"{transport}, {clients} clients"
         vals: list[str] = []
         best: tuple[float, str] | None = None
         for e in envs:
@@ -364,6 +373,7 @@ def api_table(ms: Sequence[Measurement], benchmark: str) -> Table | None:
 
 AIO_TARGET_CONCURRENCY = 64  # the asyncio throughput target's calls in flight
 THREADS_TARGET_CONCURRENCY = 16  # the threaded one's: client threads on one channel
+CLIENTS_TARGET = 64  # client processes on one server
 
 
 @dataclass(frozen=True)
@@ -380,6 +390,7 @@ class Target:
     flags: str = ""              # how to cover it when it was not measured
     api: str = "threaded"
     concurrency: int = 1         # calls in flight of the cell checked
+    clients: int = 1             # client processes of the cell checked
     versus: str = BASELINE       # "grpc" or "threaded"
 
 
@@ -393,6 +404,10 @@ TARGETS: tuple[Target, ...] = (
                 "15× grpcio's RPC/s",
            flags=f"argrpc-bench latency --sizes 64 --concurrency "
                  f"{THREADS_TARGET_CONCURRENCY}"),
+    Target("latency", "rpcs_per_s", 15.0, size=64, clients=CLIENTS_TARGET,
+           text=f"{CLIENTS_TARGET} client processes on one server at 64 B ≥ 15× grpcio's "
+                "RPC/s",
+           flags=f"argrpc-bench latency --sizes 64 --clients {CLIENTS_TARGET}"),
     Target("bandwidth", "gbps", 30.0, mode="raw", size=64 * MiB,
            text="raw bandwidth at 64 MiB ≥ 30× higher",
            flags="argrpc-bench bandwidth --mode raw --sizes 64M"),
@@ -502,6 +517,8 @@ def _where(m: Measurement) -> str:
         where = f"{m.mode}, {m.scheme}, {m.buffers} buf" + ("s" if m.buffers != 1 else "")
     if m.concurrency != 1:
         where += f", {m.concurrency} in flight"
+    if m.clients != 1:
+        where += f", {m.clients} client processes"
     return where + (f", {env_label(m.env)}" if m.env else "")
 
 
@@ -517,7 +534,7 @@ def evaluate_targets(ms: Sequence[Measurement]) -> list[TargetResult]:
             continue
         cands = [m for m in _order(ms) if m.benchmark == t.benchmark
                  and m.transport == TARGET_TRANSPORT and m.api == t.api
-                 and m.concurrency == t.concurrency
+                 and m.concurrency == t.concurrency and m.clients == t.clients
                  and (t.mode is None or m.mode == t.mode)
                  and (t.scheme is None or m.scheme == t.scheme)
                  and (t.size is None or m.size == t.size)]

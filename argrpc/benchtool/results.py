@@ -38,7 +38,8 @@ class Measurement:
     skipped: bool = False
     # Added after the first files were written; the defaults are what those measured.
     api: str = "threaded"               # "threaded" | "aio" (grpc.aio / argrpc.aio)
-    concurrency: int = 1                # calls in flight at once (aio latency: one loop)
+    concurrency: int = 1                # calls in flight at once on one channel
+    clients: int = 1                    # client processes on one server, started together
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Measurement))

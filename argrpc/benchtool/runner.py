@@ -99,6 +99,8 @@ class RunSpec:
     # transport -> "HOST:PORT" of a server already running (elsewhere): no local server,
     # no forced TF_RDMA_TRANSPORT for that transport's client (latency/bandwidth, threaded)
     remote: dict[str, str] = field(default_factory=dict)
+    clients: int = 1                # threaded latency/bandwidth: client processes on one
+    #                                 server, timed phases started together (aggregate RPC/s)
     # latency and bandwidth under the threaded API, local servers: also measure the
     # reference rows (argrpc.benchtool.floor) after the transports, in the same run
     references: bool = False
@@ -419,18 +421,71 @@ def _concurrent(spec: RunSpec) -> bool:
     return spec.benchmark == "latency" and spec.concurrency > 1
 
 
+def _client_args(spec: RunSpec, transport: str) -> list[str]:
+    return ["--stack", stack_of(transport), "--transport", transport,
+            "--benchmark", spec.benchmark, "--mode", spec.mode, "--scheme", spec.scheme,
+            "--sizes", ",".join(str(s) for s in spec.sizes), "--buffers", str(spec.buffers),
+            "--seed", str(spec.seed), *_plan_args(spec)]
+
+
+def run_clients(spec: RunSpec, transport: str, progress: Callable[[int, int], None]
+                ) -> list[Measurement]:
+    """``spec.clients`` client processes on one server, each one call at a time, every
+    timed phase started together: aggregate RPC/s over the window from the first
+    client's start to the last one's end, latency percentiles over every call."""
+    env = transport_env(spec, transport)
+    server_module, client_module = P2P_MODULES["threaded"]
+    per_call = [_SLOW_CALL_S + s / _SLOW_BYTES_PER_S for s in spec.sizes]
+    with ExitStack() as procs:
+        server, port = start_server(procs, f"{transport} server", server_module,
+                                    ["--stack", stack_of(transport), "--threads",
+                                     str(spec.threads)], env)
+        args = ["--target", f"127.0.0.1:{port}", *_client_args(spec, transport),
+                "--synchronized"]
+        clients = [spawn(procs, f"{transport} client {i}", client_module, args, env)
+                   for i in range(spec.clients)]
+        # every process imports and connects on the same two cores first
+        deadline = (time.monotonic() + START_TIMEOUT_S * (1 + spec.clients / 16)
+                    + _budget(spec, per_call, calls_per_unit=spec.clients))
+        for i in range(len(spec.sizes)):
+            for _ in range(spec.repeats):
+                for c in clients:
+                    c.expect("READY", deadline)
+                for c in clients:
+                    c.send("GO")
+            progress(i + 1, len(spec.sizes))
+        docs = [c.result(deadline) for c in clients]
+        server.close()
+    for c, d in zip(clients, docs):
+        check_env(c.name, spec, d["env"], "client")
+        check_env(c.name, spec, d["server_env"], "server")
+    out = []
+    per_call_bytes = 2 if spec.benchmark == "latency" else 1
+    for i, size in enumerate(spec.sizes):
+        phases = [{"phases": d["results"][i]["phases"],
+                   "step_ns": [x for ph in d["results"][i]["phases"] for x in ph["step_ns"]]}
+                  for d in docs]
+        agg = aggregate_phases(phases, spec.repeats)
+        out.append(_base(spec, transport, size, spec.buffers,
+                         iterations=min(ph["steps"] for d in phases for ph in d["phases"]),
+                         p50_us=agg["p50_us"], p99_us=agg["p99_us"], mean_us=agg["mean_us"],
+                         rpcs_per_s=agg["steps_per_s"],
+                         gbps=agg["steps_per_s"] * per_call_bytes * size / 1e9,
+                         clients=spec.clients,
+                         env=reported_env(spec, transport, docs[0]["env"])))
+    return out
+
+
 def run_p2p(spec: RunSpec, transport: str, progress: Callable[[int, int], None]
             ) -> list[Measurement]:
+    if spec.clients > 1:
+        return run_clients(spec, transport, progress)
     env = transport_env(spec, transport)
     stack = stack_of(transport)
     server_module, client_module = P2P_MODULES[spec.api]
     who = transport if spec.api == "threaded" else f"{transport} {spec.api}"
     server_args = ["--stack", stack]
-    client_args = [
-        "--stack", stack, "--transport", transport, "--benchmark", spec.benchmark,
-        "--mode", spec.mode, "--scheme", spec.scheme,
-        "--sizes", ",".join(str(s) for s in spec.sizes), "--buffers", str(spec.buffers),
-        "--seed", str(spec.seed), *_plan_args(spec)]
+    client_args = _client_args(spec, transport)
     per_call = [_SLOW_CALL_S + s / _SLOW_BYTES_PER_S for s in spec.sizes]
     if spec.api == "threaded":
         server_args += ["--threads", str(spec.threads)]
@@ -476,7 +531,7 @@ def references_of(spec: RunSpec) -> tuple[str, ...]:
     a floor on this host says nothing about a round trip to another)."""
     from argrpc.benchtool.floor import REFERENCES
 
-    if not spec.references or spec.api != "threaded" or spec.remote:
+    if not spec.references or spec.api != "threaded" or spec.remote or spec.clients > 1:
         return ()
     return REFERENCES.get(spec.benchmark, ())
 
@@ -523,9 +578,10 @@ def _percentile_us(sorted_ns: Sequence[int], q: float) -> float:
     return sorted_ns[idx] / 1e3
 
 
-def aggregate_ps(docs: Sequence[dict[str, Any]], repeats: int) -> dict[str, float]:
-    """steps/s over all workers: per timed phase, total steps over the window from the
-    first worker's start to the last worker's end; summed over phases."""
+def aggregate_phases(docs: Sequence[dict[str, Any]], repeats: int) -> dict[str, float]:
+    """steps (or calls)/s over all worker (or client) processes: per timed phase, the
+    total over the window from the first process's start to the last one's end; summed
+    over phases."""
     steps = 0
     window_ns = 0
     for r in range(repeats):
@@ -569,7 +625,7 @@ def run_ps(spec: RunSpec, transport: str, progress: Callable[[int, int], None]
     for w, d in zip(workers, docs):
         check_env(w.name, spec, d["env"], "worker")
         check_env(w.name, spec, d["server_env"], "parameter-server")
-    agg = aggregate_ps(docs, spec.repeats)
+    agg = aggregate_phases(docs, spec.repeats)
     size = int(docs[0]["bytes_per_step"])
     return [_base(spec, transport, size, int(docs[0]["variables"]),
                   iterations=min(p["steps"] for d in docs for p in d["phases"]),
@@ -656,6 +712,11 @@ def normalize(spec: RunSpec) -> RunSpec:
         raise ValueError("the ps benchmark has no asyncio variant (api='threaded')")
     if spec.concurrency < 1:
         raise ValueError("concurrency must be >= 1")
+    if spec.clients < 1:
+        raise ValueError("clients must be >= 1")
+    if spec.clients > 1 and (spec.benchmark == "ps" or spec.api != "threaded" or spec.remote):
+        raise ValueError("clients > 1: latency or bandwidth under the threaded API, with a "
+                         "local server")
     if spec.iterations is not None and spec.duration is not None:
         raise ValueError("give iterations or duration, not both")
     if spec.buffers < 1 or spec.repeats < 1 or spec.workers < 1 or spec.warmup < 0:
