@@ -342,6 +342,54 @@ def _fake_runner(calls: list[Any], fail_mode: str | None = None) -> Any:
     return mod
 
 
+CONNECT_DOC = {
+    "sequential": {"grpc": {"n": 20, "ok": 20, "p50_ms": 3.0, "p99_ms": 5.0, "max_ms": 5.5,
+                            "errors": []},
+                   "argrpc": {"n": 20, "ok": 20, "p50_ms": 7.5, "p99_ms": 9.0, "max_ms": 9.9,
+                              "errors": []}},
+    "burst": {"grpc": {"n": 64, "ok": 64, "p50_ms": 90.0, "p99_ms": 150.0, "max_ms": 160.0,
+                       "errors": []},
+              "argrpc": {"n": 64, "ok": 63, "p50_ms": 95.0, "p99_ms": 170.0, "max_ms": 180.0,
+                         "errors": ["TimeoutError: handshake"]}},
+    "ratio_p50": 2.5, "processes": 20, "burst_size": 64}
+
+
+@pytest.fixture()
+def fake_connect(monkeypatch: Any) -> list[tuple[int, int]]:
+    """`argrpc.benchtool.connect` whose measure() records its arguments and returns
+    CONNECT_DOC instead of starting 200 processes (the CLI's planning is under test)."""
+    import sys
+    import types
+
+    calls: list[tuple[int, int]] = []
+
+    def measure(processes: int = 50, burst: int = 64, env: Any = None,
+                progress: bool = False) -> dict[str, Any]:
+        calls.append((processes, burst))
+        return CONNECT_DOC
+
+    mod = types.ModuleType("argrpc.benchtool.connect")
+    mod.measure = measure  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "argrpc.benchtool.connect", mod)
+    return calls
+
+
+def test_connect_table_and_targets() -> None:
+    table = report.connect_table(CONNECT_DOC)
+    assert [r[:3] for r in table.rows] == [
+        ["one at a time", "grpc", "20 / 20"], ["one at a time", "shm", "20 / 20"],
+        ["64 at once", "grpc", "64 / 64"], ["64 at once", "shm", "63 / 64"]]
+    assert table.rows[1][-1] == "0.40×"  # grpc's p50 / argrpc's
+    first, burst = report.connect_targets(CONNECT_DOC)
+    assert first.status == "MISS" and "2.50× grpcio's" in first.detail
+    assert "allowed 2×" in first.detail
+    assert burst.status == "MISS" and "63 / 64 on shm, slowest first call 180 ms" in burst.detail
+    assert "TimeoutError: handshake" in burst.detail
+    assert report.connect_targets(None) == []
+    text = report.terminal_report([], CONNECT_DOC)
+    assert "== connection set-up" in text and "MISS" in text
+
+
 def test_cli_sweep_reaches_only_the_runs(monkeypatch: Any, tmp_path: Path,
                                          capsys: Any) -> None:
     import sys
@@ -378,8 +426,8 @@ def test_cli_sweep_reaches_only_the_runs(monkeypatch: Any, tmp_path: Path,
     assert str(tmp_path / "o" / "bandwidth.png") in out
 
 
-def test_cli_all_quick_plan_and_failures(monkeypatch: Any, tmp_path: Path,
-                                         capsys: Any) -> None:
+def test_cli_all_quick_plan_and_failures(monkeypatch: Any, tmp_path: Path, capsys: Any,
+                                         fake_connect: list[tuple[int, int]]) -> None:
     import sys
 
     calls: list[Any] = []
@@ -405,6 +453,10 @@ def test_cli_all_quick_plan_and_failures(monkeypatch: Any, tmp_path: Path,
     assert "== latency" in out                        # ... and the raw ones are reported
     doc = json.loads((tmp_path / "x.json").read_text())
     assert doc["meta"]["quick"] is True and len(doc["meta"]["errors"]) == 3
+    # connection set-up: 20 processes under --quick, then 64 at once; in the JSON too
+    assert fake_connect == [(20, 64)] and doc["meta"]["connect"] == CONNECT_DOC
+    assert "== connection set-up" in out
+    assert any(t["target"].startswith("first call") for t in doc["meta"]["targets"])
     assert not list(tmp_path.glob("*.png"))
 
 
@@ -538,8 +590,8 @@ def test_cli_rejects_bad_api_arguments(argv: list[str], capsys: Any) -> None:
     assert "argrpc-bench: error:" in capsys.readouterr().err
 
 
-def test_cli_plans_both_apis_side_by_side(monkeypatch: Any, tmp_path: Path,
-                                          capsys: Any) -> None:
+def test_cli_plans_both_apis_side_by_side(monkeypatch: Any, tmp_path: Path, capsys: Any,
+                                          fake_connect: list[tuple[int, int]]) -> None:
     import sys
 
     calls: list[Any] = []
@@ -559,6 +611,7 @@ def test_cli_plans_both_apis_side_by_side(monkeypatch: Any, tmp_path: Path,
     assert all(s.references == (s.api == "threaded") for s in specs if s.benchmark != "ps")
     calls.clear()
     assert cli.main(["all", "--quick", "--api", "aio", "--no-plots", "--out", str(tmp_path)]) == 0
+    assert fake_connect == [(20, 64)]  # set-up is a threaded-API measure: not again
     assert {(c[0].benchmark, c[0].api) for c in calls} == {("latency", "aio"),
                                                            ("bandwidth", "aio")}
     out = capsys.readouterr().out
@@ -618,3 +671,21 @@ def test_threads_in_flight_target() -> None:
     assert [r.status for r in res] == ["MISS"] and "12.5×" in res[0].detail
     table = report.benchmark_table(ms, "latency")
     assert "in flight" in table.headers and "RPC/s vs grpc" in table.headers
+
+
+def test_cli_connect_alone_and_when_it_is_left_out(monkeypatch: Any, tmp_path: Path,
+                                                   capsys: Any,
+                                                   fake_connect: list[tuple[int, int]]) -> None:
+    import sys
+
+    calls: list[Any] = []
+    monkeypatch.setitem(sys.modules, "argrpc.benchtool.runner", _fake_runner(calls))
+    assert cli.main(["connect", "--processes", "3", "--burst", "2", "--no-plots",
+                     "--out", str(tmp_path)]) == 0
+    assert fake_connect == [(3, 2)] and calls == []  # set-up only: no benchmark planned
+    assert "first call on a new channel" in capsys.readouterr().out
+    assert cli.main(["connect", "--transports", "grpc", "--no-plots",
+                     "--out", str(tmp_path)]) == 0
+    assert fake_connect == [(3, 2)]
+    assert "connection set-up not measured: it compares grpc with shm" in \
+        capsys.readouterr().err

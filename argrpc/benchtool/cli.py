@@ -25,7 +25,7 @@ from argrpc._version import __version__
 from argrpc.benchtool import APIS, BENCHMARKS, FAST_TRANSPORTS, MODES, SCHEMES, TRANSPORTS
 from argrpc.benchtool.progress import Progress
 from argrpc.benchtool.report import (AIO_TARGET_CONCURRENCY, CLIENTS_TARGET,
-                                     THREADS_TARGET_CONCURRENCY,
+                                     THREADS_TARGET_CONCURRENCY, connect_targets,
                                      evaluate_targets, fmt_size,
                                      markdown_report, terminal_report, write_json,
                                      write_text)
@@ -38,6 +38,8 @@ DEFAULT_OUT = "bench-results"
 DEFAULT_CONCURRENCY = AIO_TARGET_CONCURRENCY
 DEFAULT_THREADS_IN_FLIGHT = THREADS_TARGET_CONCURRENCY
 DEFAULT_CLIENTS = CLIENTS_TARGET
+CONNECT = "connect"
+CONNECT_PROCESSES, CONNECT_PROCESSES_QUICK, CONNECT_BURST = 50, 20, 64
 KNOB_NAMES = tuple(k[0] for k in KNOBS)
 
 
@@ -222,9 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
                "                                      plugin off and on, argrpc's and grpc's)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"argrpc-bench {__version__}")
-    p.add_argument("benchmark", nargs="?", default="all", choices=[*BENCHMARKS, "all"],
+    p.add_argument("benchmark", nargs="?", default="all",
+                   choices=[*BENCHMARKS, CONNECT, "all"],
                    help="latency: ping-pong echo; bandwidth: one-way large messages; "
-                        "ps: parameter server + N workers; all: the three (default)")
+                        "ps: parameter server + N workers; connect: the first call of a "
+                        "new channel in fresh processes; all: the four (default)")
     p.add_argument("--transports", type=parse_transports, default=None,
                    help="comma list of grpc,shm,verbs (default: all, or with --remote the "
                         "transports it names; unavailable ones are reported as skipped "
@@ -286,6 +290,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="short run (well under two minutes on 2 vCPUs) that still covers "
                         "every speed target")
+    p.add_argument("--processes", type=int, default=None,
+                   help="connect: fresh processes per stack making their first call one "
+                        f"at a time (default {CONNECT_PROCESSES}, --quick "
+                        f"{CONNECT_PROCESSES_QUICK})")
+    p.add_argument("--burst", type=int, default=CONNECT_BURST,
+                   help="connect: then this many processes per stack connecting to one "
+                        f"server at once (default {CONNECT_BURST}; 0: none)")
     p.add_argument("--no-floor", action="store_true",
                    help="leave out the reference rows measured after the transports under "
                         "the threaded API: the latency floor (argrpc's shm ring ping-ponged "
@@ -295,7 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
-    for name in ("buffers", "iterations", "repeats", "workers", "concurrency", "clients"):
+    for name in ("buffers", "iterations", "repeats", "workers", "concurrency", "clients",
+                 "processes"):
         v = getattr(a, name)
         if v is not None and v < 1:
             p.error(f"--{name} must be >= 1")
@@ -303,6 +315,8 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error("--warmup must be >= 0")
     if a.duration is not None and a.duration <= 0:
         p.error("--duration must be > 0")
+    if a.burst < 0:
+        p.error("--burst must be >= 0")
     if a.benchmark == "ps" and "threaded" not in a.api:
         p.error("--api: the ps benchmark has no asyncio variant; use --api threaded or both")
     try:
@@ -554,7 +568,8 @@ def plan(a: argparse.Namespace) -> list["RunSpec"]:
     under the threaded API only (``all --api aio`` leaves it out)."""
     from argrpc.benchtool.runner import RunSpec
 
-    benches = BENCHMARKS if a.benchmark == "all" else (a.benchmark,)
+    benches = BENCHMARKS if a.benchmark == "all" else \
+        () if a.benchmark == CONNECT else (a.benchmark,)
     modes = MODES if a.mode == "both" else (a.mode,)
     table = QUICK if a.quick else FULL
     specs = []
@@ -607,6 +622,24 @@ def _title(spec: "RunSpec") -> str:
     return f"{what} [{spec.mode}, {spec.scheme}]" + (f" {env}" if env else "")
 
 
+def _connect_processes(a: argparse.Namespace) -> int:
+    return a.processes or (CONNECT_PROCESSES_QUICK if a.quick else CONNECT_PROCESSES)
+
+
+def _connect_skipped(a: argparse.Namespace, available: dict[str, str]) -> str:
+    """"" or why this run cannot measure connection set-up (grpc against argrpc over
+    shm, threaded API, on this host)."""
+    if a.remote:
+        return "--remote (set-up is measured on this host)"
+    if "threaded" not in a.api:
+        return "the threaded API is not measured"
+    if not {"grpc", "shm"} <= set(a.transports):
+        return "it compares grpc with shm, and --transports leaves one out"
+    if available.get("shm"):
+        return f"shm unavailable here ({available['shm']})"
+    return ""
+
+
 # --------------------------------------------------------------------------- main
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -628,7 +661,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     specs = plan(a)
     available = runner.available_transports()
-    prog = Progress(len(specs))
+    skip_connect = _connect_skipped(a, available)
+    with_connect = a.benchmark in (CONNECT, "all") and not skip_connect
+    prog = Progress(len(specs) + with_connect)
     for t in a.transports:
         if available.get(t, "unknown transport"):
             prog.message(f"note: {t} unavailable here ({available.get(t)}); reported as "
@@ -656,14 +691,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not m.env and spec.env:  # the report groups by it; never lose the sweep
                 m.env = dict(spec.env)
         measurements.extend(got)
+    connect = None
+    if a.benchmark in (CONNECT, "all") and skip_connect:
+        prog.message(f"note: connection set-up not measured: {skip_connect}")
+    elif with_connect:
+        from argrpc.benchtool.connect import measure as measure_connect
+
+        step = prog.step(f"connect: {_connect_processes(a)} fresh processes per stack, "
+                         f"then {a.burst} at once")
+        step("grpc and shm", 0.0)
+        try:
+            connect = measure_connect(_connect_processes(a), a.burst)
+        except KeyboardInterrupt:
+            errors.append("connect: interrupted")
+        except Exception as e:  # the other results are kept
+            prog.message(f"error: connect: {type(e).__name__}: {e}")
+            errors.append(f"connect: {type(e).__name__}: {e}")
+        step("done", 1.0)
     prog.close()
     elapsed = time.monotonic() - started
 
-    targets = evaluate_targets(measurements)
+    targets = evaluate_targets(measurements) + connect_targets(connect)
     meta = collect_meta(argv, date=started_at, quick=a.quick, elapsed_s=round(elapsed, 1),
                         transports_available=available,
                         specs=[dataclasses.asdict(s) for s in specs],
-                        targets=[t.to_dict() for t in targets], errors=errors)
+                        targets=[t.to_dict() for t in targets], errors=errors,
+                        **({"connect": connect} if connect else {}))
     out = a.out
     json_path = a.json or os.path.join(out, "results.json")
     md_path = a.markdown or os.path.join(out, "results.md")
@@ -678,7 +731,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_json(json_path, measurements, meta)
     write_text(md_path, markdown_report(measurements, meta, plots, md_path))
 
-    sys.stdout.write(terminal_report(measurements))
+    sys.stdout.write(terminal_report(measurements, connect))
     print()
     if errors:
         print("errors:")

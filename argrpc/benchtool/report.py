@@ -494,13 +494,14 @@ def _reference(t: Target, m: Measurement, ms: Sequence[Measurement]) -> Measurem
 
 
 def _verdict(t: Target, r: float) -> tuple[str, str]:
-    if t.versus in ("threaded", FLOOR):
-        # shown as the slowdown it bounds: aio / threaded or shm / floor, at most
-        # 1 / min_ratio
+    if t.min_ratio < 1:
+        # a bound on a slowdown (aio / threaded, shm / floor, argrpc / grpcio), shown as
+        # that slowdown: at most 1 / min_ratio
         slower, allowed = 1 / r, 1 / t.min_ratio
         metric = _UNITS[t.metric].split()[0]
-        what = (f"aio {metric} = {fmt_ratio(slower)} threaded" if t.versus == "threaded"
-                else f"{metric} = {fmt_ratio(slower)} the floor's")
+        what = {"threaded": f"aio {metric} = {fmt_ratio(slower)} threaded",
+                FLOOR: f"{metric} = {fmt_ratio(slower)} the floor's"}.get(
+                    t.versus, f"{metric} = {fmt_ratio(slower)} grpcio's")
         if r >= t.min_ratio:
             return "PASS", f"{what} (allowed {allowed:g}×)"
         return "MISS", f"{what}, allowed {allowed:g}×: over by {slower / allowed:.2f}×"
@@ -561,6 +562,71 @@ def evaluate_targets(ms: Sequence[Measurement]) -> list[TargetResult]:
     return out
 
 
+# --------------------------------------------------------------------------- set-up
+
+CONNECT_GOAL = 2.0  # argrpc's first call on a new channel: at most this many grpcio's (p50)
+_CONNECT_TRANSPORT = {"grpc": "grpc", "argrpc": "shm"}  # a stack's first call ends there
+
+
+def connect_table(doc: dict[str, Any]) -> Table:
+    """``argrpc.benchtool.connect.measure``'s result: one row per stack and mode."""
+    headers = ["clients", "transport", "ok / n", "p50 ms", "p99 ms", "slowest ms",
+               "p50 vs grpc"]
+    rows = []
+    for mode in ("sequential", "burst"):
+        grpc_p50 = doc[mode]["grpc"]["p50_ms"]
+        for stack, transport in _CONNECT_TRANSPORT.items():
+            r = doc[mode][stack]
+            if not r["n"]:
+                continue
+            who = ("one at a time" if mode == "sequential"
+                   else f"{doc['burst_size']} at once")
+            ratio = ("base" if stack == "grpc" else
+                     fmt_ratio(grpc_p50 / r["p50_ms"]) if r["ok"] and grpc_p50 == grpc_p50
+                     else "–")
+            rows.append([who, transport, f"{r['ok']} / {r['n']}", fmt_num(r["p50_ms"]),
+                         fmt_num(r["p99_ms"]), fmt_num(r["max_ms"]), ratio])
+    return Table(headers, rows, [False, False, True, True, True, True, True])
+
+
+_CONNECT_TARGETS = (
+    Target("connect", "p50_us", 1 / CONNECT_GOAL,
+           text=f"first call on a new channel within {CONNECT_GOAL:g}× grpcio's first call "
+                "(p50 over fresh processes, negotiation included)",
+           flags="argrpc-bench connect"),
+    Target("connect", "ok", 1.0, text="processes connecting to one server at once all "
+                                      "succeed", flags="argrpc-bench connect --burst 64"),
+)
+
+
+def connect_targets(doc: dict[str, Any] | None) -> list[TargetResult]:
+    """PASS/MISS of the set-up goals; none when set-up was not measured."""
+    if not doc:
+        return []
+    first, burst = _CONNECT_TARGETS
+    out = []
+    seq = doc["sequential"]
+    where = f"{seq['argrpc']['n']} processes each"
+    if seq["argrpc"]["ok"] and seq["grpc"]["ok"]:
+        r = seq["grpc"]["p50_ms"] / seq["argrpc"]["p50_ms"]
+        status, detail = _verdict(first, r)
+        out.append(TargetResult(first, status, r, where, detail))
+    elif seq["argrpc"]["n"]:
+        errors = "; ".join(seq["argrpc"]["errors"] or seq["grpc"]["errors"])
+        out.append(TargetResult(first, "no data", where=where, detail=errors or "no result"))
+    b = doc["burst"]
+    if b["argrpc"]["n"]:
+        a, g = b["argrpc"], b["grpc"]
+        ok = a["ok"] == a["n"]
+        detail = (f"{a['ok']} / {a['n']} on shm, slowest first call {fmt_num(a['max_ms'])} ms "
+                  f"(grpcio: {g['ok']} / {g['n']}, slowest {fmt_num(g['max_ms'])} ms)")
+        if a["errors"]:
+            detail += "; " + "; ".join(a["errors"])
+        out.append(TargetResult(burst, "PASS" if ok else "MISS", a["ok"] / a["n"],
+                                f"{a['n']} at once", detail))
+    return out
+
+
 # --------------------------------------------------------------------------- documents
 
 def _sections(ms: Sequence[Measurement]) -> list[tuple[str, str, str, Table]]:
@@ -591,14 +657,21 @@ def _sections(ms: Sequence[Measurement]) -> list[tuple[str, str, str, Table]]:
     return out
 
 
-def terminal_report(ms: Sequence[Measurement]) -> str:
+_CONNECT_DESCRIPTION = ("connection set-up: a fresh process's first call on a new channel, "
+                        "from creating the channel to the answer of a 64 B protobuf Echo "
+                        "(argrpc: negotiation, engine and shm attach included)")
+
+
+def terminal_report(ms: Sequence[Measurement], connect: dict[str, Any] | None = None) -> str:
     parts: list[str] = []
     for kind, title, desc, table in _sections(ms):
         if kind == "sweep":
             parts[-1:] = [f"-- {title}: sweep, {desc}", table.text(), ""]
         else:
             parts += [f"== {title}: {desc}", table.text(), ""]
-    results = evaluate_targets(ms)
+    if connect:
+        parts += [f"== {_CONNECT_DESCRIPTION}", connect_table(connect).text(), ""]
+    results = evaluate_targets(ms) + connect_targets(connect)
     for api in APIS:
         lines = [r.line() for r in results if r.target.api == api]
         if lines:
@@ -631,7 +704,12 @@ def markdown_report(ms: Sequence[Measurement], meta: dict[str, Any],
         else:
             lines += [f"## {title}", "", desc[0].upper() + desc[1:] + ".", "",
                       table.markdown(), ""]
-    results = evaluate_targets(ms)
+    connect = meta.get("connect")
+    if connect:
+        title, _, desc = _CONNECT_DESCRIPTION.partition(": ")
+        lines += [f"## {title[0].upper() + title[1:]}", "", desc[0].upper() + desc[1:] + ".",
+                  "", connect_table(connect).markdown(), ""]
+    results = evaluate_targets(ms) + connect_targets(connect)
     for api in APIS:
         rs = [r for r in results if r.target.api == api]
         if rs:
