@@ -21,10 +21,13 @@ _M_ARENA_MAX = -8  # glibc's <malloc.h>
 
 
 def _wanted(environ: Mapping[str, str]) -> bool:
+    """Whether the environment asks for malloc tuning in a process that may use a fast
+    path (a process told never to use one keeps glibc's defaults)."""
+    def value(name: str, default: str) -> object:
+        return _config.knob(name).parse(environ.get(name, default))
     try:
-        return bool(_config.knob("TF_RDMA_MALLOC_TUNING").parse(
-            environ.get("TF_RDMA_MALLOC_TUNING", "true")) and _config.knob(
-            "TF_RDMA_ENABLED").parse(environ.get("TF_RDMA_ENABLED", "true")))
+        return bool(value("TF_RDMA_MALLOC_TUNING", "true") and value("TF_RDMA_ENABLED", "true")
+                    and value("TF_RDMA_TRANSPORT", "auto") != "grpc")
     except ValueError:
         return False  # the channel or server reports the bad value when it reads it
 

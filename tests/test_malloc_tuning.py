@@ -53,6 +53,8 @@ def test_without_tuning_every_message_page_faults() -> None:
     ({}, True),
     ({"TF_RDMA_MALLOC_TUNING": "off"}, False),
     ({"TF_RDMA_ENABLED": "false"}, False),
+    ({"TF_RDMA_TRANSPORT": "grpc"}, False),
+    ({"TF_RDMA_TRANSPORT": "shm"}, True),
     ({"TF_RDMA_MALLOC_TUNING": "maybe"}, False),
 ])
 def test_import_time_arena_cap_follows_the_knobs(env: dict[str, str], wanted: bool) -> None:
