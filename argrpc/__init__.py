@@ -7,8 +7,11 @@ interceptors...) is still imported from ``grpc``.
 """
 
 from . import _plain  # noqa: F401 - first: grpc's constructors before anyone replaces them
+from . import _malloc
 from ._channel import Channel, insecure_channel, secure_channel
 from ._server import server
 from ._version import __version__
+
+_malloc.cap_arenas()  # before the application starts its threads: see _malloc
 
 __all__ = ["Channel", "__version__", "insecure_channel", "secure_channel", "server"]

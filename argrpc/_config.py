@@ -340,10 +340,11 @@ class Config:
         "shared-memory data path is not encrypted)")
     malloc_tuning: bool = _knob(
         "TF_RDMA_MALLOC_TUNING", "bool", True,
-        "`true`: when the fast path starts, keep freed heap memory for reuse (glibc "
-        "`M_MMAP_THRESHOLD`=32M, `M_TRIM_THRESHOLD`=256M) so protobuf's fresh multi-MiB "
-        "buffers do not page-fault on every message; `false`: leave malloc alone; "
-        "process-wide: environment only",
+        "`true`: keep freed heap memory for reuse so protobuf's fresh multi-MiB "
+        "buffers do not page-fault on every message: when argrpc is imported, one glibc "
+        "heap for threads that allocate from then on (`M_ARENA_MAX`=1), and when the fast "
+        "path starts `M_MMAP_THRESHOLD`=32M, `M_TRIM_THRESHOLD`=256M, `M_MMAP_MAX`=0; "
+        "`false`: leave malloc alone; process-wide: environment only",
         scope="process", engine="EngineConfig")
 
 
@@ -455,6 +456,15 @@ class Limits:
         engine=True)
     malloc_trim_threshold: int = _fixed(
         256 * MiB, "glibc M_TRIM_THRESHOLD under TF_RDMA_MALLOC_TUNING", engine=True)
+    malloc_mmap_max: int = _fixed(
+        0, "glibc M_MMAP_MAX under TF_RDMA_MALLOC_TUNING: the main heap serves blocks "
+        "above the 32M threshold too (glibc would map and unmap, and so page-fault, "
+        "each one)", engine=True)
+    malloc_arena_max: int = _fixed(
+        1, "glibc M_ARENA_MAX under TF_RDMA_MALLOC_TUNING (set when argrpc is imported, "
+        "again when the fast path starts): threads that first allocate after that share "
+        "the main heap instead of per-thread ones, which map anything near 64M afresh "
+        "every time", engine=True)
 
 
 LIMITS = Limits()

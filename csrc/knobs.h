@@ -73,10 +73,11 @@ inline constexpr Knob kKeepaliveTimeoutMs{"TF_RDMA_KEEPALIVE_TIMEOUT_MS", 10000,
 // lent per connection, beyond that messages are copied
 inline constexpr Knob kZeroCopyMin{"TF_RDMA_ZERO_COPY_MIN", 1048576, 4096, 68719476736};
 
-// EngineConfig::malloc_tuning: `true`: when the fast path starts, keep freed heap memory
-// for reuse (glibc `M_MMAP_THRESHOLD`=32M, `M_TRIM_THRESHOLD`=256M) so protobuf's fresh
-// multi-MiB buffers do not page-fault on every message; `false`: leave malloc alone;
-// process-wide: environment only
+// EngineConfig::malloc_tuning: `true`: keep freed heap memory for reuse so protobuf's
+// fresh multi-MiB buffers do not page-fault on every message: when argrpc is imported,
+// one glibc heap for threads that allocate from then on (`M_ARENA_MAX`=1), and when the
+// fast path starts `M_MMAP_THRESHOLD`=32M, `M_TRIM_THRESHOLD`=256M, `M_MMAP_MAX`=0;
+// `false`: leave malloc alone; process-wide: environment only
 inline constexpr Knob kMallocTuning{"TF_RDMA_MALLOC_TUNING", 1, 0, 1};
 
 // Fixed limits and timeouts: not settable, each with its reason.
@@ -125,5 +126,14 @@ inline constexpr int64_t kMallocMmapThreshold = 33554432;
 
 // glibc M_TRIM_THRESHOLD under TF_RDMA_MALLOC_TUNING
 inline constexpr int64_t kMallocTrimThreshold = 268435456;
+
+// glibc M_MMAP_MAX under TF_RDMA_MALLOC_TUNING: the main heap serves blocks above the 32M
+// threshold too (glibc would map and unmap, and so page-fault, each one)
+inline constexpr int64_t kMallocMmapMax = 0;
+
+// glibc M_ARENA_MAX under TF_RDMA_MALLOC_TUNING (set when argrpc is imported, again when
+// the fast path starts): threads that first allocate after that share the main heap
+// instead of per-thread ones, which map anything near 64M afresh every time
+inline constexpr int64_t kMallocArenaMax = 1;
 
 }  // namespace argrpc::knobs

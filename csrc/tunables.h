@@ -22,6 +22,8 @@ struct EngineConfig {
   bool malloc_tuning = knobs::kMallocTuning.def != 0;
   size_t malloc_mmap_threshold = knobs::kMallocMmapThreshold;
   size_t malloc_trim_threshold = knobs::kMallocTrimThreshold;
+  int malloc_mmap_max = int(knobs::kMallocMmapMax);
+  int malloc_arena_max = int(knobs::kMallocArenaMax);
 };
 
 struct ConnConfig {

@@ -24,6 +24,15 @@ Engine::Engine(const EngineConfig& cfg) : cfg_(cfg) {
   if (cfg_.malloc_tuning) {
     ::mallopt(M_MMAP_THRESHOLD, static_cast<int>(cfg_.malloc_mmap_threshold));
     ::mallopt(M_TRIM_THRESHOLD, static_cast<int>(cfg_.malloc_trim_threshold));
+    // glibc caps M_MMAP_THRESHOLD at 32 MiB, so without these a 64 MiB message's
+    // buffers (protobuf's encode arena and bytes, the parse arena, the field's bytes)
+    // are each a fresh mapping, 16k page faults apiece. Only the main heap can serve
+    // them without a mapping (a per-thread heap is at most 64 MiB): threads that
+    // first allocate from here on share existing heaps instead of making new ones
+    // (argrpc/_malloc.py sets the same cap at import, before the application's
+    // threads exist, so that they share the main one).
+    ::mallopt(M_MMAP_MAX, cfg_.malloc_mmap_max);
+    ::mallopt(M_ARENA_MAX, cfg_.malloc_arena_max);
   }
   pool_ = Pool::create(cfg_);
   copier_ = std::make_unique<Copier>(cfg_.parallel_copy_min, cfg_.spin_us);
