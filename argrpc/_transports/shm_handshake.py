@@ -246,14 +246,17 @@ def _send_nowait(sock: socket.socket, tag: bytes, payload: bytes) -> bool:
 # --------------------------------------------------------------------------- client
 
 def client_handshake(socket_name: str, server_pid: int, secret: bytes, engine: Any,
-                     conn_cfg: dict[str, int], timeout: float = IO_TIMEOUT) -> Any:
+                     conn_cfg: dict[str, int], timeout: float = IO_TIMEOUT,
+                     endpoint: Any = None) -> Any:
     """Connect to the server's abstract socket, swap fds, return the attached Connection.
+    `endpoint`: one `engine` made from `conn_cfg` beforehand (else it is made here).
 
     Raises HandshakeError (with a readable reason) on any failure; fds it received are
     closed on every failure path.
     """
     deadline = time.monotonic() + timeout
-    endpoint = engine.new_shm_endpoint(conn_cfg)
+    if endpoint is None:
+        endpoint = engine.new_shm_endpoint(conn_cfg)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     fds: list[int] = []
     try:
