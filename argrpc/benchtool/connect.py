@@ -176,13 +176,17 @@ def _run_clients(stack: str, target: str, count: int, env: Mapping[str, str]
                 procs[i].kill()
                 _, err = procs[i].communicate()
                 results[i] = {"ok": False, "error": f"did not start: {err.strip()[-500:]}"}
-        for i in waiting:
-            assert procs[i].stdin is not None
-            procs[i].stdin.write("go\n")
-            procs[i].stdin.flush()
+        for i in sorted(waiting):
+            try:
+                assert procs[i].stdin is not None
+                procs[i].stdin.write("go\n")
+                procs[i].stdin.flush()
+            except OSError as e:  # it died after READY: its stderr says why
+                results[i] = {"ok": False, "error": f"lost before the go: {e}"}
         done_by = time.monotonic() + _RESULT_TIMEOUT_S
-        for i in waiting:
-            results[i] = _finish(procs[i], done_by)
+        for i in sorted(waiting):
+            if results[i] is None:
+                results[i] = _finish(procs[i], done_by)
         return [r for r in results if r is not None]
     finally:
         for p in procs:
