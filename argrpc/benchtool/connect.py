@@ -177,10 +177,11 @@ def _run_clients(stack: str, target: str, count: int, env: Mapping[str, str]
                 _, err = procs[i].communicate()
                 results[i] = {"ok": False, "error": f"did not start: {err.strip()[-500:]}"}
         for i in sorted(waiting):
+            stdin = procs[i].stdin
             try:
-                assert procs[i].stdin is not None
-                procs[i].stdin.write("go\n")
-                procs[i].stdin.flush()
+                assert stdin is not None
+                stdin.write("go\n")
+                stdin.flush()
             except OSError as e:  # it died after READY: its stderr says why
                 results[i] = {"ok": False, "error": f"lost before the go: {e}"}
         done_by = time.monotonic() + _RESULT_TIMEOUT_S
