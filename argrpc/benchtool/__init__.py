@@ -10,7 +10,8 @@ Modules, one job each: ``schemes`` (payload sizes), ``models`` (ResNet-50 variab
 shapes), ``results`` (Measurement + JSON schema), ``runner`` / ``server`` / ``client`` /
 ``ps`` / ``messages`` (the measured processes; ``aio_server`` / ``aio_client`` the same
 point-to-point loops over the asyncio API), ``floor`` (the reference rows: the latency
-floor and the memory-copy rates), ``report`` (terminal table, Markdown, targets), ``plots`` (PNG), ``progress`` (stderr progress), ``cli`` (argument parsing).
+floor and the memory-copy rates), ``connect`` (a new channel's first call, in fresh
+processes), ``report`` (terminal table, Markdown, targets), ``plots`` (PNG), ``progress`` (stderr progress), ``cli`` (argument parsing).
 """
 from __future__ import annotations
 
