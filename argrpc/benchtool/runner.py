@@ -394,7 +394,8 @@ def _base(spec: RunSpec, transport: str, size: int, buffers: int, **kw: Any) -> 
     return Measurement(benchmark=spec.benchmark, transport=transport, mode=spec.mode,
                        scheme=spec.scheme, size=size, buffers=buffers,
                        iterations=kw.pop("iterations", spec.iterations or 0),
-                       repeats=spec.repeats, api=spec.api, **kw)
+                       repeats=spec.repeats, api=spec.api,
+                       clients=kw.pop("clients", spec.clients), **kw)
 
 
 def _ps_sizes(spec: RunSpec) -> list[int]:
@@ -471,7 +472,6 @@ def run_clients(spec: RunSpec, transport: str, progress: Callable[[int, int], No
                          p50_us=agg["p50_us"], p99_us=agg["p99_us"], mean_us=agg["mean_us"],
                          rpcs_per_s=agg["steps_per_s"],
                          gbps=agg["steps_per_s"] * per_call_bytes * size / 1e9,
-                         clients=spec.clients,
                          env=reported_env(spec, transport, docs[0]["env"])))
     return out
 
