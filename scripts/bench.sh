@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Main job: set up (idempotent), then argrpc-bench's short default comparison of plain
-# grpcio and argrpc on this machine (latency, bandwidth, parameter server; about a
-# minute on 2 vCPUs), then a real workload: examples/ps_training's parameter-server training
+# grpcio and argrpc on this machine (latency with its floor, bandwidth, parameter server,
+# connection set-up; both APIs; about four minutes on 2 vCPUs), then a real workload: examples/ps_training's parameter-server training
 # over grpc and over argrpc, side by side (about 15 s). Arguments go to argrpc-bench
 # (e.g. `latency --sizes 64,1M`, `--sweep TF_RDMA_ACC_SIZE=4K,8K,16K`, `--out DIR`) and
 # skip the training run.

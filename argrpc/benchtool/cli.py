@@ -45,7 +45,7 @@ KNOB_NAMES = tuple(k[0] for k in KNOBS)
 
 @dataclass(frozen=True)
 class Defaults:
-    """Per-benchmark defaults; ``QUICK`` keeps ``all --quick`` well under two minutes on
+    """Per-benchmark defaults; ``QUICK`` keeps ``all --quick`` around three minutes on
     2 vCPUs while still covering every speed target (64 B latency, raw 64 MiB
     and serialized 4 MiB bandwidth, PS with the skew scheme)."""
     sizes: tuple[int, ...]
@@ -288,8 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--markdown", default=None, help="Markdown path (default OUT/results.md)")
     p.add_argument("--no-plots", action="store_true", help="do not write PNGs")
     p.add_argument("--quick", action="store_true",
-                   help="short run (well under two minutes on 2 vCPUs) that still covers "
-                        "every speed target")
+                   help="short run (about three minutes on 2 vCPUs, much of it starting "
+                        "processes) that still covers every speed target")
     p.add_argument("--processes", type=int, default=None,
                    help="connect: fresh processes per stack making their first call one "
                         f"at a time (default {CONNECT_PROCESSES}, --quick "
