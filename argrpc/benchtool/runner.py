@@ -367,6 +367,11 @@ def _plan_args(spec: RunSpec) -> list[str]:
     return out + ["--duration", str(spec.duration)]
 
 
+def _per_call_s(spec: RunSpec) -> list[float]:
+    """A pessimistic time per call at each of the spec's sizes."""
+    return [_SLOW_CALL_S + s / _SLOW_BYTES_PER_S for s in spec.sizes]
+
+
 def _budget(spec: RunSpec, per_call_s: Sequence[float], calls_per_unit: int = 1) -> float:
     """A generous bound on a child's run time (seconds), from pessimistic rates."""
     if spec.timeout is not None:
@@ -436,7 +441,7 @@ def run_clients(spec: RunSpec, transport: str, progress: Callable[[int, int], No
     client's start to the last one's end, latency percentiles over every call."""
     env = transport_env(spec, transport)
     server_module, client_module = P2P_MODULES["threaded"]
-    per_call = [_SLOW_CALL_S + s / _SLOW_BYTES_PER_S for s in spec.sizes]
+    per_call = _per_call_s(spec)
     with ExitStack() as procs:
         server, port = start_server(procs, f"{transport} server", server_module,
                                     ["--stack", stack_of(transport), "--threads",
@@ -486,7 +491,7 @@ def run_p2p(spec: RunSpec, transport: str, progress: Callable[[int, int], None]
     who = transport if spec.api == "threaded" else f"{transport} {spec.api}"
     server_args = ["--stack", stack]
     client_args = _client_args(spec, transport)
-    per_call = [_SLOW_CALL_S + s / _SLOW_BYTES_PER_S for s in spec.sizes]
+    per_call = _per_call_s(spec)
     if spec.api == "threaded":
         server_args += ["--threads", str(spec.threads)]
     if _concurrent(spec):
@@ -548,7 +553,7 @@ def run_references(spec: RunSpec, reason: str) -> list[Measurement]:
     module = "argrpc.benchtool.floor"
     args = ["--sizes", ",".join(str(s) for s in spec.sizes), "--seed", str(spec.seed),
             *_plan_args(spec)]
-    per_call = [_SLOW_CALL_S + s / _SLOW_BYTES_PER_S for s in spec.sizes]
+    per_call = _per_call_s(spec)
     with ExitStack() as procs:
         if FLOOR in names:
             server, pid = start_server(procs, "floor server", module, ["serve"], env)
