@@ -96,10 +96,35 @@ def _decode(value: Any) -> str:
         return raw.decode("latin-1")  # what grpc._common.decode falls back to
 
 
+# A connection's calls mostly carry the same metadata (the user-agent, a token), and a
+# server converts it for every call it looks a generic handler up for: the converted
+# tuples are immutable, so equal engine lists share one. Bounded by entries and by the
+# entry count of one list; cleared whole when full (no LRU bookkeeping on the hot path).
+_CONVERTED: dict[Any, tuple[Metadatum, ...]] = {}
+_CONVERTED_MAX = 64
+_CONVERTED_MAX_ENTRIES = 8
+
+
 def from_core(metadata: Iterable[Sequence[Any]] | None) -> tuple[Metadatum, ...]:
     """Engine form -> grpc form: tuple of (key, value); only ``-bin`` values stay bytes."""
     if not metadata:
         return ()
+    try:
+        key = tuple(metadata)
+        hit = _CONVERTED.get(key)
+    except TypeError:  # unhashable entries (lists): convert without the cache
+        return _convert(metadata)
+    if hit is not None:
+        return hit
+    out = _convert(key)
+    if len(key) <= _CONVERTED_MAX_ENTRIES:
+        if len(_CONVERTED) >= _CONVERTED_MAX:
+            _CONVERTED.clear()
+        _CONVERTED[key] = out
+    return out
+
+
+def _convert(metadata: Iterable[Sequence[Any]]) -> tuple[Metadatum, ...]:
     out = []
     for key, value in metadata:
         if isinstance(key, (bytes, bytearray)):

@@ -674,7 +674,11 @@ class _Server(grpc.Server):
         """Runs the call (`handler`: already looked up); True when it goes on after this
         returns: in a method's own pool, or a non-blocking handler's call."""
         if handler is None:
-            handler = self._find_handler(state)
+            # A registered method without interceptors is one lookup: the common call
+            # skips the general path's frames.
+            handler = None if self._interceptors else self._registered.get(state.method)
+            if handler is None:
+                handler = self._find_handler(state)
             if handler is None:
                 return False
             pool = getattr(_behavior(handler), "experimental_thread_pool", None)

@@ -90,3 +90,21 @@ def test_no_metadata_sent(client: Client) -> None:
     _, call = client.stub.Unary.with_call(client.req(echo_metadata=True), timeout=20)
     assert md_pairs(call.initial_metadata()) == []
     assert md_pairs(call.trailing_metadata()) == []
+
+
+def test_conversion_is_shared_between_equal_lists_and_stays_right() -> None:
+    """The server converts each call's metadata; equal engine lists share one converted
+    tuple, and the cache never answers for a different list."""
+    from argrpc import _metadata
+    raw = [("user-agent", b"ua/1"), ("k-bin", b"\x00\xff"), ("t", b"v")]
+    first = _metadata.from_core(list(raw))
+    assert first == (("user-agent", "ua/1"), ("k-bin", b"\x00\xff"), ("t", "v"))
+    assert first[1].key == "k-bin" and first[1].value == b"\x00\xff"
+    assert _metadata.from_core(list(raw)) is first
+    assert _metadata.from_core([("t", b"w")]) == (("t", "w"),)
+    # unhashable entries are converted without the cache
+    assert _metadata.from_core([["t", bytearray(b"x")]]) == (("t", "x"),)
+    # past the cache's size, every answer is still its own list's
+    for i in range(3 * _metadata._CONVERTED_MAX):
+        assert _metadata.from_core([("k", str(i).encode())]) == (("k", str(i)),)
+    assert len(_metadata._CONVERTED) <= _metadata._CONVERTED_MAX

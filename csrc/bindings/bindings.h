@@ -217,6 +217,8 @@ inline pybind11::str lenient_str(const std::string& s) {
 
 Metadata to_metadata(const pybind11::object& o);
 pybind11::list from_metadata(const Metadata& md);
+// A server call's metadata when it carries only the user-agent (or nothing).
+pybind11::tuple user_agent_only(const std::string& ua);
 // bytes for an eager message, a memoryview keeping the pool block for a large one.
 pybind11::object to_python(Payload&& p);
 double timeout_arg(const pybind11::object& t);

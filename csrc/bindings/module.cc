@@ -102,6 +102,20 @@ py::list from_metadata(const Metadata& md) {
   return l;
 }
 
+py::tuple user_agent_only(const std::string& ua) {
+  if (ua.empty()) return py::tuple();
+  // Most calls carry no metadata of their own, so their metadata is the same one-entry
+  // tuple every time: built once per user-agent (the facade's conversion of it is then
+  // a cache hit). Under the GIL; never freed, as the interpreter may be gone at exit.
+  static std::string* last_ua = new std::string();
+  static py::object* last = new py::object();
+  if (!*last || *last_ua != ua) {
+    *last = py::make_tuple(py::make_tuple(py::str("user-agent"), py::bytes(ua)));
+    *last_ua = ua;
+  }
+  return py::reinterpret_borrow<py::tuple>(*last);
+}
+
 py::object to_python(Payload&& p) {
   if (p.is_inline) return py::bytes(p.inline_bytes.data(), p.inline_bytes.size());
   return py::memoryview(py::cast(std::make_unique<RecvBuffer>(std::move(p))));
@@ -456,13 +470,14 @@ PYBIND11_MODULE(_core, m) {
       // Identity of the call across handles (accept() and next_event()).
       .def_property_readonly("key", [](PyServerCall& c) { return reinterpret_cast<uintptr_t>(c.s.value().get()); })
       .def_property_readonly("method", [](PyServerCall& c) { return c.s->method; })
-      .def_property_readonly("metadata", [](PyServerCall& c) {
+      .def_property_readonly("metadata", [](PyServerCall& c) -> py::tuple {
         // grpc lists the client's user-agent first; over the fast path it is the one the
         // client's channel sent when it negotiated.
-        py::list md = from_metadata(c.s->request_md);
         const std::string& ua = c.s->conn->peer_user_agent();
+        if (c.s->request_md.empty()) return user_agent_only(ua);
+        py::list md = from_metadata(c.s->request_md);
         if (!ua.empty()) md.insert(0, py::make_tuple(py::str("user-agent"), py::bytes(ua)));
-        return md;
+        return py::tuple(md);
       })
       .def_property_readonly("peer", [](PyServerCall& c) { return c.s->conn->peer_name(); })
       .def("time_remaining", [](PyServerCall& c) -> py::object {
