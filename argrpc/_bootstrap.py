@@ -91,6 +91,7 @@ def negotiate(grpc_channel: grpc.Channel, cfg: Config, max_recv: int, timeout: f
     transport wins: the others are offered only if that server then declines (another
     network namespace)."""
     rpc = _bootstrap_rpc(grpc_channel)
+    _start_connecting(grpc_channel)
     steps = negotiation(cfg, max_recv, secure, target)
     try:
         request = next(steps)
@@ -109,6 +110,7 @@ async def negotiate_async(aio_channel: Any, cfg: Config, max_recv: int, timeout:
                           ) -> Negotiation:
     """negotiate() over a `grpc.aio` channel: the same steps, the RPC awaited."""
     rpc = _bootstrap_rpc(aio_channel)
+    _start_connecting(aio_channel)
     steps = negotiation(cfg, max_recv, secure, target)
     try:
         request = next(steps)
@@ -123,6 +125,21 @@ async def negotiate_async(aio_channel: Any, cfg: Config, max_recv: int, timeout:
             request = steps.send(answer)
     except StopIteration as done:
         return _logged(done.value)
+
+
+def _start_connecting(channel: Any) -> None:
+    """Have grpc connect now, while the offer is being prepared: the bootstrap RPC then
+    finds the connection (or most of it) made. A new channel's first call does this
+    anyway, only later; what grpc's connectivity API shows is the same. grpc's threaded
+    channel has no public way to ask without a subscription (which polls on a thread of
+    its own), so its cygrpc channel is asked; one that lacks it just connects later."""
+    try:
+        if isinstance(channel, grpc.aio.Channel):
+            channel.get_state(try_to_connect=True)
+        else:
+            getattr(channel, "_channel").check_connectivity_state(True)
+    except Exception:  # noqa: BLE001 - closed, or a grpc without it: the RPC connects
+        pass
 
 
 def _bootstrap_rpc(channel: Any) -> Any:
@@ -161,17 +178,28 @@ def negotiation(cfg: Config, max_recv: int, secure: bool, target: str) -> Steps:
         return _fallback(cfg, "TF_RDMA_TRANSPORT=grpc", "transport_grpc")
     if cfg.transport == "auto" and target and target_is_local(target):
         # Same-host transports first; the others only if this process can use them and
-        # the server declines (it runs in another network namespace).
-        skipped = {t.name: t.why_unavailable(cfg) for t in selected(cfg)
-                   if not t.same_host_only}
-        if all(skipped.values()):
-            return (yield from _ask(cfg, max_recv, target, skipped))[0]
-        first, declined = yield from _ask(
-            cfg, max_recv, target,
-            {name: why or _DEFERRED_REASON for name, why in skipped.items()})
+        # the server declines (it runs in another network namespace). Whether it can is
+        # asked only then: probing for a verbs device loads libibverbs, which cost a new
+        # process's first call more than a millisecond before its bootstrap RPC.
+        later = [t for t in selected(cfg) if not t.same_host_only]
+        first, declined = yield from _ask(cfg, max_recv, target,
+                                          {t.name: _DEFERRED_REASON for t in later})
         if not declined:
             return first
+        why_not = {t: why for t in later if (why := t.why_unavailable(cfg))}
+        if len(why_not) == len(later):
+            return _quoting(first, why_not)
     return (yield from _ask(cfg, max_recv, target))[0]
+
+
+def _quoting(declined: Negotiation, why_not: dict[Transport, str]) -> Negotiation:
+    """The server's refusal as if the request had carried the real reasons the client
+    cannot use the deferred transports: the server only quotes what the client said."""
+    reason = declined.reason
+    for t, why in why_not.items():
+        for before in (f"client has no {t.name}: ", f"the client cannot use {t.what}: "):
+            reason = reason.replace(before + _DEFERRED_REASON, before + why)
+    return dataclasses.replace(declined, reason=reason)
 
 
 def _ask(cfg: Config, max_recv: int, target: str, skipped: dict[str, str] | None = None

@@ -20,6 +20,14 @@ class EngineUnavailable(RuntimeError):
     """`argrpc._core` (the compiled engine) cannot be imported."""
 
 
+try:
+    # Loaded with argrpc, not by the first call that needs it: loading the extension
+    # (about a millisecond) would hold the GIL on that call's critical path. Without it
+    # argrpc still works (plain gRPC); core_module() then says why.
+    from argrpc import _core as _  # noqa: F401
+except ImportError:
+    pass
+
 _lock = threading.Lock()
 _engine: Optional[Engine] = None
 _engine_pid: int | None = None

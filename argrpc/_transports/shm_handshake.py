@@ -59,6 +59,7 @@ _N_FDS = 3
 # Bounds so a hostile client spamming Negotiate or connect() cannot exhaust memory/threads.
 _MAX_OUTSTANDING_SECRETS = 4096
 _MAX_HANDSHAKE_THREADS = 16
+_SLOT_POLL_S = 0.2  # how soon the accept loop, waiting for a free slot, sees close()
 _UCRED = struct.Struct("3i")
 
 
@@ -246,14 +247,17 @@ def _send_nowait(sock: socket.socket, tag: bytes, payload: bytes) -> bool:
 # --------------------------------------------------------------------------- client
 
 def client_handshake(socket_name: str, server_pid: int, secret: bytes, engine: Any,
-                     conn_cfg: dict[str, int], timeout: float = IO_TIMEOUT) -> Any:
+                     conn_cfg: dict[str, int], timeout: float = IO_TIMEOUT,
+                     endpoint: Any = None) -> Any:
     """Connect to the server's abstract socket, swap fds, return the attached Connection.
+    `endpoint`: one `engine` made from `conn_cfg` beforehand (else it is made here).
 
     Raises HandshakeError (with a readable reason) on any failure; fds it received are
     closed on every failure path.
     """
     deadline = time.monotonic() + timeout
-    endpoint = engine.new_shm_endpoint(conn_cfg)
+    if endpoint is None:
+        endpoint = engine.new_shm_endpoint(conn_cfg)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     fds: list[int] = []
     try:
@@ -372,9 +376,16 @@ class ShmAcceptor:
 
     def _accept_loop(self) -> None:
         while True:
+            # A slot first: beyond the bound, clients wait in the listen backlog (their
+            # handshake has a deadline) rather than being refused into plain gRPC, which
+            # a burst of processes connecting at once otherwise got.
+            while not self._slots.acquire(timeout=_SLOT_POLL_S):
+                if self._closed:
+                    return
             try:
                 conn_sock, _ = self._sock.accept()
             except OSError:
+                self._slots.release()
                 if self._closed:
                     return
                 # EMFILE and friends: back off instead of spinning, keep serving.
@@ -382,12 +393,9 @@ class ShmAcceptor:
                 time.sleep(0.05)
                 continue
             if self._closed:
+                self._slots.release()
                 conn_sock.close()
                 return
-            if not self._slots.acquire(blocking=False):
-                log.warning("argrpc: too many shm handshakes in progress; refusing one")
-                conn_sock.close()
-                continue
             worker = threading.Thread(target=self._serve, args=(conn_sock,),
                                       name="argrpc-shm-handshake", daemon=True)
             with self._lock:

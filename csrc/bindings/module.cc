@@ -224,7 +224,11 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<PyEngine> engine(m, "Engine");
   engine
-      .def(py::init([](py::dict cfg) { return PyEngine(std::make_shared<Engine>(engine_config(cfg))); }),
+      .def(py::init([](py::dict cfg) {
+             EngineConfig c = engine_config(cfg);
+             NoGil nogil;  // the memfd and the threads it starts need no Python
+             return PyEngine(std::make_shared<Engine>(c));
+           }),
            py::arg("config"))
       .def_property_readonly("pool_fd", [](PyEngine& e) { return e.engine->pool()->fd(); })
       .def_property_readonly("pool_size", [](PyEngine& e) { return e.engine->pool()->capacity(); })

@@ -40,6 +40,9 @@ void add_shm(py::module_& m, py::class_<PyEngine>& engine) {
       .def("new_shm_endpoint", [](PyEngine&, py::dict cfg) {
         PyShmEndpoint ep;
         ep.cfg = conn_config(cfg);
+        // Populating the ring's pages is most of the cost: a server's other threads and
+        // a client's bootstrap RPC go on meanwhile.
+        NoGil nogil;
         ep.ep = ShmEndpoint::create(ep.cfg);
         return ep;
       })
