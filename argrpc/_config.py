@@ -474,7 +474,9 @@ class Limits:
         384 * MiB, "under TF_RDMA_MALLOC_TUNING, freed heap memory kept for reuse: when a "
         "message of at least malloc_mmap_threshold is sent or received and the heap holds "
         "more than this free, argrpc gives all of it back (glibc malloc_trim(0), about "
-        "0.25 ms per MiB given back); again once such messages stop for 100 ms", engine=True)
+        "0.25 ms per MiB given back); again 0.1, 1 and 10 s after such messages stop. A message "
+        "above a quarter of this gives all free memory back at those checks, whatever the "
+        "amount (its buffers could not be kept anyway)", engine=True)
 
 
 LIMITS = Limits()

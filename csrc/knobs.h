@@ -144,7 +144,9 @@ inline constexpr int64_t kMallocArenaMax = 1;
 // under TF_RDMA_MALLOC_TUNING, freed heap memory kept for reuse: when a message of at
 // least malloc_mmap_threshold is sent or received and the heap holds more than this free,
 // argrpc gives all of it back (glibc malloc_trim(0), about 0.25 ms per MiB given back);
-// again once such messages stop for 100 ms
+// again 0.1, 1 and 10 s after such messages stop. A message above a quarter of this gives
+// all free memory back at those checks, whatever the amount (its buffers could not be
+// kept anyway)
 inline constexpr int64_t kMallocRetainMax = 402653184;
 
 }  // namespace argrpc::knobs

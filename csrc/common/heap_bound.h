@@ -9,7 +9,8 @@
 // how much the heap holds free (mallinfo2, well under a microsecond) and, above the cap,
 // hands every free page back (malloc_trim(0)): about what glibc's own munmap of those
 // blocks would have cost, paid once per cap's worth of freed memory rather than on every
-// free; the engine checks once more when large messages stop (settle()). Process-wide,
+// free; the engine checks again when large messages stop (settle()). A message above a
+// quarter of the cap keeps nothing: its checks give back whatever is free. Process-wide,
 // like malloc's settings.
 #pragma once
 #include <cstddef>
@@ -25,8 +26,8 @@ void configure(size_t min_message, size_t retain_max);
 // After a message of `len` bytes was sent or received, on the caller's thread.
 void note_message(size_t len);
 
-// From the engine's progress thread now and then: once no large message came for a
-// while (100 ms), one more check, for what their buffers' owners freed since.
+// From the engine's progress thread now and then: once no large message came for 0.1 s,
+// 1 s and 10 s, one more check each, for what their buffers' owners freed since.
 void settle();
 
 struct Stats {
