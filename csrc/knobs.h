@@ -76,9 +76,9 @@ inline constexpr Knob kZeroCopyMin{"TF_RDMA_ZERO_COPY_MIN", 1048576, 4096, 68719
 // EngineConfig::malloc_tuning: `true`: keep freed heap memory for reuse so protobuf's
 // fresh multi-MiB buffers do not page-fault on every message: when argrpc is imported,
 // one glibc heap for threads that allocate from then on (`M_ARENA_MAX`=1), and when the
-// fast path starts `M_MMAP_THRESHOLD`=32M, `M_TRIM_THRESHOLD`=256M (blocks above 32M are
-// still fresh mappings: see the malloc_mmap_max limit); `false`: leave malloc alone;
-// process-wide: environment only
+// fast path starts `M_MMAP_THRESHOLD`=32M, `M_MMAP_MAX`=0 (blocks of any size come from
+// the heap), `M_TRIM_THRESHOLD`=384M, and what the heap keeps free is capped at 384M (the
+// malloc_retain_max limit); `false`: leave malloc alone; process-wide: environment only
 inline constexpr Knob kMallocTuning{"TF_RDMA_MALLOC_TUNING", 1, 0, 1};
 
 // Fixed limits and timeouts: not settable, each with its reason.
@@ -125,18 +125,28 @@ inline constexpr int64_t kParallelCopyMin = 2097152;
 // glibc M_MMAP_THRESHOLD under TF_RDMA_MALLOC_TUNING (glibc's maximum)
 inline constexpr int64_t kMallocMmapThreshold = 33554432;
 
-// glibc M_TRIM_THRESHOLD under TF_RDMA_MALLOC_TUNING
-inline constexpr int64_t kMallocTrimThreshold = 268435456;
+// glibc M_TRIM_THRESHOLD under TF_RDMA_MALLOC_TUNING: a free top of the heap above it
+// goes back at once; at 64 MiB a protobuf client frees 256 MiB there between calls (upb's
+// 128 MiB encode block and two 64 MiB messages)
+inline constexpr int64_t kMallocTrimThreshold = 402653184;
 
-// glibc M_MMAP_MAX under TF_RDMA_MALLOC_TUNING: glibc's default, so blocks above the 32M
-// threshold are still mapped (and page-fault) afresh; 0 kept them in the heap and made 64
-// MiB protobuf messages 4-5x faster, but held so much freed memory that a 256 MiB echo
-// ran a 2 GiB host out of memory
-inline constexpr int64_t kMallocMmapMax = 65536;
+// glibc M_MMAP_MAX under TF_RDMA_MALLOC_TUNING: no block is a mapping of its own, so
+// blocks above the 32M threshold (a 64 MiB protobuf message's buffers) are reused from
+// the heap instead of mapped and page-faulted afresh for every message; what the heap
+// keeps is bounded by malloc_retain_max
+inline constexpr int64_t kMallocMmapMax = 0;
 
 // glibc M_ARENA_MAX under TF_RDMA_MALLOC_TUNING (set when argrpc is imported, again when
 // the fast path starts): threads that first allocate after that share the main heap
 // instead of per-thread ones, which map anything near 64M afresh every time
 inline constexpr int64_t kMallocArenaMax = 1;
+
+// under TF_RDMA_MALLOC_TUNING, freed heap memory kept for reuse: when a message of at
+// least malloc_mmap_threshold is sent or received and the heap holds more than this free,
+// argrpc gives all of it back (glibc malloc_trim(0), about 0.25 ms per MiB given back);
+// again 0.1, 1 and 10 s after such messages stop. A message above a quarter of this gives
+// all free memory back at those checks, whatever the amount (its buffers could not be
+// kept anyway)
+inline constexpr int64_t kMallocRetainMax = 402653184;
 
 }  // namespace argrpc::knobs

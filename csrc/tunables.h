@@ -24,6 +24,7 @@ struct EngineConfig {
   size_t malloc_trim_threshold = knobs::kMallocTrimThreshold;
   int malloc_mmap_max = int(knobs::kMallocMmapMax);
   int malloc_arena_max = int(knobs::kMallocArenaMax);
+  size_t malloc_retain_max = knobs::kMallocRetainMax;
 };
 
 struct ConnConfig {

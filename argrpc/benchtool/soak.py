@@ -36,7 +36,7 @@ the callers stopped. The checks, per process:
 * live heap: glibc's bytes in live allocations grow by at most ``HEAP_TOLERANCE_MIB``;
 * private RSS (RssAnon + RssFile) grows by at most ``RSS_TOLERANCE_MIB`` beyond what
   glibc holds as free-but-kept heap. Raw private RSS is not flat under argrpc's default
-  malloc tuning (TF_RDMA_MALLOC_TUNING: trim threshold 256 MiB, so the per-thread
+  malloc tuning (TF_RDMA_MALLOC_TUNING: trim threshold then 256 MiB, so the per-thread
   arenas, at most 64 MiB heaps each, never give freed memory back and ``malloc_trim``
   does not shrink their tops): measured here, it rose by ~180 MiB in 170 s of soak in
   the client with live heap +1.8 MiB, the rise matching glibc's free bytes; with the

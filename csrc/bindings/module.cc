@@ -12,6 +12,7 @@
 #include "bindings/bindings.h"
 #include "common/error.h"
 #include "common/fork.h"
+#include "common/heap_bound.h"
 #include "common/knob_check.h"
 #include "common/interrupt.h"
 #include "common/status.h"
@@ -179,6 +180,18 @@ PYBIND11_MODULE(_core, m) {
     ::usleep(static_cast<useconds_t>(ms) * 1000);
   });
 
+  // What malloc tuning's bound on the freed heap did in this process (tests, diagnosis).
+  m.def("_heap_stats", [] {
+    const heap_bound::Stats st = heap_bound::stats();
+    py::dict d;
+    d["checks"] = st.checks;
+    d["settles"] = st.settles;
+    d["trims"] = st.trims;
+    d["trim_ns"] = st.trim_ns;
+    d["free_before"] = st.free_before;
+    return d;
+  });
+
   // What the engine uses when Python passes nothing: tests compare it with the knob table.
   m.def("_config_defaults", [] {
     const EngineConfig e;
@@ -192,6 +205,7 @@ PYBIND11_MODULE(_core, m) {
     engine["parallel_copy_min"] = e.parallel_copy_min;
     engine["malloc_mmap_threshold"] = e.malloc_mmap_threshold;
     engine["malloc_trim_threshold"] = e.malloc_trim_threshold;
+    engine["malloc_retain_max"] = e.malloc_retain_max;
     conn["ring_size"] = c.ring_size;
     conn["acc_size"] = c.acc_size;
     conn["chunk_size"] = c.chunk_size;

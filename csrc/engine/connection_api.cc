@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "common/heap_bound.h"
 #include "engine/connection.h"
 #include "engine/connection_wait.h"
 
@@ -145,6 +146,8 @@ bool Connection::take_message(const std::shared_ptr<Stream>& sp, Payload* out) {
     queue_ctrl(kWindow, s.id, b);
     try_flush_ctrl();
   }
+  // Before the caller parses it: what the last large message left free is bounded first.
+  heap_bound::note_message(out->len);
   return true;
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/clock.h"
+#include "common/heap_bound.h"
 #include "common/status.h"
 #include "engine/connection.h"
 #include "engine/connection_wait.h"
@@ -27,6 +28,9 @@ struct Connection::SubmitPlan {
 
 bool Connection::submit(const std::shared_ptr<Stream>& sp, const Outgoing& o, bool* would_block) {
   if (!may_submit(sp)) return false;
+  // The caller has just built this message (a large one leaves the serializer's scratch
+  // block free): keep what the heap holds free bounded before the pool copy.
+  if (o.has_msg) heap_bound::note_message(o.msg_len);
   SubmitPlan plan;
   // Eager only if the peer's stream window can ever hold it (the peers' knobs may
   // differ); otherwise reserve_window() would wait forever.

@@ -8,6 +8,7 @@
 
 #include "common/clock.h"
 #include "common/error.h"
+#include "common/heap_bound.h"
 #include "common/status.h"
 #include "engine/connection.h"
 #include "fabric/fabric.h"
@@ -33,6 +34,9 @@ Engine::Engine(const EngineConfig& cfg) : cfg_(cfg) {
     // threads exist, so that they share the main one).
     ::mallopt(M_MMAP_MAX, cfg_.malloc_mmap_max);
     ::mallopt(M_ARENA_MAX, cfg_.malloc_arena_max);
+    // What the heap then keeps of freed large blocks is bounded by a trim when a
+    // message that large goes by (common/heap_bound.h).
+    heap_bound::configure(cfg_.malloc_mmap_threshold, cfg_.malloc_retain_max);
   }
   pool_ = Pool::create(cfg_);
   copier_ = std::make_unique<Copier>(cfg_.parallel_copy_min, cfg_.spin_us);
@@ -201,6 +205,7 @@ void Engine::progress_loop() {
         c->sweep_credits(t);
         c->keepalive(t);
       }
+      heap_bound::settle();
     }
   }
 }
