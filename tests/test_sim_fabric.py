@@ -8,11 +8,13 @@ injecting faults from a seeded plan (docs/core-api.md, "Test fabric"):
   fabric's reason (the peer's calls with the hang-up), nothing waits on, and another
   connection of the same engine and server goes on;
 * a silent peer (dead, its NIC no longer answering): only the keepalive can tell, and
-  it ends the calls in flight UNAVAILABLE.
+  it ends the calls in flight UNAVAILABLE;
+* a live peer busy in a pull longer than the keepalive timeout is not declared dead.
 
 Every test reads the fabric's counters, so a fault that was planned but never hit
-fails the test instead of passing it vacuously. Faults count polls, not time: the only
-time bounds here are generous ones on "does not hang"."""
+fails the test instead of passing it vacuously. Faults count polls, not time (but for
+`read_us`, a slow link, which only makes a pull last): the only time bounds here are
+generous ones on "does not hang"."""
 from __future__ import annotations
 
 import contextlib
@@ -402,6 +404,41 @@ def test_peer_that_goes_silent_mid_call_is_found_by_the_keepalive(rig: SimpleNam
             time.sleep(0.01)
         assert not p.served.alive
         every_size(other.client)
+
+
+def test_peer_busy_with_a_long_pull_is_not_declared_dead() -> None:
+    """A live peer in a pull longer than the keepalive timeout, its poller never finding
+    the completion queue empty (each READ lands inside the poll that delivers it, as on
+    Soft-RoCE under emulation): it still answers the PINGs, so the call succeeds and
+    neither side fails the connection. The server has an engine of its own, as a peer
+    process has, so the client's progress thread keeps its keepalive running."""
+    config = {**CONFIG, **KEEPALIVE}
+    read_us, size = 12000, 256 * CHUNK  # 256 READs of at least 12 ms: over 3 s of pulling
+    client_engine = core.Engine({"buf_size": 64 * MiB})
+    server_engine = core.Engine({"buf_size": 64 * MiB})
+    srv = EchoServer(server_engine)
+    try:
+        client, served, link = core._sim_pair(client_engine, srv.server,
+                                              {"server": {"read_us": read_us}}, config,
+                                              server_engine=server_engine)
+        try:
+            data = payload.make(3, size)
+            code, details, _i, _t, resp = client.unary(ECHO, [], HANG_S, data)
+            assert code == OK, (details, client.error)
+            assert bytes(resp) == data
+            assert client.alive and served.alive, (client.error, served.error)
+            c = link.counters()
+            # The pull lasted well past the keepalive timeout: the case was exercised.
+            assert c["server"]["reads"] * read_us / 1e6 > 3 * KEEPALIVE["keepalive_timeout_ms"] / 1e3, c
+            for engine in (client_engine, server_engine):
+                assert engine.transport_stats()["sim"]["keepalive_failures"] == 0
+        finally:
+            client.close()
+            served.close()
+    finally:
+        srv.close()
+        server_engine.shutdown()
+        client_engine.shutdown()
 
 
 # --------------------------------------------------------------------------- ring credits

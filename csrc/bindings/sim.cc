@@ -60,6 +60,7 @@ SimFaults faults_arg(py::dict d, const char* side) {
   f.hold_read = take<uint64_t>(d, "hold_read", f.hold_read);
   f.hold_polls = take<uint32_t>(d, "hold_polls", f.hold_polls);
   f.reorder_reads = take<bool>(d, "reorder_reads", f.reorder_reads);
+  f.read_us = take<uint32_t>(d, "read_us", f.read_us);
   f.fail_write = take<uint64_t>(d, "fail_write", f.fail_write);
   f.fail_read = take<uint64_t>(d, "fail_read", f.fail_read);
   const std::string mode = take<std::string>(d, "fail_mode", "error");
@@ -114,8 +115,13 @@ void add_sim(py::module_& m) {
            py::arg("side"));
 
   m.def("_sim_pair",
-        [](PyEngine& engine, py::object server, py::dict plan, py::dict conn_dict) {
+        [](PyEngine& engine, py::object server, py::dict plan, py::dict conn_dict,
+           py::object server_engine) {
           const std::shared_ptr<Engine> eng = engine.engine;
+          // The served side may live in an engine of its own, as a peer process would:
+          // its progress thread then never stands in for the client's.
+          const std::shared_ptr<Engine> srv_eng =
+              server_engine.is_none() ? eng : std::shared_ptr<Engine>(server_engine.cast<PyEngine&>().engine);
           if (server.is_none()) throw py::value_error("_sim_pair needs the Server its calls go to");
           const std::shared_ptr<Server> srv = server_arg(server);
           ConnConfig cfg = conn_config(conn_dict);
@@ -128,12 +134,12 @@ void add_sim(py::module_& m) {
             throw CoreError("keepalive_ms and keepalive_timeout_ms must be > 0");
           SimPair pair = SimFabric::pair(cfg, cfg, plan_arg(plan));
           auto client = eng->attach(std::move(pair.a), cfg, nullptr, "sim:server");
-          auto served = eng->attach(std::move(pair.b), cfg, srv, "sim:client");
-          return py::make_tuple(PyConnection::make(eng, client), PyConnection::make(eng, served),
+          auto served = srv_eng->attach(std::move(pair.b), cfg, srv, "sim:client");
+          return py::make_tuple(PyConnection::make(eng, client), PyConnection::make(srv_eng, served),
                                 PySimLink{pair.link});
         },
         py::arg("engine"), py::arg("server"), py::arg("plan") = py::dict(),
-        py::arg("conn_config") = py::dict());
+        py::arg("conn_config") = py::dict(), py::arg("server_engine") = py::none());
 }
 
 }  // namespace bindings

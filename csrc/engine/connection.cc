@@ -48,6 +48,18 @@ void Connection::keepalive(uint64_t now) {
       last_recv_us_.store(now, std::memory_order_relaxed);
     }
   }
+  if (ping_sent_us_ && last_recv_us_.load(std::memory_order_relaxed) < ping_sent_us_ &&
+      now - ping_sent_us_ >= uint64_t(cfg_.keepalive_timeout_ms) * 1000) {
+    // Judge only on what this side has read: the answer may sit in our own completion
+    // queue while another thread holds the poll lock (busy with a long operation of its
+    // own), and it is silence of the peer, not ours, that fails the connection.
+    if (!poll_mu_.try_lock()) return;  // its holder reads it; judged at a later sweep
+    while (alive() && last_recv_us_.load(std::memory_order_relaxed) < ping_sent_us_ &&
+           progress_locked()) {
+    }
+    poll_mu_.unlock();
+    if (!alive()) return;
+  }
   if (ping_sent_us_) {
     if (last_recv_us_.load(std::memory_order_relaxed) >= ping_sent_us_) {
       ping_sent_us_ = 0;  // answered (any batch or credit will do)

@@ -11,6 +11,10 @@ namespace argrpc {
 
 namespace {
 constexpr int kMaxCompletions = 64;
+// How long one progress_locked() may keep going while completions keep coming (a long
+// pull on a slow fabric never lets the CQ run dry): the progress thread's sweep (the
+// keepalive, owed credits, deadlines) runs between calls.
+constexpr uint64_t kMaxPollHoldUs = 5000;
 }  // namespace
 
 bool Connection::progress() {
@@ -36,6 +40,7 @@ void Connection::drain() {
 bool Connection::progress_locked() {
   Completion comps[kMaxCompletions];
   bool did = false;
+  const uint64_t started = now_us();
   start_queued_pulls();
   for (;;) {
     const int n = fabric_->poll(comps, kMaxCompletions);
@@ -49,6 +54,11 @@ bool Connection::progress_locked() {
         case Completion::kRecv:
           last_recv_us_.store(heard, std::memory_order_relaxed);
           if (!handle_batch(comps[i].len)) return true;
+          // A PING's answer goes out now: not once the CQ runs dry, which during a long
+          // pull may be only at its end (a PING unanswered that long declares this live
+          // process dead), nor behind the READs the next completions post (on
+          // Soft-RoCE a post can last as long as its chunk's transfer).
+          if (ctrl_pending_.load(std::memory_order_seq_cst)) try_flush_ctrl();
           break;
         case Completion::kReadDone:
           on_read_done(comps[i].wr_id);
@@ -62,6 +72,10 @@ bool Connection::progress_locked() {
     // Ring space is free again as soon as batches are copied out.
     if (rbatches_ != before) consumed_locked();
     start_queued_pulls();
+    // What the completions asked for goes out now, not once the CQ is empty (FINs):
+    // during a long pull the CQ may never be empty until the pull ends.
+    if (ctrl_pending_.load(std::memory_order_seq_cst)) try_flush_ctrl();
+    if (heard - started >= kMaxPollHoldUs) break;
   }
   if (ctrl_pending_.load(std::memory_order_seq_cst)) try_flush_ctrl();
   return did;

@@ -379,6 +379,7 @@ int SimFabric::poll(Completion* out, int max) {
       const Exposure* x = it == p.exposed.end() ? nullptr : &it->second;
       if (x && e.src.addr >= x->addr && e.src.addr - x->addr <= x->len &&
           e.len <= x->len - (e.src.addr - x->addr)) {
+        if (s.faults.read_us) ::usleep(s.faults.read_us);
         std::memcpy(e.dst, x->data + (e.src.addr - x->addr), e.len);
       } else {
         // What a memory window does to a READ outside it: a remote access error, and

@@ -33,6 +33,10 @@ struct SimFaults {
   // are ready: verbs promises no order between READs spread over several QPs. Batches
   // always come in order, as on one RC QP.
   bool reorder_reads = false;
+  // Each read's data takes this long to land, spent inside the poll that delivers its
+  // completion: a slow link (Soft-RoCE under emulation completes a READ inside the calls
+  // that post and poll it), so a long pull keeps its poller busy with completions.
+  uint32_t read_us = 0;
   // The Nth write_imm / read fails: by a kError completion whose error() is
   // fail_reason (a QP gone to error: nothing issued after it arrives), or, with
   // fail_refuse, by returning false.
