@@ -8,13 +8,14 @@ field) on the handler's thread, plus whether the handler got the bytes that were
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import resource
 import subprocess
 import sys
 from concurrent import futures
-from typing import Any
+from typing import Any, Iterator
 
 import grpc
 
@@ -23,6 +24,36 @@ from argrpc.benchtool import messages as msg
 
 UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 
+
+
+def serve_until_eof(handler: grpc.GenericRpcHandler) -> None:
+    """A probe's child: an argrpc server for `handler`, its port on stdout, until stdin
+    closes."""
+    server = argrpc.server(futures.ThreadPoolExecutor(2), options=UNLIMITED)
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    print(port, flush=True)
+    sys.stdin.read()
+    server.stop(None)
+
+
+@contextlib.contextmanager
+def served_channel(module: str) -> Iterator[tuple[Any, "subprocess.Popen[str]"]]:
+    """A channel to `python -m module serve` (see serve_until_eof) and that child; the
+    child is told to stop and waited for on the way out."""
+    child = subprocess.Popen([sys.executable, "-m", module, "serve"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        port = int(child.stdout.readline())
+        channel = argrpc.insecure_channel(f"127.0.0.1:{port}", options=UNLIMITED)
+        yield channel, child
+        channel.close()
+    finally:
+        if child.stdin is not None:
+            child.stdin.close()
+        child.wait(timeout=30)
 
 def _faults() -> int:
     return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
@@ -49,22 +80,11 @@ def serve() -> None:
     handler = grpc.method_handlers_generic_handler(msg.SERVICE, {
         msg.SINK: grpc.unary_unary_rpc_method_handler(sink, parse, None),
         "Report": grpc.unary_unary_rpc_method_handler(report, None, None)})
-    server = argrpc.server(futures.ThreadPoolExecutor(2), options=UNLIMITED)
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    print(port, flush=True)
-    sys.stdin.read()
-    server.stop(None)
+    serve_until_eof(handler)
 
 
 def main(size: int, calls: int) -> None:
-    child = subprocess.Popen([sys.executable, "-m", "tests.support.fault_probe", "serve"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout is not None
-        port = int(child.stdout.readline())
-        channel = argrpc.insecure_channel(f"127.0.0.1:{port}", options=UNLIMITED)
+    with served_channel("tests.support.fault_probe") as (channel, child):
         serialize_faults: list[int] = []
 
         def serialize(message: Any) -> bytes:
@@ -86,11 +106,6 @@ def main(size: int, calls: int) -> None:
             "field": [s["field"] for s in seen],
             "intact": all(s["sha256"] == hashlib.sha256(data).hexdigest() for s in seen),
         }))
-        channel.close()
-    finally:
-        if child.stdin is not None:
-            child.stdin.close()
-        child.wait(timeout=30)
 
 
 if __name__ == "__main__":

@@ -13,20 +13,16 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
-import subprocess
 import sys
 import time
-from concurrent import futures
 from typing import Any
 
 import grpc
 
-import argrpc
 from argrpc import _core
 from argrpc.benchtool import messages as msg
+from tests.support.fault_probe import serve_until_eof, served_channel
 
-UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 SETTLE_S = 0.5  # the engine checks the heap 100 ms after the last large message
 
 
@@ -57,22 +53,11 @@ def serve() -> None:
         msg.ECHO: grpc.unary_unary_rpc_method_handler(
             echo, msg.Payload.FromString, msg.Payload.SerializeToString),
         "Report": grpc.unary_unary_rpc_method_handler(report, None, None)})
-    server = argrpc.server(futures.ThreadPoolExecutor(2), options=UNLIMITED)
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    print(port, flush=True)
-    sys.stdin.read()
-    server.stop(None)
+    serve_until_eof(handler)
 
 
 def main(sizes: list[int]) -> None:
-    child = subprocess.Popen([sys.executable, "-m", "tests.support.heap_probe", "serve"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout is not None
-        port = int(child.stdout.readline())
-        channel = argrpc.insecure_channel(f"127.0.0.1:{port}", options=UNLIMITED)
+    with served_channel("tests.support.heap_probe") as (channel, child):
         echo = channel.unary_unary(msg.path(msg.SERVICE, msg.ECHO),
                                    request_serializer=msg.Payload.SerializeToString,
                                    response_deserializer=msg.Payload.FromString)
@@ -94,11 +79,6 @@ def main(sizes: list[int]) -> None:
             "client_held_free": held_free(),
             "client_heap": _core._heap_stats(),
         }))
-        channel.close()
-    finally:
-        if child.stdin is not None:
-            child.stdin.close()
-        child.wait(timeout=30)
 
 
 if __name__ == "__main__":
