@@ -446,6 +446,13 @@ class Limits:
     metrics_drain_s: float = _fixed(
         0.1, "metrics: how often the OpenTelemetry plugin records the engine's call "
         "records (and before every collection)")
+    sweep_ms: int = _fixed(
+        5, "the progress thread's longest sleep, and how often it sweeps deadlines, owed "
+        "credits and keepalives even while traffic keeps it busy", engine=True)
+    poll_hold_ms: int = _fixed(
+        5, "longest stretch one thread reads a connection while completions keep coming "
+        "(a long pull on a slow fabric) before it lets go, so the sweep and PING answers "
+        "are not held back", engine=True)
     pull_ahead: int = _fixed(
         2, "large messages pulled ahead of the reader per stream", engine=True)
     slab_size: int = _fixed(

@@ -113,6 +113,15 @@ inline constexpr int64_t kCreditOweMs = 5;
 // beyond it they are counted as dropped (argrpc.metrics.dropped_records)
 inline constexpr int64_t kCallRecordsMax = 65536;
 
+// the progress thread's longest sleep, and how often it sweeps deadlines, owed credits
+// and keepalives even while traffic keeps it busy
+inline constexpr int64_t kSweepMs = 5;
+
+// longest stretch one thread reads a connection while completions keep coming (a long
+// pull on a slow fabric) before it lets go, so the sweep and PING answers are not held
+// back
+inline constexpr int64_t kPollHoldMs = 5;
+
 // large messages pulled ahead of the reader per stream
 inline constexpr int64_t kPullAhead = 2;
 

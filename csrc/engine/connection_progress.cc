@@ -14,7 +14,7 @@ constexpr int kMaxCompletions = 64;
 // How long one progress_locked() may keep going while completions keep coming (a long
 // pull on a slow fabric never lets the CQ run dry): the progress thread's sweep (the
 // keepalive, owed credits, deadlines) runs between calls.
-constexpr uint64_t kMaxPollHoldUs = 5000;
+constexpr uint64_t kMaxPollHoldUs = uint64_t(knobs::kPollHoldMs) * 1000;
 }  // namespace
 
 bool Connection::progress() {

@@ -18,7 +18,7 @@
 namespace argrpc {
 
 namespace {
-constexpr int kSweepMs = 5;  // deadline sweep period while asleep
+constexpr int kSweepMs = int(knobs::kSweepMs);
 }
 
 Engine::Engine(const EngineConfig& cfg) : cfg_(cfg) {
