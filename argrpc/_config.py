@@ -449,6 +449,12 @@ class Limits:
     sweep_ms: int = _fixed(
         5, "the progress thread's longest sleep, and how often it sweeps deadlines, owed "
         "credits and keepalives even while traffic keeps it busy", engine=True)
+    lease_check_ms: int = _fixed(
+        1, "a server worker that has just answered a call counts as polling until it is back "
+        "in accept(), so the peer's next request rings no doorbell; the progress thread, "
+        "finding such a worker on its way as it goes to sleep, sleeps this long instead of "
+        "sweep_ms, so a worker held up on that way (preempted, waiting for the GIL) holds "
+        "the process's messages back this long (at most sweep_ms otherwise)", engine=True)
     poll_hold_ms: int = _fixed(
         5, "longest stretch one thread reads a connection while completions keep coming "
         "(a long pull on a slow fabric) before it lets go, so the sweep and PING answers "

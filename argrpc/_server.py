@@ -601,10 +601,14 @@ class _Server(grpc.Server):
         # call to the next reads no clock and asks the engine nothing more.
         idle_since: Optional[float] = None
         while True:
-            if queue and executor.run_one():
-                idle_since = None
-                continue
+            if queue:
+                # Other work first: this worker is no longer on its way back to accept().
+                core.drop_polling_lease()
+                if executor.run_one():
+                    idle_since = None
+                    continue
             if not self._accepting or self._exit_workers or _interpreter_exiting():
+                core.drop_polling_lease()
                 return
             if idle_since is None:
                 timeout = _SPARE_WORKER_IDLE
@@ -668,6 +672,8 @@ class _Server(grpc.Server):
 
     def _end_call(self, state: _CallState) -> None:
         self._calls.pop(state.sc.key, None)
+        if state.callbacks:
+            self._core.drop_polling_lease()  # the application's code runs next
         state.run_callbacks()
 
     def _dispatch(self, state: _CallState, handler: Optional[grpc.RpcMethodHandler[Any, Any]]) -> bool:

@@ -117,6 +117,13 @@ inline constexpr int64_t kCallRecordsMax = 65536;
 // and keepalives even while traffic keeps it busy
 inline constexpr int64_t kSweepMs = 5;
 
+// a server worker that has just answered a call counts as polling until it is back in
+// accept(), so the peer's next request rings no doorbell; the progress thread, finding
+// such a worker on its way as it goes to sleep, sleeps this long instead of sweep_ms, so
+// a worker held up on that way (preempted, waiting for the GIL) holds the process's
+// messages back this long (at most sweep_ms otherwise)
+inline constexpr int64_t kLeaseCheckMs = 1;
+
 // longest stretch one thread reads a connection while completions keep coming (a long
 // pull on a slow fabric) before it lets go, so the sweep and PING answers are not held
 // back

@@ -18,6 +18,7 @@
 #include "common/status.h"
 #include "engine/connection.h"
 #include "engine/engine.h"
+#include "engine/polling_lease.h"
 #include "engine/server.h"
 #include "pool/pool.h"
 #include "tunables.h"
@@ -246,6 +247,9 @@ PYBIND11_MODULE(_core, m) {
            py::arg("config"))
       .def_property_readonly("pool_fd", [](PyEngine& e) { return e.engine->pool()->fd(); })
       .def_property_readonly("pool_size", [](PyEngine& e) { return e.engine->pool()->capacity(); })
+      // Server workers counted as polling on their way back to accept()
+      // (engine/polling_lease.h).
+      .def_property_readonly("polling_leases", [](PyEngine& e) { return e.engine->leases_out(); })
       .def("pool_stats", [](PyEngine& e) {
         auto s = e.engine->pool()->stats();
         py::dict d;
@@ -445,6 +449,8 @@ PYBIND11_MODULE(_core, m) {
         return py::cast(std::make_unique<PyServerCall>(s.engine, st, true));
       }, py::arg("timeout") = py::none())
       .def("wakeup", [](PyServer& s, int n) { s.server->wakeup(n); }, py::arg("n") = 1)
+      // The calling worker is no longer on its way back to accept() (engine/polling_lease.h).
+      .def("drop_polling_lease", [](PyServer&) { polling_lease::drop(); })
       .def("worker_started", [](PyServer& s) { s.server->worker_started(); })
       .def_property_readonly("idle_workers", [](PyServer& s) { return s.server->idle_workers(); })
       // ("cancelled", call, 0) | ("over_limit", call, 0) | ("starved", None, n) |

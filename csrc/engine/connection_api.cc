@@ -6,6 +6,8 @@
 #include "common/heap_bound.h"
 #include "engine/connection.h"
 #include "engine/connection_wait.h"
+#include "engine/polling_lease.h"
+#include "engine/server.h"
 
 namespace argrpc {
 
@@ -67,6 +69,8 @@ bool Connection::half_close(const std::shared_ptr<Stream>& s) {
 
 bool Connection::finish(const std::shared_ptr<Stream>& s, uint32_t code, const std::string& details,
                         const Metadata& trailing, const uint8_t* msg, size_t len, bool has_msg) {
+  // Before the status goes out: the peer may answer it with its next request at once.
+  if (!client_ && server_ && server_->queued() == 0) polling_lease::finishing(engine_, s.get());
   const bool ok = submit(s, finish_frames(code, details, trailing, msg, len, has_msg));
   if (ok) end_stream(s, code, details, false, nullptr, false);
   return ok;

@@ -19,6 +19,7 @@ namespace argrpc {
 
 namespace {
 constexpr int kSweepMs = int(knobs::kSweepMs);
+constexpr int kLeaseCheckMs = int(knobs::kLeaseCheckMs);
 }
 
 Engine::Engine(const EngineConfig& cfg) : cfg_(cfg) {
@@ -157,6 +158,22 @@ void Engine::leave_polling() {
   }
 }
 
+bool Engine::begin_lease() {
+  if (stop_.load(std::memory_order_acquire)) return false;
+  leases_.fetch_add(1, std::memory_order_relaxed);
+  enter_polling();
+  return true;
+}
+
+void Engine::end_lease() {
+  leases_.fetch_sub(1, std::memory_order_relaxed);
+  // After shutdown nobody waits for a doorbell: only the count is given back.
+  if (stop_.load(std::memory_order_acquire))
+    pollers_.fetch_sub(1, std::memory_order_seq_cst);
+  else
+    leave_polling();
+}
+
 void Engine::progress_loop() {
   epoll_event evs[64];
   uint64_t last_sweep = now_us();
@@ -177,7 +194,12 @@ void Engine::progress_loop() {
     return true;
   };
   while (!stop_.load(std::memory_order_acquire)) {
-    const int n = ::epoll_wait(epoll_.get(), evs, 64, kSweepMs);
+    // A lease out means nobody rings this process's doorbells on its holder's word: look
+    // in the holder's stead soon, in case it is held up on its way back to polling
+    // (checked only here: waking for every lease would cost the ping-pong more than
+    // the lease saves, so one taken during a long sleep waits for that sleep's end).
+    const bool leased = leases_.load(std::memory_order_relaxed) > 0;
+    const int n = ::epoll_wait(epoll_.get(), evs, 64, leased ? kLeaseCheckMs : kSweepMs);
     std::shared_ptr<const ConnList> list;
     for (int i = 0; i < n; ++i) {
       const uint64_t tag = evs[i].data.u64;

@@ -45,6 +45,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
   void enter_polling();
   void leave_polling();
+  // A counted poller that polls later (engine/polling_lease.h); false once shut down.
+  bool begin_lease();
+  void end_lease();
+  int leases_out() const { return leases_.load(std::memory_order_relaxed); }
   bool progress_all();
   size_t connection_count();
   void shutdown();
@@ -64,6 +68,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   TransportStats transport_stats_;
   UniqueFd epoll_, ctl_;
   std::atomic<int> pollers_{0};
+  std::atomic<int> leases_{0};
   std::atomic<bool> stop_{false};
 
   mutable std::mutex conns_mu_;

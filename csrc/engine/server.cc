@@ -7,6 +7,7 @@
 #include "common/status.h"
 #include "engine/connection.h"
 #include "engine/engine.h"
+#include "engine/polling_lease.h"
 #include "engine/stream.h"
 
 namespace argrpc {
@@ -52,7 +53,12 @@ std::shared_ptr<Stream> Server::accept(const Deadline& dl) {
   acceptors_.fetch_sub(1, std::memory_order_relaxed);
   // Leaving with a call may leave other work (calls, wake-ups) with nobody to take it.
   const bool tell = s && starved_locked() > 0;
+  const bool worker = !watch_;  // an asyncio loop finishes its calls elsewhere
   lk.unlock();
+  if (s && worker)
+    polling_lease::serving(engine_.get(), s.get());
+  else
+    polling_lease::drop();
   if (tell) events_cv_.notify_one();
   return s;
 }
@@ -77,6 +83,7 @@ std::shared_ptr<Stream> Server::accept_locked(std::unique_lock<std::mutex>& lk, 
       spinner_ = true;
       lk.unlock();
       engine_->enter_polling();
+      polling_lease::drop();  // this thread polls now: the lease has done its part
       spin_until(
           engine_->config().spin_us, dl,
           [&] { return pending_count_.load() > 0 || wakeup_count_.load() > 0; },
@@ -85,6 +92,14 @@ std::shared_ptr<Stream> Server::accept_locked(std::unique_lock<std::mutex>& lk, 
       lk.lock();
       spinner_ = false;
       if (!pending_.empty() || wakeups_ > 0 || shutdown_) continue;
+    }
+    if (polling_lease::held()) {
+      // About to sleep, so no longer on its way to polling (unlocked: the last poller
+      // to leave looks at every connection, which may enqueue here).
+      lk.unlock();
+      polling_lease::drop();
+      lk.lock();
+      continue;
     }
     ++sleepers_;
     cv_.wait_until(lk, std::min(dl.at(), Clock::now() + std::chrono::milliseconds(100)));

@@ -44,6 +44,8 @@ class Server {
   void worker_started();
   // Workers inside accept() right now.
   int idle_workers() const { return acceptors_.load(std::memory_order_relaxed); }
+  // Calls waiting for a worker.
+  size_t queued() const { return pending_count_.load(std::memory_order_relaxed); }
   ServerEvent next_event(const Deadline& dl);
   // A call served outside the engine (the plain-gRPC port) takes a place under the
   // limit; false when none is left. release() gives it back.

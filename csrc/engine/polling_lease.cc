@@ -1,0 +1,56 @@
+#include "engine/polling_lease.h"
+
+#include <memory>
+
+#include "common/fork.h"
+#include "engine/engine.h"
+
+namespace argrpc::polling_lease {
+
+namespace {
+
+struct ThreadLease {
+  // Owned: the thread may outlive every other handle on the engine.
+  std::shared_ptr<Engine> held;
+  uint64_t held_generation = 0;
+  const Engine* serving_engine = nullptr;
+  const Stream* serving_stream = nullptr;
+
+  void release() {
+    if (!held) return;
+    std::shared_ptr<Engine> e = std::move(held);
+    // A forked child's copy of the parent's engine is never touched (common/fork.h).
+    if (held_generation != fork_generation()) return keep_forever(std::move(e));
+    e->end_lease();
+  }
+  ~ThreadLease() { release(); }
+};
+
+thread_local ThreadLease t_lease;
+
+}  // namespace
+
+void serving(Engine* engine, const Stream* s) {
+  t_lease.release();
+  t_lease.serving_engine = engine;
+  t_lease.serving_stream = s;
+}
+
+void finishing(Engine* engine, const Stream* s) {
+  if (t_lease.serving_stream != s || t_lease.serving_engine != engine) return;
+  t_lease.serving_stream = nullptr;
+  if (t_lease.held.get() == engine) return;
+  t_lease.release();
+  if (!engine->begin_lease()) return;
+  t_lease.held = engine->shared_from_this();
+  t_lease.held_generation = fork_generation();
+}
+
+bool held() { return t_lease.held != nullptr; }
+
+void drop() {
+  t_lease.serving_stream = nullptr;
+  t_lease.release();
+}
+
+}  // namespace argrpc::polling_lease

@@ -1,0 +1,33 @@
+// A server worker that has just sent its call's status is on its way back to accept(),
+// where it polls again. Nobody polls in between, so the peer's next request, written
+// while the worker still unwinds the facade, rings the doorbell and wakes the progress
+// thread: a third runnable thread on a two-core host and a syscall on both sides, the
+// latency row's tail. Counting the worker as a poller for that way ("a lease") spares
+// both (docs/benchmarks.md, "Where a round trip's time goes").
+//
+// A lease only covers the facade's own bounded work: it is taken by the thread that
+// accept() gave the call, when that call's status goes out and no other call waits, and
+// dropped when the thread is back in accept(), before anything the application controls
+// (callbacks, other executor work), and when the thread ends. A holder held up on that
+// way (preempted, waiting for the GIL) holds back this process's messages until the
+// progress thread next looks: it sleeps kLeaseCheckMs instead of kSweepMs when it finds
+// a lease out as it goes to sleep.
+#pragma once
+
+namespace argrpc {
+
+class Engine;
+class Stream;
+
+namespace polling_lease {
+
+// accept() hands `s` to this thread (after dropping any lease the thread held).
+void serving(Engine* engine, const Stream* s);
+// finish() of `s` by this thread: takes the lease if `s` is the call accept() gave it.
+void finishing(Engine* engine, const Stream* s);
+// Ends this thread's lease, if any; cheap when there is none.
+void drop();
+bool held();
+
+}  // namespace polling_lease
+}  // namespace argrpc

@@ -1,0 +1,171 @@
+"""The polling lease (csrc/engine/polling_lease.h): a server worker that has just sent
+its call's status counts as polling until it is back in accept(), so that the peer's
+next request rings no doorbell. What must hold is that the lease is only ever held on
+that short way, never while anything else runs:
+
+* it is taken by the thread accept() gave the call, when that call's status goes out,
+  and by no other thread (a handler's own pool, another worker);
+* not when another call already waits (the worker takes that one at once);
+* accept() ends it, and so do `drop_polling_lease()` and the thread's end;
+* the threaded server drops it before the application's callbacks run.
+
+Over the in-process test fabric (csrc/fabric/sim), whose engine is the test's own, so
+`Engine.polling_leases` counts exactly this server's leases; the last test runs the
+threaded facade in this process (its engine is this process's, so the count is its)."""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent import futures
+from types import SimpleNamespace
+from typing import Any, Iterator
+
+import grpc
+import pytest
+
+from argrpc import _core as core
+
+ECHO = "/lease.Test/Echo"
+HANG_S = 30.0
+OK = grpc.StatusCode.OK.value[0]
+
+
+@pytest.fixture
+def rig() -> Iterator[SimpleNamespace]:
+    engine = core.Engine({"buf_size": 64 << 20})
+    server = core.Server(engine, {})
+    client, served, _link = core._sim_pair(engine, server, {}, {"max_recv": -1})
+    try:
+        yield SimpleNamespace(engine=engine, server=server, client=client)
+    finally:
+        client.close()
+        served.close()
+        server.shutdown()
+        engine.shutdown()
+
+
+class Caller:
+    """Unary calls on a thread of their own; `result()` waits for each one's status."""
+
+    def __init__(self, client: Any, n: int = 1) -> None:
+        self.results: list[Any] = []
+        self._threads = [threading.Thread(target=self._call, args=(client, i), daemon=True)
+                         for i in range(n)]
+        for t in self._threads:
+            t.start()
+
+    def _call(self, client: Any, i: int) -> None:
+        self.results.append(client.unary(ECHO, [], HANG_S, b"x%d" % i))
+
+    def join(self) -> list[Any]:
+        for t in self._threads:
+            t.join(HANG_S)
+            assert not t.is_alive(), "a call did not end"
+        return self.results
+
+
+def answer(call: Any) -> None:
+    request = call.recv()
+    assert request is not None
+    assert call.finish(OK, "", [], request)
+
+
+def test_the_accepting_thread_holds_it_until_accept(rig: SimpleNamespace) -> None:
+    caller = Caller(rig.client)
+    call = rig.server.accept(HANG_S)
+    assert call is not None
+    assert rig.engine.polling_leases == 0
+    answer(call)
+    assert rig.engine.polling_leases == 1
+    # Back in accept(): nothing waits, it returns empty-handed, and the lease is over.
+    assert rig.server.accept(0.01) is None
+    assert rig.engine.polling_leases == 0
+    assert [r[0] for r in caller.join()] == [OK]
+
+
+def test_another_thread_finishing_takes_none(rig: SimpleNamespace) -> None:
+    caller = Caller(rig.client)
+    call = rig.server.accept(HANG_S)
+    assert call is not None
+    other = threading.Thread(target=answer, args=(call,))
+    other.start()
+    other.join(HANG_S)
+    assert rig.engine.polling_leases == 0
+    assert [r[0] for r in caller.join()] == [OK]
+
+
+def test_none_while_another_call_waits(rig: SimpleNamespace) -> None:
+    caller = Caller(rig.client, n=2)
+    first = rig.server.accept(HANG_S)
+    assert first is not None
+    # The dispatcher's view: a call waits and no worker is in accept() to take it.
+    kind = "none"
+    for _ in range(100):
+        kind = rig.server.next_event(HANG_S / 100)[0]
+        if kind == "starved":
+            break
+    assert kind == "starved"
+    answer(first)
+    assert rig.engine.polling_leases == 0
+    second = rig.server.accept(HANG_S)
+    assert second is not None
+    answer(second)
+    assert rig.engine.polling_leases == 1
+    rig.server.drop_polling_lease()
+    assert rig.engine.polling_leases == 0
+    assert [r[0] for r in caller.join()] == [OK, OK]
+
+
+def test_the_threads_end_ends_it(rig: SimpleNamespace) -> None:
+    caller = Caller(rig.client)
+    held = []
+
+    def worker() -> None:
+        call = rig.server.accept(HANG_S)
+        assert call is not None
+        answer(call)
+        held.append(rig.engine.polling_leases)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join(HANG_S)
+    assert held == [1]
+    assert rig.engine.polling_leases == 0
+    assert [r[0] for r in caller.join()] == [OK]
+
+
+def test_threaded_server_drops_it_before_callbacks(stubs_dir: str, pb: SimpleNamespace) -> None:
+    """Calls one after another, so only the callback's own worker could hold a lease
+    while the callback runs; with the server's callbacks, for many calls."""
+    import argrpc
+    from argrpc import _engine
+
+    seen: list[int] = []
+
+    class Echo(pb.pb2_grpc.EchoServicer):  # type: ignore[name-defined,misc]
+        def Unary(self, request: Any, context: grpc.ServicerContext) -> Any:
+            engine = _engine.peek_engine()
+            assert engine is not None
+            context.add_callback(lambda: seen.append(engine.polling_leases))
+            return pb.pb2.EchoResponse(payload=request.payload)
+
+    server = argrpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb.pb2_grpc.add_EchoServicer_to_server(Echo(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with argrpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb.pb2_grpc.EchoStub(channel)
+            for i in range(200):
+                stub.Unary(pb.pb2.EchoRequest(payload=b"p"), timeout=HANG_S,
+                           wait_for_ready=True)
+                # The callback runs after the status went out: wait for it before the
+                # next call, so that no other call's worker is on its way meanwhile.
+                end = time.monotonic() + HANG_S
+                while len(seen) <= i and time.monotonic() < end:
+                    time.sleep(0.001)
+                assert len(seen) == i + 1, "the callback did not run"
+            assert channel.transport == "shm"
+    finally:
+        server.stop(None)
+    assert seen == [0] * 200
