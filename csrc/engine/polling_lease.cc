@@ -13,7 +13,6 @@ struct ThreadLease {
   // Owned: the thread may outlive every other handle on the engine.
   std::shared_ptr<Engine> held;
   uint64_t held_generation = 0;
-  const Engine* serving_engine = nullptr;
   const Stream* serving_stream = nullptr;
 
   void release() {
@@ -30,14 +29,13 @@ thread_local ThreadLease t_lease;
 
 }  // namespace
 
-void serving(Engine* engine, const Stream* s) {
+void serving(const Stream* s) {
   t_lease.release();
-  t_lease.serving_engine = engine;
   t_lease.serving_stream = s;
 }
 
 void finishing(Engine* engine, const Stream* s) {
-  if (t_lease.serving_stream != s || t_lease.serving_engine != engine) return;
+  if (t_lease.serving_stream != s) return;
   t_lease.serving_stream = nullptr;
   if (t_lease.held.get() == engine) return;
   t_lease.release();

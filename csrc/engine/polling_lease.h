@@ -22,7 +22,7 @@ class Stream;
 namespace polling_lease {
 
 // accept() hands `s` to this thread (after dropping any lease the thread held).
-void serving(Engine* engine, const Stream* s);
+void serving(const Stream* s);
 // finish() of `s` by this thread: takes the lease if `s` is the call accept() gave it.
 void finishing(Engine* engine, const Stream* s);
 // Ends this thread's lease, if any; cheap when there is none.

@@ -56,7 +56,7 @@ std::shared_ptr<Stream> Server::accept(const Deadline& dl) {
   const bool worker = !watch_;  // an asyncio loop finishes its calls elsewhere
   lk.unlock();
   if (s && worker)
-    polling_lease::serving(engine_.get(), s.get());
+    polling_lease::serving(s.get());
   else
     polling_lease::drop();
   if (tell) events_cv_.notify_one();
