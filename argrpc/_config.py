@@ -447,14 +447,19 @@ class Limits:
         0.1, "metrics: how often the OpenTelemetry plugin records the engine's call "
         "records (and before every collection)")
     sweep_ms: int = _fixed(
-        5, "the progress thread's longest sleep, and how often it sweeps deadlines, owed "
-        "credits and keepalives even while traffic keeps it busy", engine=True)
+        5, "how often the progress thread sweeps a connection whose ring credits go back "
+        "late (verbs: credits owed, besides its deadlines and keepalive), and how soon a "
+        "keepalive verdict held back by a busy poll lock is tried again", engine=True)
+    longest_sleep_ms: int = _fixed(
+        100, "the progress thread's longest sleep: otherwise it sweeps a shared-memory "
+        "connection only when a deadline or keepalive is due, so an idle process does not "
+        "wake hundreds of times a second", engine=True)
     lease_check_ms: int = _fixed(
         1, "a server worker that has just answered a call counts as polling until it is back "
         "in accept(), so the peer's next request rings no doorbell; the progress thread, "
         "finding such a worker on its way as it goes to sleep, sleeps this long instead of "
-        "sweep_ms, so a worker held up on that way (preempted, waiting for the GIL) holds "
-        "the process's messages back this long (at most sweep_ms otherwise)", engine=True)
+        "its usual sleep, so a worker held up on that way (preempted, waiting for the GIL) "
+        "holds the process's messages back this long at most", engine=True)
     poll_hold_ms: int = _fixed(
         5, "longest stretch one thread reads a connection while completions keep coming "
         "(a long pull on a slow fabric) before it lets go, so the sweep and PING answers "

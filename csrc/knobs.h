@@ -113,15 +113,21 @@ inline constexpr int64_t kCreditOweMs = 5;
 // beyond it they are counted as dropped (argrpc.metrics.dropped_records)
 inline constexpr int64_t kCallRecordsMax = 65536;
 
-// the progress thread's longest sleep, and how often it sweeps deadlines, owed credits
-// and keepalives even while traffic keeps it busy
+// how often the progress thread sweeps a connection whose ring credits go back late
+// (verbs: credits owed, besides its deadlines and keepalive), and how soon a keepalive
+// verdict held back by a busy poll lock is tried again
 inline constexpr int64_t kSweepMs = 5;
+
+// the progress thread's longest sleep: otherwise it sweeps a shared-memory connection
+// only when a deadline or keepalive is due, so an idle process does not wake hundreds of
+// times a second
+inline constexpr int64_t kLongestSleepMs = 100;
 
 // a server worker that has just answered a call counts as polling until it is back in
 // accept(), so the peer's next request rings no doorbell; the progress thread, finding
-// such a worker on its way as it goes to sleep, sleeps this long instead of sweep_ms, so
-// a worker held up on that way (preempted, waiting for the GIL) holds the process's
-// messages back this long (at most sweep_ms otherwise)
+// such a worker on its way as it goes to sleep, sleeps this long instead of its usual
+// sleep, so a worker held up on that way (preempted, waiting for the GIL) holds the
+// process's messages back this long at most
 inline constexpr int64_t kLeaseCheckMs = 1;
 
 // longest stretch one thread reads a connection while completions keep coming (a long

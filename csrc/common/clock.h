@@ -25,6 +25,12 @@ class Deadline {
     return std::chrono::duration<double>(at_ - Clock::now()).count();
   }
   Clock::time_point at() const { return at_; }
+  // On now_us()'s scale, rounded up (a wake-up at this time finds it expired);
+  // UINT64_MAX if it never expires.
+  uint64_t at_us() const {
+    if (infinite()) return std::numeric_limits<uint64_t>::max();
+    return std::chrono::ceil<std::chrono::microseconds>(at_.time_since_epoch()).count();
+  }
   Deadline earlier(const Deadline& o) const { return o.at_ < at_ ? o : *this; }
 
  private:

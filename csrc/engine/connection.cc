@@ -3,6 +3,9 @@
 // Connection is split by concern into connection_*.cc (see connection.h).
 #include "engine/connection.h"
 
+#include <algorithm>
+#include <limits>
+
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -34,8 +37,18 @@ Connection::~Connection() {
   fabric_.reset();
 }
 
-void Connection::keepalive(uint64_t now) {
-  if (!alive()) return;
+uint64_t Connection::sweep(uint64_t now) {
+  uint64_t next = sweep_deadlines();
+  if (fabric_->lazy_credits()) {
+    sweep_credits(now);
+    next = std::min(next, now + uint64_t(knobs::kSweepMs) * 1000);
+  }
+  return std::min(next, keepalive(now));
+}
+
+uint64_t Connection::keepalive(uint64_t now) {
+  constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
+  if (!alive()) return kNever;
   {
     // Credits are written by the peer's engine as it consumes our batches: the peer's
     // process is alive even when none of its own batches got through yet (its ring
@@ -53,12 +66,12 @@ void Connection::keepalive(uint64_t now) {
     // Judge only on what this side has read: the answer may sit in our own completion
     // queue while another thread holds the poll lock (busy with a long operation of its
     // own), and it is silence of the peer, not ours, that fails the connection.
-    if (!poll_mu_.try_lock()) return;  // its holder reads it; judged at a later sweep
+    if (!poll_mu_.try_lock()) return now + uint64_t(knobs::kSweepMs) * 1000;  // judged later
     while (alive() && last_recv_us_.load(std::memory_order_relaxed) < ping_sent_us_ &&
            progress_locked()) {
     }
     poll_mu_.unlock();
-    if (!alive()) return;
+    if (!alive()) return kNever;
   }
   if (ping_sent_us_) {
     if (last_recv_us_.load(std::memory_order_relaxed) >= ping_sent_us_) {
@@ -70,11 +83,14 @@ void Connection::keepalive(uint64_t now) {
                                   : std::to_string(cfg_.keepalive_timeout_ms / 1000) + " s") +
                              " (it died or hangs)");
       if (failed) TransportCounters::add(counters_.keepalive_failures, 1);
-      return;
+      return kNever;
     }
   }
+  // The earliest this side may have to PING, or to judge the PING out.
+  const uint64_t judge = ping_sent_us_ ? ping_sent_us_ + uint64_t(cfg_.keepalive_timeout_ms) * 1000 : kNever;
   const uint64_t heard = last_heard_us_.load(std::memory_order_relaxed);
-  if (now - heard < uint64_t(cfg_.keepalive_ms) * 1000) return;
+  const uint64_t period = uint64_t(cfg_.keepalive_ms) * 1000;
+  if (now - heard < period) return std::min(judge, heard + period);
   bool idle;
   {
     std::lock_guard<std::mutex> g(streams_mu_);
@@ -87,14 +103,16 @@ void Connection::keepalive(uint64_t now) {
     idle = exposed_.empty();
   }
   // An idle shm peer's death shows on its socket; an idle verbs peer's only on a write.
+  // (Looked at again a period on: calls may start meanwhile.)
   if (idle && (fabric_->liveness_fd() >= 0 || cfg_.idle_keepalive_ms == 0 ||
                now - heard < uint64_t(cfg_.idle_keepalive_ms) * 1000))
-    return;
+    return std::min(judge, now + period);
   // Restart the clock so a silent but live peer gets one PING per interval.
   last_heard_us_.store(now, std::memory_order_relaxed);
   if (!ping_sent_us_) ping_sent_us_ = now;
   queue_ctrl(kPing, 0, {});
   try_flush_ctrl();
+  return std::min(ping_sent_us_ + uint64_t(cfg_.keepalive_timeout_ms) * 1000, now + period);
 }
 
 void Connection::protocol_error(const std::string& what) {

@@ -84,10 +84,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // start after this carry the new one.
   void set_stats_target(std::string target);
 
-  // Called periodically by the engine: PINGs a silent peer while calls are in flight.
-  void keepalive(uint64_t now_us);
-  // The same: ring credits owed too long go back on their own (connection_credits.cc).
-  void sweep_credits(uint64_t now_us);
+  // The engine's sweep: expires streams past their deadline, returns ring credits owed
+  // too long and PINGs a silent peer while calls are in flight. Returns when this
+  // connection next needs one (now_us() scale): the earliest deadline or keepalive
+  // check, or sweep_ms from now on a fabric whose credits go back late.
+  uint64_t sweep(uint64_t now_us);
   // Ends every stream with `code`/`why` and tears the connection down. False if it had
   // already failed (or is the parent's, in a forked child).
   bool fail(uint32_t code, const std::string& why);
@@ -105,7 +106,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void flush_pending();
 
   // connection_streams.cc: stream lifetimes.
-  void sweep_deadlines();
+  // Expires the streams past their deadline; returns the earliest deadline left
+  // (UINT64_MAX: none).
+  uint64_t sweep_deadlines();
   // Client: RST + local end. Server: TRAILERS with code to the client + cancelled.
   bool cancel(const std::shared_ptr<Stream>& s, uint32_t code, const std::string& details);
   // The application dropped its handle: cancel if still running, release held pulls.
@@ -161,6 +164,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
  private:
   // connection.cc
   void protocol_error(const std::string& what);
+  // sweep()'s keepalive part; returns when it next needs a look.
+  uint64_t keepalive(uint64_t now_us);
   void fail_point(FailPoint p) {
     Probes* const probes = probes_.get();
     if (probes && probes->fire(p))
@@ -174,6 +179,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // connection_credits.cc: returning the peer's ring credits (poll lock for the first).
   void consumed_locked();
   void return_credits();
+  // sweep()'s part: credits owed credit_owe_ms go back however few.
+  void sweep_credits(uint64_t now_us);
 
   // connection_frames.cc: what each frame kind received does. False: the connection
   // failed (a protocol error), so the rest of the batch must not be read.

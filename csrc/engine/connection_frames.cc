@@ -7,6 +7,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "engine/connection.h"
+#include "engine/engine.h"
 #include "engine/server.h"
 
 namespace argrpc {
@@ -84,6 +85,7 @@ bool Connection::on_new_call(const FrameHead& h, Reader& r) {
     std::lock_guard<std::mutex> g(streams_mu_);
     streams_[h.stream] = s;
   }
+  engine_->deadline_set(dl);
   if (!server_->enqueue(s)) {
     const std::string why = "server is shutting down";
     end_stream(s, kUnavailable, why, true, nullptr, false);

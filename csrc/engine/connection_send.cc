@@ -13,6 +13,7 @@
 #include "common/status.h"
 #include "engine/connection.h"
 #include "engine/connection_wait.h"
+#include "engine/engine.h"
 
 namespace argrpc {
 
@@ -151,6 +152,7 @@ bool Connection::register_client_stream_locked(const std::shared_ptr<Stream>& sp
     next_stream_id_ += 2;
     streams_[sp->id] = sp;
   }
+  engine_->deadline_set(sp->deadline);
   fail_point(FailPoint::kRegister);
   // fail() may have swept the map just before the insert (submit_failed() ends it).
   return alive();

@@ -3,6 +3,7 @@
 // Those two places are also where a recorded call's records come from (call stats).
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <string>
 
 #include "common/call_stats.h"
@@ -148,14 +149,18 @@ bool Connection::abort_stream(const std::shared_ptr<Stream>& s, uint32_t code,
   return true;
 }
 
-void Connection::sweep_deadlines() {
+uint64_t Connection::sweep_deadlines() {
   std::vector<std::shared_ptr<Stream>> due;
+  uint64_t next = std::numeric_limits<uint64_t>::max();
   {
     std::lock_guard<std::mutex> g(streams_mu_);
-    for (auto& kv : streams_)
+    for (auto& kv : streams_) {
       if (kv.second->deadline.expired()) due.push_back(kv.second);
+      else next = std::min(next, kv.second->deadline.at_us());
+    }
   }
   for (auto& s : due) expire(s);
+  return next;
 }
 
 bool Connection::cancel(const std::shared_ptr<Stream>& s, uint32_t code, const std::string& details) {

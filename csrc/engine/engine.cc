@@ -1,6 +1,9 @@
 #include "engine/engine.h"
 
 #include <malloc.h>
+#include <pthread.h>
+
+#include <algorithm>
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -18,8 +21,8 @@
 namespace argrpc {
 
 namespace {
-constexpr int kSweepMs = int(knobs::kSweepMs);
 constexpr int kLeaseCheckMs = int(knobs::kLeaseCheckMs);
+constexpr uint64_t kLongestSleepUs = uint64_t(knobs::kLongestSleepMs) * 1000;
 }
 
 Engine::Engine(const EngineConfig& cfg) : cfg_(cfg) {
@@ -51,7 +54,11 @@ Engine::Engine(const EngineConfig& cfg) : cfg_(cfg) {
   if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, ctl_.get(), &ev) != 0)
     throw CoreError(errno_text("epoll_ctl"));
   conns_ = std::make_shared<const ConnList>();
-  progress_ = std::thread([this] { progress_loop(); });
+  progress_ = std::thread([this] {
+    // Named for top -H, py-spy and perf, where a user looks for who wakes how often.
+    ::pthread_setname_np(::pthread_self(), "argrpc-progress");
+    progress_loop();
+  });
 }
 
 Engine::~Engine() { shutdown(); }
@@ -60,6 +67,12 @@ void Engine::wake() {
   uint64_t one = 1;
   ssize_t r = ::write(ctl_.get(), &one, sizeof one);
   (void)r;
+}
+
+void Engine::deadline_set(const Deadline& dl) {
+  if (dl.at_us() >= next_sweep_us_.load(std::memory_order_seq_cst)) return;
+  sweep_asked_.store(true, std::memory_order_seq_cst);
+  wake();
 }
 
 void Engine::shutdown() {
@@ -176,21 +189,23 @@ void Engine::end_lease() {
 
 void Engine::progress_loop() {
   epoll_event evs[64];
-  uint64_t last_sweep = now_us();
-  // Every kSweepMs, busy or not: a transfer that keeps this thread hot for longer than
-  // the keepalive timeout must not starve the keepalive (a PING the peer's process has
-  // answered and this side has read is only counted here), the credits this side owes
-  // nor the deadlines.
+  uint64_t next_sweep = now_us();
+  // When something is due, busy or not: a transfer that keeps this thread hot for longer
+  // than the keepalive timeout must not starve the keepalive (a PING the peer's process
+  // has answered and this side has read is only counted here), the credits this side
+  // owes nor the deadlines. Only then: a periodic look wakes every idle process on the
+  // host a few hundred times a second, on CPUs its peers' calls need.
   auto sweep_if_due = [&] {
     const uint64_t t = now_us();
-    if (t - last_sweep < uint64_t(kSweepMs) * 1000) return false;
-    last_sweep = t;
+    if (t < next_sweep && !sweep_asked_.exchange(false, std::memory_order_seq_cst)) return false;
+    // A deadline set from here on asks for another sweep (deadline_set): this one may
+    // have looked at its connection's streams already.
+    next_sweep_us_.store(0, std::memory_order_seq_cst);
+    uint64_t next = t + kLongestSleepUs;
     auto all = snapshot();
-    for (auto& c : *all) {
-      c->sweep_deadlines();
-      c->sweep_credits(t);
-      c->keepalive(t);
-    }
+    for (auto& c : *all) next = std::min(next, c->sweep(t));
+    next_sweep = std::max(next, t + 1000);  // epoll's granularity; nothing is that urgent
+    next_sweep_us_.store(next_sweep, std::memory_order_seq_cst);
     return true;
   };
   while (!stop_.load(std::memory_order_acquire)) {
@@ -199,7 +214,10 @@ void Engine::progress_loop() {
     // (checked only here: waking for every lease would cost the ping-pong more than
     // the lease saves, so one taken during a long sleep waits for that sleep's end).
     const bool leased = leases_.load(std::memory_order_relaxed) > 0;
-    const int n = ::epoll_wait(epoll_.get(), evs, 64, leased ? kLeaseCheckMs : kSweepMs);
+    const uint64_t t = now_us();
+    const int until_sweep = t >= next_sweep ? 0 : int((next_sweep - t + 999) / 1000);
+    const int n = ::epoll_wait(epoll_.get(), evs, 64,
+                               leased ? std::min(kLeaseCheckMs, until_sweep) : until_sweep);
     std::shared_ptr<const ConnList> list;
     for (int i = 0; i < n; ++i) {
       const uint64_t tag = evs[i].data.u64;

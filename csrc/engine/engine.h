@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/unique_fd.h"
 #include "engine/transport_stats.h"
 #include "tunables.h"
@@ -54,6 +55,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void shutdown();
   // Makes the progress thread run a round (e.g. to flush queued control frames).
   void wake();
+  // A stream with this deadline entered a connection's map: the progress thread, which
+  // sleeps until the earliest deadline it knows of, sweeps again if this one is earlier.
+  void deadline_set(const Deadline& dl);
 
  private:
   using ConnList = std::vector<std::shared_ptr<Connection>>;
@@ -70,6 +74,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::atomic<int> pollers_{0};
   std::atomic<int> leases_{0};
   std::atomic<bool> stop_{false};
+  // When the progress thread sweeps next (now_us() scale; 0 while it sweeps), and
+  // whether a deadline set since asks it to sweep sooner.
+  std::atomic<uint64_t> next_sweep_us_{0};
+  std::atomic<bool> sweep_asked_{false};
 
   mutable std::mutex conns_mu_;
   std::shared_ptr<const ConnList> conns_;

@@ -10,8 +10,8 @@
 // dropped when the thread is back in accept(), before anything the application controls
 // (callbacks, other executor work), and when the thread ends. A holder held up on that
 // way (preempted, waiting for the GIL) holds back this process's messages until the
-// progress thread next looks: it sleeps kLeaseCheckMs instead of kSweepMs when it finds
-// a lease out as it goes to sleep.
+// progress thread next looks: it sleeps at most kLeaseCheckMs when it finds a lease out
+// as it goes to sleep.
 #pragma once
 
 namespace argrpc {
