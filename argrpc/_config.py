@@ -448,8 +448,10 @@ class Limits:
         "records (and before every collection)")
     sweep_ms: int = _fixed(
         5, "how often the progress thread sweeps a connection whose ring credits go back "
-        "late (verbs: credits owed, besides its deadlines and keepalive), and how soon a "
-        "keepalive verdict held back by a busy poll lock is tried again", engine=True)
+        "late (verbs: credits owed, besides its deadlines and keepalive), how soon a "
+        "keepalive verdict held back by a busy poll lock is tried again, and its longest "
+        "sleep in a process whose server workers took polling leases since it last looked",
+        engine=True)
     longest_sleep_ms: int = _fixed(
         100, "the progress thread's longest sleep: otherwise it sweeps a shared-memory "
         "connection only when a deadline or keepalive is due, so an idle process does not "

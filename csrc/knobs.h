@@ -114,8 +114,9 @@ inline constexpr int64_t kCreditOweMs = 5;
 inline constexpr int64_t kCallRecordsMax = 65536;
 
 // how often the progress thread sweeps a connection whose ring credits go back late
-// (verbs: credits owed, besides its deadlines and keepalive), and how soon a keepalive
-// verdict held back by a busy poll lock is tried again
+// (verbs: credits owed, besides its deadlines and keepalive), how soon a keepalive
+// verdict held back by a busy poll lock is tried again, and its longest sleep in a
+// process whose server workers took polling leases since it last looked
 inline constexpr int64_t kSweepMs = 5;
 
 // the progress thread's longest sleep: otherwise it sweeps a shared-memory connection

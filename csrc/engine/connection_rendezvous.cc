@@ -46,7 +46,16 @@ Block Connection::take_block(const std::shared_ptr<Stream>& sp, size_t len, bool
   const std::shared_ptr<Pool>& pool = engine_->pool();
   AllocStatus st = AllocStatus::kTooBig;
   Block block;
+  // Until the call has ended with the cause, if it must: see Stream::awaiting_pool.
+  struct PoolWait {
+    Stream* s = nullptr;
+    ~PoolWait() {
+      if (s) s->awaiting_pool.store(false, std::memory_order_release);
+    }
+  } waiting;
   if (!would_block) {
+    waiting.s = sp.get();
+    sp->awaiting_pool.store(true, std::memory_order_release);
     block = pool->alloc(len, sp->deadline, &st, &dead_);
   } else if (len <= pool->capacity()) {
     block = pool->try_alloc(len);

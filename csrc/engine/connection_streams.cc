@@ -155,8 +155,8 @@ uint64_t Connection::sweep_deadlines() {
   {
     std::lock_guard<std::mutex> g(streams_mu_);
     for (auto& kv : streams_) {
-      if (kv.second->deadline.expired()) due.push_back(kv.second);
-      else next = std::min(next, kv.second->deadline.at_us());
+      if (!kv.second->deadline.expired()) next = std::min(next, kv.second->deadline.at_us());
+      else if (!kv.second->awaiting_pool.load(std::memory_order_acquire)) due.push_back(kv.second);
     }
   }
   for (auto& s : due) expire(s);

@@ -21,6 +21,7 @@
 namespace argrpc {
 
 namespace {
+constexpr int kSweepMs = int(knobs::kSweepMs);
 constexpr int kLeaseCheckMs = int(knobs::kLeaseCheckMs);
 constexpr uint64_t kLongestSleepUs = uint64_t(knobs::kLongestSleepMs) * 1000;
 }
@@ -174,6 +175,7 @@ void Engine::leave_polling() {
 bool Engine::begin_lease() {
   if (stop_.load(std::memory_order_acquire)) return false;
   leases_.fetch_add(1, std::memory_order_relaxed);
+  leases_taken_.fetch_add(1, std::memory_order_relaxed);
   enter_polling();
   return true;
 }
@@ -190,6 +192,7 @@ void Engine::end_lease() {
 void Engine::progress_loop() {
   epoll_event evs[64];
   uint64_t next_sweep = now_us();
+  uint64_t leases_seen = 0;
   // When something is due, busy or not: a transfer that keeps this thread hot for longer
   // than the keepalive timeout must not starve the keepalive (a PING the peer's process
   // has answered and this side has read is only counted here), the credits this side
@@ -212,12 +215,18 @@ void Engine::progress_loop() {
     // A lease out means nobody rings this process's doorbells on its holder's word: look
     // in the holder's stead soon, in case it is held up on its way back to polling
     // (checked only here: waking for every lease would cost the ping-pong more than
-    // the lease saves, so one taken during a long sleep waits for that sleep's end).
+    // the lease saves, so one taken during a sleep waits for that sleep's end, which
+    // is why a process whose workers took leases since the last look sleeps no longer
+    // than sweep_ms).
     const bool leased = leases_.load(std::memory_order_relaxed) > 0;
+    const uint64_t taken = leases_taken_.load(std::memory_order_relaxed);
+    const bool serving = taken != leases_seen;
+    leases_seen = taken;
     const uint64_t t = now_us();
-    const int until_sweep = t >= next_sweep ? 0 : int((next_sweep - t + 999) / 1000);
-    const int n = ::epoll_wait(epoll_.get(), evs, 64,
-                               leased ? std::min(kLeaseCheckMs, until_sweep) : until_sweep);
+    int timeout = t >= next_sweep ? 0 : int((next_sweep - t + 999) / 1000);
+    if (serving) timeout = std::min(timeout, kSweepMs);
+    if (leased) timeout = std::min(timeout, kLeaseCheckMs);
+    const int n = ::epoll_wait(epoll_.get(), evs, 64, timeout);
     std::shared_ptr<const ConnList> list;
     for (int i = 0; i < n; ++i) {
       const uint64_t tag = evs[i].data.u64;

@@ -73,6 +73,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   UniqueFd epoll_, ctl_;
   std::atomic<int> pollers_{0};
   std::atomic<int> leases_{0};
+  std::atomic<uint64_t> leases_taken_{0};  // ever: the progress thread's sleep looks
   std::atomic<bool> stop_{false};
   // When the progress thread sweeps next (now_us() scale; 0 while it sweeps), and
   // whether a deadline set since asks it to sweep sooner.

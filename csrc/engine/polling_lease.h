@@ -11,7 +11,7 @@
 // (callbacks, other executor work), and when the thread ends. A holder held up on that
 // way (preempted, waiting for the GIL) holds back this process's messages until the
 // progress thread next looks: it sleeps at most kLeaseCheckMs when it finds a lease out
-// as it goes to sleep.
+// as it goes to sleep, and at most kSweepMs when leases were taken since it last looked.
 #pragma once
 
 namespace argrpc {

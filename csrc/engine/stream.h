@@ -2,6 +2,7 @@
 // and the flow-control state. All fields below `mu` are guarded by it; waiters spin on
 // the connection, then sleep on `cv`, and whoever changes the state notifies.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -74,6 +75,9 @@ class Stream {
   const bool client;
   const std::shared_ptr<Connection> conn;
   const Deadline deadline;
+  // Its sender waits for pool room until the deadline and then ends it itself, with the
+  // cause (RESOURCE_EXHAUSTED naming the pool): the deadline sweep leaves it alone.
+  std::atomic<bool> awaiting_pool{false};
   std::string method;   // set at birth (new_stream), never changed
   Metadata request_md;  // client: the call's; server: what its HEADERS carried
 
