@@ -48,6 +48,7 @@ uint64_t Connection::sweep(uint64_t now) {
 
 uint64_t Connection::keepalive(uint64_t now) {
   constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
+  const uint64_t timeout = uint64_t(cfg_.keepalive_timeout_ms) * 1000;
   if (!alive()) return kNever;
   {
     // Credits are written by the peer's engine as it consumes our batches: the peer's
@@ -62,7 +63,7 @@ uint64_t Connection::keepalive(uint64_t now) {
     }
   }
   if (ping_sent_us_ && last_recv_us_.load(std::memory_order_relaxed) < ping_sent_us_ &&
-      now - ping_sent_us_ >= uint64_t(cfg_.keepalive_timeout_ms) * 1000) {
+      now - ping_sent_us_ >= timeout) {
     // Judge only on what this side has read: the answer may sit in our own completion
     // queue while another thread holds the poll lock (busy with a long operation of its
     // own), and it is silence of the peer, not ours, that fails the connection.
@@ -76,7 +77,7 @@ uint64_t Connection::keepalive(uint64_t now) {
   if (ping_sent_us_) {
     if (last_recv_us_.load(std::memory_order_relaxed) >= ping_sent_us_) {
       ping_sent_us_ = 0;  // answered (any batch or credit will do)
-    } else if (now - ping_sent_us_ >= uint64_t(cfg_.keepalive_timeout_ms) * 1000) {
+    } else if (now - ping_sent_us_ >= timeout) {
       const bool failed = fail(kUnavailable, "argrpc: peer " + peer_name_ + " did not answer a keepalive for " +
                              (cfg_.keepalive_timeout_ms % 1000
                                   ? std::to_string(cfg_.keepalive_timeout_ms) + " ms"
@@ -87,7 +88,7 @@ uint64_t Connection::keepalive(uint64_t now) {
     }
   }
   // The earliest this side may have to PING, or to judge the PING out.
-  const uint64_t judge = ping_sent_us_ ? ping_sent_us_ + uint64_t(cfg_.keepalive_timeout_ms) * 1000 : kNever;
+  const uint64_t judge = ping_sent_us_ ? ping_sent_us_ + timeout : kNever;
   const uint64_t heard = last_heard_us_.load(std::memory_order_relaxed);
   const uint64_t period = uint64_t(cfg_.keepalive_ms) * 1000;
   if (now - heard < period) return std::min(judge, heard + period);
@@ -112,7 +113,7 @@ uint64_t Connection::keepalive(uint64_t now) {
   if (!ping_sent_us_) ping_sent_us_ = now;
   queue_ctrl(kPing, 0, {});
   try_flush_ctrl();
-  return std::min(ping_sent_us_ + uint64_t(cfg_.keepalive_timeout_ms) * 1000, now + period);
+  return std::min(ping_sent_us_ + timeout, now + period);
 }
 
 void Connection::protocol_error(const std::string& what) {

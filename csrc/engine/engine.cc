@@ -1,9 +1,9 @@
 #include "engine/engine.h"
 
+#include <algorithm>
+
 #include <malloc.h>
 #include <pthread.h>
-
-#include <algorithm>
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
