@@ -115,8 +115,7 @@ inline constexpr int64_t kCallRecordsMax = 65536;
 
 // how often the progress thread sweeps a connection whose ring credits go back late
 // (verbs: credits owed, besides its deadlines and keepalive), how soon a keepalive
-// verdict held back by a busy poll lock is tried again, and its longest sleep in a
-// process whose server workers took polling leases since it last looked
+// verdict held back by a busy poll lock is tried again
 inline constexpr int64_t kSweepMs = 5;
 
 // the progress thread's longest sleep: otherwise it sweeps a shared-memory connection
@@ -125,11 +124,18 @@ inline constexpr int64_t kSweepMs = 5;
 inline constexpr int64_t kLongestSleepMs = 100;
 
 // a server worker that has just answered a call counts as polling until it is back in
-// accept(), so the peer's next request rings no doorbell; the progress thread, finding
-// such a worker on its way as it goes to sleep, sleeps this long instead of its usual
-// sleep, so a worker held up on that way (preempted, waiting for the GIL) holds the
-// process's messages back this long at most
+// accept(), so the peer's next request rings no doorbell; a worker held up on that way
+// (preempted, waiting for the GIL) holds the process's messages back about this long at
+// most: the progress thread, finding such a worker on its way as it goes to sleep, sleeps
+// this long instead, and a thread that has waited this long on a call looks itself and
+// rings the peer even if the peer says it polls (an asyncio client's calls have no such
+// thread: for them, longest_sleep_ms)
 inline constexpr int64_t kLeaseCheckMs = 1;
+
+// rounds in which the last thread to stop polling reads what came in before it could ask
+// the peers to ring again, and asks again, before it leaves the rest to the progress
+// thread (a fabric that already holds work cannot be armed)
+inline constexpr int64_t kArmTries = 4;
 
 // longest stretch one thread reads a connection while completions keep coming (a long
 // pull on a slow fabric) before it lets go, so the sweep and PING answers are not held

@@ -139,6 +139,69 @@ def test_the_threads_end_ends_it(rig: SimpleNamespace) -> None:
     assert [r[0] for r in caller.join()] == [OK]
 
 
+def test_a_held_up_holder_holds_back_no_waiting_call() -> None:
+    """A lease taken while the server's progress thread sleeps long (up to
+    longest_sleep_ms) and then held, as by a worker preempted on its way back to
+    accept(): the next request sits unread, its doorbell not rung. The client's thread
+    waiting on the call rings it after lease_check_ms (Fabric::nudge), and the request
+    reaches the server. The served side has an engine of its own, as a peer process
+    would, whose accept() spins until the first call comes, and returns ring credits as
+    shm does, so its progress thread, never rung, stays in its long sleep (one that
+    wakes while the lease is out, at its longest sleep's end, looks itself every
+    lease_check_ms: the nudge is looked for over a few rounds)."""
+    engine = core.Engine({"buf_size": 64 << 20})
+    server_engine = core.Engine({"buf_size": 64 << 20, "spin_us": 100_000})  # the most allowed
+    server = core.Server(server_engine, {})
+    # Credits as shm returns them: no periodic sweep wakes the progress thread.
+    client, served, link = core._sim_pair(engine, server, {"lazy_credits": False},
+                                          {"max_recv": -1}, server_engine)
+    try:
+        for _ in range(5):
+            # The call starts once accept() spins, so its request rings nothing.
+            first: list[Caller] = []
+
+            def call_once_accepting() -> None:
+                end = time.monotonic() + HANG_S
+                while server.idle_workers == 0 and time.monotonic() < end:
+                    time.sleep(0.0005)
+                first.append(Caller(client))
+
+            starter = threading.Thread(target=call_once_accepting)
+            starter.start()
+            call = server.accept(HANG_S)
+            assert call is not None
+            answer(call)
+            starter.join()
+            assert first[0].join()[0][0] == OK
+            assert server_engine.polling_leases == 1  # this thread's, held from here on
+            before = link.counters()["server"]["nudges"]
+            second = Caller(client)
+            # Nobody polls the served side: the request shows only once the progress
+            # thread has read it (the dispatcher's view does not poll).
+            kind = "none"
+            end = time.monotonic() + HANG_S
+            while kind != "starved" and time.monotonic() < end:
+                kind = server.next_event(0.1)[0]
+            assert kind == "starved", "the request was held back"
+            server.worker_started()  # the worker the dispatcher would have started
+            assert server_engine.polling_leases == 1
+            call = server.accept(HANG_S)  # drops the lease, then takes the call
+            assert call is not None
+            answer(call)
+            assert second.join()[0][0] == OK
+            assert server.accept(0.01) is None
+            if link.counters()["server"]["nudges"] > before:
+                break
+        else:
+            pytest.fail("the waiting client never rang the served side (Fabric::nudge)")
+    finally:
+        client.close()
+        served.close()
+        server.shutdown()
+        engine.shutdown()
+        server_engine.shutdown()
+
+
 def test_threaded_server_drops_it_before_callbacks(stubs_dir: str, pb: SimpleNamespace) -> None:
     """Calls one after another, so only the callback's own worker could hold a lease
     while the callback runs; with the server's callbacks, for many calls."""

@@ -77,9 +77,10 @@ SimPlan plan_arg(const py::dict& plan) {
   py::dict d = copy_of(plan);
   SimPlan p;
   p.seed = take<uint64_t>(d, "seed", p.seed);
+  p.lazy_credits = take<bool>(d, "lazy_credits", p.lazy_credits);
   for (int i = 0; i < 2; ++i)
     if (d.contains(kSides[i])) p.side[i] = faults_arg(copy_of(take<py::dict>(d, kSides[i], py::dict())), kSides[i]);
-  refuse_rest(d, "sim plan key (seed, client, server)");
+  refuse_rest(d, "sim plan key (seed, lazy_credits, client, server)");
   return p;
 }
 
@@ -99,6 +100,7 @@ py::dict counters_dict(const SimCounters& c) {
   d["exposed"] = c.exposed;
   d["credit_returns"] = c.credit_returns;
   d["batches_read"] = c.batches_read;
+  d["nudges"] = c.nudges;
   return d;
 }
 

@@ -128,7 +128,7 @@ bool Connection::reserve_window(const std::shared_ptr<Stream>& sp, size_t n, boo
 bool Connection::append_and_flush(const std::shared_ptr<Stream>& sp, const Outgoing& o,
                                   SubmitPlan* plan) {
   appenders_.fetch_add(1, std::memory_order_seq_cst);
-  std::lock_guard<std::mutex> lk(send_mu_);
+  std::unique_lock<std::mutex> lk(send_mu_);
   appenders_.fetch_sub(1, std::memory_order_seq_cst);
   bool ok = alive();
   if (ok && ctrl_pending_.load(std::memory_order_seq_cst)) flush_ctrl_locked();
@@ -140,6 +140,12 @@ bool Connection::append_and_flush(const std::shared_ptr<Stream>& sp, const Outgo
   // An oversized metadata frame was refused before it was appended: what is in the
   // batch are whole frames, other senders' among them, and they still go out.
   else if (!ok && alive()) flush_locked();
+  lk.unlock();
+  // A control frame queued while this thread held the lock found it busy and left the
+  // frame to it (try_flush_ctrl): otherwise it would wait for the next progress pass,
+  // up to the progress thread's longest sleep (a FIN: the sender's pool block; a
+  // WINDOW: the sender's stream).
+  if (ctrl_pending_.load(std::memory_order_seq_cst)) try_flush_ctrl();
   return ok;
 }
 
@@ -227,10 +233,13 @@ void Connection::submit_failed(const std::shared_ptr<Stream>& sp) {
 
 void Connection::flush_pending() {
   if (!alive()) return;
-  std::lock_guard<std::mutex> g(send_mu_);
-  if (!alive()) return;
-  flush_ctrl_locked();
-  flush_locked();
+  {
+    std::lock_guard<std::mutex> g(send_mu_);
+    if (!alive()) return;
+    flush_ctrl_locked();
+    flush_locked();
+  }
+  if (ctrl_pending_.load(std::memory_order_seq_cst)) try_flush_ctrl();  // as append_and_flush
 }
 
 void Connection::queue_ctrl(uint8_t type, uint64_t stream, const std::vector<uint8_t>& body,

@@ -11,6 +11,7 @@
 #include "common/spin.h"
 #include "engine/connection.h"
 #include "engine/engine.h"
+#include "engine/polling_lease.h"
 
 namespace argrpc {
 
@@ -28,10 +29,22 @@ bool Connection::wait(const std::shared_ptr<Stream>& sp, const Deadline& dl, Pre
   if (ok) return true;
   WaitInterrupt* const interrupt = current_interrupt();
   auto next_check = Clock::now() + kInterruptPoll;
+  auto nudge_at = Clock::now() + kLeaseCheck;
   std::unique_lock<std::mutex> lk(s.mu);
-  bool checked_dead = false;
+  bool checked_dead = false, nudged = false;
   while (!pred()) {
     if (dl.expired()) return false;
+    if (!nudged && Clock::now() >= nudge_at) {
+      // What this wait is for may sit unread behind a polling lease whose holder is held
+      // up, in the peer's process or in this one, while its progress thread sleeps long
+      // (engine/polling_lease.h): look once, and ring the peer even if it says it polls.
+      nudged = true;
+      lk.unlock();
+      progress();
+      fabric_->nudge();
+      lk.lock();
+      continue;
+    }
     if (!checked_dead && dead_.load(std::memory_order_acquire)) {
       // fail() reaches every stream (live_) and wakes its sleepers, so this is only a
       // second line: no waiter outlives its connection by more than one nap.
@@ -53,6 +66,7 @@ bool Connection::wait(const std::shared_ptr<Stream>& sp, const Deadline& dl, Pre
     // The bound is a safety net only: every state change notifies.
     auto until = std::min(dl.at(), Clock::now() + std::chrono::milliseconds(100));
     if (interrupt != nullptr) until = std::min(until, next_check);
+    if (!nudged) until = std::min(until, nudge_at);
     s.cv.wait_until(lk, until);
     --s.sleepers;
   }

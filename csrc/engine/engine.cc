@@ -21,9 +21,9 @@
 namespace argrpc {
 
 namespace {
-constexpr int kSweepMs = int(knobs::kSweepMs);
 constexpr int kLeaseCheckMs = int(knobs::kLeaseCheckMs);
 constexpr uint64_t kLongestSleepUs = uint64_t(knobs::kLongestSleepMs) * 1000;
+constexpr int kArmTries = int(knobs::kArmTries);
 }
 
 Engine::Engine(const EngineConfig& cfg) : cfg_(cfg) {
@@ -154,9 +154,11 @@ void Engine::disarm_all() {
   for (auto& c : *list) c->fabric().disarm();
 }
 
-void Engine::arm_all() {
+bool Engine::arm_all() {
   auto list = snapshot();
-  for (auto& c : *list) c->fabric().arm();
+  bool all = true;
+  for (auto& c : *list) all &= c->fabric().arm();
+  return all;
 }
 
 void Engine::enter_polling() {
@@ -164,18 +166,24 @@ void Engine::enter_polling() {
 }
 
 void Engine::leave_polling() {
-  if (pollers_.fetch_sub(1, std::memory_order_seq_cst) == 1) {
-    // Nobody polls now: ask peers to ring again, then look once more for anything
-    // written while they were told not to.
-    arm_all();
+  if (pollers_.fetch_sub(1, std::memory_order_seq_cst) != 1) return;
+  // Nobody polls now: ask peers to ring again, then look once more for anything written
+  // while they were told not to. A fabric that already held such work stays unarmed
+  // (arm() is false), and its peer would ring nobody for what it writes next: until
+  // some thread next polls, up to the progress thread's longest sleep. So arm again
+  // once that work is read, until every fabric is armed or another thread polls (it
+  // arms when it leaves); traffic that keeps coming is left to the progress thread.
+  for (int tries = 0;; ++tries) {
+    const bool armed = arm_all();
     progress_all();
+    if (armed || pollers_.load(std::memory_order_seq_cst) > 0) return;
+    if (tries == kArmTries) return wake();
   }
 }
 
 bool Engine::begin_lease() {
   if (stop_.load(std::memory_order_acquire)) return false;
   leases_.fetch_add(1, std::memory_order_relaxed);
-  leases_taken_.fetch_add(1, std::memory_order_relaxed);
   enter_polling();
   return true;
 }
@@ -192,7 +200,6 @@ void Engine::end_lease() {
 void Engine::progress_loop() {
   epoll_event evs[64];
   uint64_t next_sweep = now_us();
-  uint64_t leases_seen = 0;
   // When something is due, busy or not: a transfer that keeps this thread hot for longer
   // than the keepalive timeout must not starve the keepalive (a PING the peer's process
   // has answered and this side has read is only counted here), the credits this side
@@ -200,7 +207,11 @@ void Engine::progress_loop() {
   // host a few hundred times a second, on CPUs its peers' calls need.
   auto sweep_if_due = [&] {
     const uint64_t t = now_us();
-    if (t < next_sweep && !sweep_asked_.exchange(false, std::memory_order_seq_cst)) return false;
+    // Read before it is cleared: the hot loop below asks every turn, and a write each
+    // time would take the line from the threads that enter and leave polling.
+    if (t < next_sweep && !(sweep_asked_.load(std::memory_order_seq_cst) &&
+                            sweep_asked_.exchange(false, std::memory_order_seq_cst)))
+      return false;
     // A deadline set from here on asks for another sweep (deadline_set): this one may
     // have looked at its connection's streams already.
     next_sweep_us_.store(0, std::memory_order_seq_cst);
@@ -213,18 +224,11 @@ void Engine::progress_loop() {
   };
   while (!stop_.load(std::memory_order_acquire)) {
     // A lease out means nobody rings this process's doorbells on its holder's word: look
-    // in the holder's stead soon, in case it is held up on its way back to polling
-    // (checked only here: waking for every lease would cost the ping-pong more than
-    // the lease saves, so one taken during a sleep waits for that sleep's end, which
-    // is why a process whose workers took leases since the last look sleeps no longer
-    // than sweep_ms).
+    // in the holder's stead soon, in case it is held up on its way back to polling (one
+    // taken during a sleep is left to the waiters: engine/polling_lease.h).
     const bool leased = leases_.load(std::memory_order_relaxed) > 0;
-    const uint64_t taken = leases_taken_.load(std::memory_order_relaxed);
-    const bool serving = taken != leases_seen;
-    leases_seen = taken;
     const uint64_t t = now_us();
     int timeout = t >= next_sweep ? 0 : int((next_sweep - t + 999) / 1000);
-    if (serving) timeout = std::min(timeout, kSweepMs);
     if (leased) timeout = std::min(timeout, kLeaseCheckMs);
     const int n = ::epoll_wait(epoll_.get(), evs, 64, timeout);
     std::shared_ptr<const ConnList> list;

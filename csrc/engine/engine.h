@@ -63,7 +63,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   using ConnList = std::vector<std::shared_ptr<Connection>>;
   std::shared_ptr<const ConnList> snapshot() const;
   void progress_loop();
-  void arm_all();
+  bool arm_all();  // false: a fabric held work already and stays unarmed
   void disarm_all();
 
   const EngineConfig cfg_;
@@ -73,11 +73,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   UniqueFd epoll_, ctl_;
   std::atomic<int> pollers_{0};
   std::atomic<int> leases_{0};
-  std::atomic<uint64_t> leases_taken_{0};  // ever: the progress thread's sleep looks
   std::atomic<bool> stop_{false};
   // When the progress thread sweeps next (now_us() scale; 0 while it sweeps), and
   // whether a deadline set since asks it to sweep sooner.
-  std::atomic<uint64_t> next_sweep_us_{0};
+  alignas(64) std::atomic<uint64_t> next_sweep_us_{0};
   std::atomic<bool> sweep_asked_{false};
 
   mutable std::mutex conns_mu_;

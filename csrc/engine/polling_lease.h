@@ -9,12 +9,22 @@
 // accept() gave the call, when that call's status goes out and no other call waits, and
 // dropped when the thread is back in accept(), before anything the application controls
 // (callbacks, other executor work), and when the thread ends. A holder held up on that
-// way (preempted, waiting for the GIL) holds back this process's messages until the
-// progress thread next looks: it sleeps at most kLeaseCheckMs when it finds a lease out
-// as it goes to sleep, and at most kSweepMs when leases were taken since it last looked.
+// way (preempted, waiting for the GIL) holds back this process's messages until someone
+// looks in its stead: the progress thread, finding a lease out as it goes to sleep,
+// sleeps at most kLeaseCheck; a lease taken while it sleeps longer is caught by the
+// waiters, since what is held back is what some call waits for: a thread waiting that
+// long in Connection::wait looks itself and rings its peer even if the peer says it
+// polls (Fabric::nudge). Waking the progress thread for every lease instead would cost
+// the ping-pong more than the lease saves, and so would a short sleep for every process
+// that serves.
 #pragma once
+#include <chrono>
+
+#include "tunables.h"
 
 namespace argrpc {
+
+inline constexpr auto kLeaseCheck = std::chrono::milliseconds(knobs::kLeaseCheckMs);
 
 class Engine;
 class Stream;

@@ -71,6 +71,11 @@ class Fabric {
   virtual bool arm() = 0;
   virtual void disarm() = 0;
   virtual void ack_wakeup() = 0;
+  // Rings the peer's doorbell although the peer said it polls, if what this side wrote
+  // is still unread there: a waiter that has waited long suspects the peer's poller is
+  // held up (a polling lease: engine/polling_lease.h). Fabrics whose peer cannot stop
+  // being signalled (verbs) have nothing to do. Thread-safe.
+  virtual void nudge() {}
   // Readable/hung up when the peer is gone (-1 if the fabric has no such fd).
   virtual int liveness_fd() const = 0;
   // Non-blocking: true if the peer has certainly hung up (false if it cannot tell), for

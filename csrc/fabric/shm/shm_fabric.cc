@@ -205,6 +205,18 @@ void ShmFabric::ring_own_doorbell_if_armed() {
   }
 }
 
+void ShmFabric::nudge() {
+  if (shut_.load(std::memory_order_relaxed)) return;
+  // Asleep (armed): the write that is unread rang it. Everything read: nothing held back.
+  if (peer_hdr_->armed.load(std::memory_order_seq_cst)) return;
+  if (peer_hdr_->consumed_batches.load(std::memory_order_acquire) ==
+      peer_hdr_->cq_head.load(std::memory_order_seq_cst))
+    return;
+  uint64_t one = 1;
+  ssize_t r = ::write(peer_event_fd_.get(), &one, sizeof one);
+  (void)r;
+}
+
 void ShmFabric::publish_consumed(uint64_t bytes, uint64_t batches) {
   local_hdr_->consumed_bytes.store(bytes, std::memory_order_release);
   local_hdr_->consumed_batches.store(batches, std::memory_order_release);

@@ -68,6 +68,7 @@ class ShmFabric final : public Fabric {
   bool arm() override;
   void disarm() override;
   void ack_wakeup() override;
+  void nudge() override;
   int liveness_fd() const override { return sock_.get(); }
   bool peer_gone() const override;
   void shutdown() override;

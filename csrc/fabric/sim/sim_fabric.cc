@@ -208,7 +208,8 @@ struct SimSide {
   }
 };
 
-SimLink::SimLink(const ConnConfig& a, const ConnConfig& b, const SimPlan& plan) {
+SimLink::SimLink(const ConnConfig& a, const ConnConfig& b, const SimPlan& plan)
+    : lazy_credits_(plan.lazy_credits) {
   const ConnConfig* cfg[2] = {&a, &b};
   for (int i = 0; i < 2; ++i) {
     if (cfg[i]->ring_size == 0 || cfg[i]->cq_slots == 0)
@@ -248,6 +249,7 @@ SimFabric::~SimFabric() { shutdown(); }
 
 SimSide& SimFabric::me() const { return *link_->sides_[side_]; }
 SimSide& SimFabric::peer() const { return *link_->sides_[1 - side_]; }
+bool SimFabric::lazy_credits() const { return link_->lazy_credits_; }
 
 const uint8_t* SimFabric::ring() const { return me().ring.get(); }
 size_t SimFabric::ring_size() const { return me().ring_size; }
@@ -424,6 +426,14 @@ void SimFabric::ack_wakeup() {
   uint64_t v;
   ssize_t r = ::read(me().wake.get(), &v, sizeof v);
   (void)r;
+}
+
+void SimFabric::nudge() {
+  SimSide& p = peer();
+  std::lock_guard<std::mutex> g(p.mu);
+  if (p.armed || !p.ready_locked()) return;
+  ++p.n.nudges;
+  ring_fd(p.wake.get());
 }
 
 void SimFabric::shutdown() {

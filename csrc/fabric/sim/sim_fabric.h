@@ -55,6 +55,9 @@ struct SimFaults {
 struct SimPlan {
   uint64_t seed = 1;
   SimFaults side[2];
+  // true: credits go back late, as on verbs, which the fabric stands in for; false: as on
+  // shm, after every batch, so the progress thread sweeps only when something is due.
+  bool lazy_credits = true;
 };
 
 // What one side did and what was done to it.
@@ -70,6 +73,7 @@ struct SimCounters {
   uint64_t exposed = 0;                  // expose() calls
   uint64_t credit_returns = 0;           // publish_consumed() calls (each a write on verbs)
   uint64_t batches_read = 0;             // the last batch count returned
+  uint64_t nudges = 0;                   // doorbells nudge() rang (the side said it polled)
 };
 
 struct SimSide;
@@ -90,6 +94,7 @@ class SimLink {
  private:
   friend class SimFabric;
   std::unique_ptr<SimSide> sides_[2];
+  bool lazy_credits_;
 };
 
 class SimFabric;
@@ -117,12 +122,13 @@ class SimFabric final : public Fabric {
   bool read(void* dst, const RemoteRef& src, size_t len, uint64_t wr_id) override;
   void publish_consumed(uint64_t bytes, uint64_t batches) override;
   void peer_consumed(uint64_t* bytes, uint64_t* batches) const override;
-  bool lazy_credits() const override { return true; }  // as verbs, which it stands in for
+  bool lazy_credits() const override;
   int poll(Completion* out, int max) override;
   int wait_fd() const override;
   bool arm() override;
   void disarm() override;
   void ack_wakeup() override;
+  void nudge() override;
   int liveness_fd() const override;
   bool peer_gone() const override;
   void shutdown() override;
