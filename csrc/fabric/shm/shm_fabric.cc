@@ -67,6 +67,13 @@ static void check_peer_memfd(int fd, size_t expect, const char* what) {
     throw CoreError(std::string("peer ") + what + " is not a memfd sealed against shrinking");
 }
 
+// A doorbell: an eventfd write (a full counter only means a wake-up is pending anyway).
+static void ring_doorbell(int event_fd) {
+  uint64_t one = 1;
+  ssize_t r = ::write(event_fd, &one, sizeof one);
+  (void)r;
+}
+
 static void check_eventfd(int fd) {
   char path[64], target[64] = {0};
   std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
@@ -166,9 +173,7 @@ bool ShmFabric::write_imm(const void* src, uint32_t len, size_t remote_off) {
   peer_hdr_->cq_head.store(sent_batches_, std::memory_order_seq_cst);
   if (peer_hdr_->armed.load(std::memory_order_seq_cst) &&
       peer_hdr_->armed.exchange(0, std::memory_order_seq_cst)) {
-    uint64_t one = 1;
-    ssize_t r = ::write(peer_event_fd_.get(), &one, sizeof one);
-    (void)r;
+    ring_doorbell(peer_event_fd_.get());
   }
   return true;
 }
@@ -199,9 +204,7 @@ const uint8_t* ShmFabric::peer_view(const RemoteRef& src, size_t len) const {
 void ShmFabric::ring_own_doorbell_if_armed() {
   if (local_hdr_->armed.load(std::memory_order_seq_cst) &&
       local_hdr_->armed.exchange(0, std::memory_order_seq_cst)) {
-    uint64_t one = 1;
-    ssize_t r = ::write(local_->event_fd_.get(), &one, sizeof one);
-    (void)r;
+    ring_doorbell(local_->event_fd_.get());
   }
 }
 
@@ -212,9 +215,7 @@ void ShmFabric::nudge() {
   if (peer_hdr_->consumed_batches.load(std::memory_order_acquire) ==
       peer_hdr_->cq_head.load(std::memory_order_seq_cst))
     return;
-  uint64_t one = 1;
-  ssize_t r = ::write(peer_event_fd_.get(), &one, sizeof one);
-  (void)r;
+  ring_doorbell(peer_event_fd_.get());
 }
 
 void ShmFabric::publish_consumed(uint64_t bytes, uint64_t batches) {
