@@ -7,9 +7,10 @@ Python queue, no `executor.submit` per call. Workers are started on demand by th
 server's dispatcher thread (the engine tells it when calls wait and no worker is idle),
 so the user's pool is untouched until the first call and used as far as it lets itself
 be used: a pool of 25 runs 25 handlers at once, any `concurrent.futures.Executor` works,
-and an idle worker gives its thread back. Because workers occupy pool threads while they wait, the real
-grpc server gets an executor of ours: its work goes to an idle worker when there is one
-(woken with `core_server.wakeup()`), else to the user's pool as grpc would send it.
+and an idle worker gives its thread back. Because workers occupy pool threads while they
+wait, the real grpc server gets an executor of ours: while any worker runs, its work goes
+to the workers (an idle one is woken with `core_server.wakeup()`; a busy one takes it
+before its next call), else to the user's pool as grpc would send it.
 
 `maximum_concurrent_rpcs` is one count for both ports, kept by the engine: a fast-path
 call is counted when it arrives, a gRPC-port call when grpc hands it to the executor,
@@ -212,18 +213,24 @@ def _intercept(interceptors: Sequence[grpc.ServerInterceptor], index: int, query
 
 # --- the executor given to the real grpc server ---------------------------------------
 class _GrpcExecutor(concurrent.futures.Executor):
-    """Where the grpc server's work goes: to an idle worker when one waits (its thread
-    is taken from the user's pool already), else to the user's pool."""
+    """Where the grpc server's work goes: to the workers while any is running (their
+    threads are taken from the user's pool already), else to the user's pool.
 
-    def __init__(self, pool: concurrent.futures.Executor, idle_workers: Callable[[], int],
-                 wake: Callable[[], None], admission: Optional[_Admission]) -> None:
+    Not to the pool while workers run: they hold its threads as long as fast-path calls
+    keep coming, so work queued behind them there would wait for the traffic to stop (a
+    plain gRPC client's calls, a new channel's negotiation). A worker looks at this
+    queue before every accept(), so under load the work runs after a call's time, and
+    the wake-up brings an idle worker or, when none is, asks for one more."""
+
+    def __init__(self, pool: concurrent.futures.Executor, wake: Callable[[], None],
+                 admission: Optional[_Admission]) -> None:
         # Work for a worker; workers look at it (truthiness) before every accept().
         self.queue: collections.deque[Any] = collections.deque()
         self._pool = pool
-        self._idle_workers = idle_workers
         self._wake = wake
         self._admission = admission
         self._closed = False
+        self._workers = 0  # worker loops running; changed under the lock
         self._lock = threading.Lock()
 
     def submit(self, fn: Callable[..., Any], /, *args: Any,
@@ -242,8 +249,8 @@ class _GrpcExecutor(concurrent.futures.Executor):
 
     def _hand_over(self, fn: Callable[..., Any], args: tuple[Any, ...],
                    kwargs: dict[str, Any]) -> concurrent.futures.Future[Any]:
-        with self._lock:  # against may_retire() and close_and_drain(): nothing stranded
-            queued = not self._closed and self._idle_workers() > 0
+        with self._lock:  # against retire() and close_and_drain(): nothing stranded
+            queued = not self._closed and self._workers > 0
             if queued:
                 future: concurrent.futures.Future[Any] = concurrent.futures.Future()
                 self.queue.append((future, fn, args, kwargs))
@@ -261,10 +268,22 @@ class _GrpcExecutor(concurrent.futures.Executor):
             _run_into(future, fn, args, kwargs)
         return True
 
-    def may_retire(self) -> bool:
-        """True when a worker may leave: no work of ours is queued for it."""
+    def worker_began(self) -> None:
         with self._lock:
-            return not self.queue
+            self._workers += 1
+
+    def worker_ended(self) -> None:
+        with self._lock:
+            self._workers -= 1
+
+    def retire(self) -> bool:
+        """True when a worker may leave (and is no longer counted): no work of ours is
+        queued for it."""
+        with self._lock:
+            if self.queue:
+                return False
+            self._workers -= 1
+            return True
 
     def close_and_drain(self) -> None:
         with self._lock:
@@ -358,10 +377,7 @@ class _Server(grpc.Server):
         core = self._core
         admission = (None if maximum_concurrent_rpcs is None
                      else _Admission(maximum_concurrent_rpcs, core))
-        self._executor = _GrpcExecutor(
-            thread_pool,
-            (lambda: core.idle_workers) if core is not None else (lambda: 0),
-            self._wake_one, admission)
+        self._executor = _GrpcExecutor(thread_pool, self._wake_one, admission)
         # The limit is ours to count (one count for both ports, argrpc's negotiation
         # left out), so grpc is not given it; the gate applies it and the user's
         # interceptors.
@@ -597,45 +613,52 @@ class _Server(grpc.Server):
                 sc = None
         executor = self._executor
         queue = executor.queue
-        # When this worker ran out of work; None right after work, so the path from one
-        # call to the next reads no clock and asks the engine nothing more.
-        idle_since: Optional[float] = None
-        while True:
-            if queue:
-                # Other work first: this worker is no longer on its way back to accept().
-                core.drop_polling_lease()
-                if executor.run_one():
-                    idle_since = None
+        executor.worker_began()
+        retired = False
+        try:
+            # When this worker ran out of work; None right after work, so the path from one
+            # call to the next reads no clock and asks the engine nothing more.
+            idle_since: Optional[float] = None
+            while True:
+                if queue:
+                    # Other work first: this worker is no longer on its way back to accept().
+                    core.drop_polling_lease()
+                    if executor.run_one():
+                        idle_since = None
+                        continue
+                if not self._accepting or self._exit_workers or _interpreter_exiting():
+                    core.drop_polling_lease()
+                    return
+                if idle_since is None:
+                    timeout = _SPARE_WORKER_IDLE
+                else:
+                    limit = _SPARE_WORKER_IDLE if core.idle_workers > 0 else _LAST_WORKER_IDLE
+                    remaining = idle_since + limit - time.monotonic()
+                    if remaining <= 0:
+                        if executor.retire():
+                            retired = True
+                            return
+                        idle_since = None
+                        continue
+                    timeout = min(remaining, _ACCEPT_TIMEOUT)
+                try:
+                    sc = core.accept(timeout)
+                except Exception:
+                    # Not in the engine's contract; losing a worker silently would shrink
+                    # the server, so log and keep the thread serving.
+                    _LOGGER.exception("argrpc: accept() failed")
+                    time.sleep(0.1)
                     continue
-            if not self._accepting or self._exit_workers or _interpreter_exiting():
-                core.drop_polling_lease()
-                return
-            if idle_since is None:
-                timeout = _SPARE_WORKER_IDLE
-            else:
-                limit = _SPARE_WORKER_IDLE if core.idle_workers > 0 else _LAST_WORKER_IDLE
-                remaining = idle_since + limit - time.monotonic()
-                if remaining <= 0:
-                    if executor.may_retire():
-                        return
+                if sc is not None:
+                    self._serve(sc)
+                    sc = None  # not kept alive while the next accept() waits
                     idle_since = None
-                    continue
-                timeout = min(remaining, _ACCEPT_TIMEOUT)
-            try:
-                sc = core.accept(timeout)
-            except Exception:
-                # Not in the engine's contract; losing a worker silently would shrink
-                # the server, so log and keep the thread serving.
-                _LOGGER.exception("argrpc: accept() failed")
-                time.sleep(0.1)
-                continue
-            if sc is not None:
-                self._serve(sc)
-                sc = None  # not kept alive while the next accept() waits
-                idle_since = None
-            elif idle_since is None:
-                # Timed out (a wake-up brings work, which resets this anyway).
-                idle_since = time.monotonic() - timeout
+                elif idle_since is None:
+                    # Timed out (a wake-up brings work, which resets this anyway).
+                    idle_since = time.monotonic() - timeout
+        finally:
+            if not retired:
+                executor.worker_ended()
 
     def _run_cancel_callbacks(self, key: Any) -> None:
         state = self._calls.get(key)

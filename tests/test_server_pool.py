@@ -64,7 +64,8 @@ class CountingExecutor(cf.Executor):
 def serving(pair: tuple[str, str], pool: cf.Executor, *, limit: Optional[int] = None,
             interceptors: Sequence[grpc.ServerInterceptor] = (),
             handler: Optional[Callable] = None) -> Iterator[Callable[[], Any]]:
-    """Yields a factory of fresh channels to a running server of pair[1]'s stack."""
+    """Yields a factory of fresh channels to a running server of pair[1]'s stack (of
+    pair[0]'s stack unless told another)."""
     tally_handler = handler or Tally().handler
     server = _stack(pair[1]).server(pool, interceptors=interceptors,
                                     maximum_concurrent_rpcs=limit)
@@ -74,8 +75,8 @@ def serving(pair: tuple[str, str], pool: cf.Executor, *, limit: Optional[int] = 
     server.start()
     channels: list[Any] = []
 
-    def channel() -> Any:
-        ch = _stack(pair[0]).insecure_channel(f"127.0.0.1:{port}")
+    def channel(stack: Optional[str] = None) -> Any:
+        ch = _stack(stack or pair[0]).insecure_channel(f"127.0.0.1:{port}")
         channels.append(ch)
         return ch
 
@@ -285,4 +286,52 @@ def test_the_pool_is_given_back_between_calls(pair: tuple[str, str]) -> None:
         for _ in range(2):
             assert stub(b"0", timeout=20) == b"ok"
             assert pool.submit(lambda: "mine").result(timeout=5) == "mine"
+    pool.shutdown()
+
+
+@pairs
+def test_the_grpc_port_is_served_while_fast_path_calls_keep_the_pool_busy(
+        pair: tuple[str, str]) -> None:
+    """Calls that keep every thread of the pool busy without a pause must not starve the
+    calls that arrive on the gRPC port (a plain gRPC client's, a new channel's
+    negotiation): grpc queues them in the pool behind the calls before them, so they
+    run within a few calls' time. The calls are timed out generously: a starved call
+    would wait for the load to end, which only comes after them."""
+    pool = cf.ThreadPoolExecutor(2)
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def handler(request: bytes, context: grpc.ServicerContext) -> bytes:
+        time.sleep(0.002)
+        return b"ok"
+
+    with serving(pair, pool, handler=handler) as channel:
+        busy = channel()
+        stub = busy.unary_unary("/t/U")
+        stub(b"", timeout=20)
+
+        def load() -> None:
+            try:
+                while not stop.is_set():
+                    stub(b"", timeout=20)
+            except BaseException as e:  # reported by the test
+                failures.append(e)
+
+        loaders = [threading.Thread(target=load, daemon=True) for _ in range(6)]
+        for t in loaders:
+            t.start()
+        try:
+            time.sleep(0.3)  # every pool thread taken by the load
+            plain = channel("grpc")
+            assert plain.unary_unary("/t/U")(b"", timeout=20) == b"ok"
+            fresh = channel()
+            assert fresh.unary_unary("/t/U")(b"", timeout=20) == b"ok"
+            if fast(pair):
+                assert fresh.transport == "shm"
+            assert not failures, failures
+        finally:
+            stop.set()
+            for t in loaders:
+                t.join(30)
+    assert not failures, failures
     pool.shutdown()

@@ -250,6 +250,7 @@ PYBIND11_MODULE(_core, m) {
       // Server workers counted as polling on their way back to accept()
       // (engine/polling_lease.h).
       .def_property_readonly("polling_leases", [](PyEngine& e) { return e.engine->leases_out(); })
+      .def_property_readonly("missed_doorbells", [](PyEngine& e) { return e.engine->missed_doorbells(); })
       .def("pool_stats", [](PyEngine& e) {
         auto s = e.engine->pool()->stats();
         py::dict d;

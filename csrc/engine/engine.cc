@@ -254,8 +254,13 @@ void Engine::progress_loop() {
       }
     }
     if (stop_.load(std::memory_order_acquire)) break;
+    // Nothing rang, nobody polls and no holder of a lease (before or during the sleep)
+    // is on its way back to read it: work found now was announced to nobody.
+    const bool unrung = n == 0 && !leased && leases_.load(std::memory_order_relaxed) == 0 &&
+                        pollers_.load(std::memory_order_relaxed) == 0;
     enter_polling();
     if (progress_all()) {
+      if (unrung) missed_doorbells_.fetch_add(1, std::memory_order_relaxed);
       // Stay hot for a while after work, unless another thread is already polling.
       uint64_t idle_since = now_us();
       while (pollers_.load(std::memory_order_relaxed) == 1 &&

@@ -50,6 +50,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool begin_lease();
   void end_lease();
   int leases_out() const { return leases_.load(std::memory_order_relaxed); }
+  // Passes of the progress thread that no doorbell started, with nobody polling and no
+  // lease out (a timed wake: a sweep or its longest sleep), that found work anyway: each
+  // is a wake-up lost on the way, which cost that work up to longest_sleep_ms.
+  uint64_t missed_doorbells() const { return missed_doorbells_.load(std::memory_order_relaxed); }
   bool progress_all();
   size_t connection_count();
   void shutdown();
@@ -74,6 +78,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::atomic<int> pollers_{0};
   std::atomic<int> leases_{0};
   std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> missed_doorbells_{0};  // written by the progress thread only
   // When the progress thread sweeps next (now_us() scale; 0 while it sweeps), and
   // whether a deadline set since asks it to sweep sooner.
   alignas(64) std::atomic<uint64_t> next_sweep_us_{0};

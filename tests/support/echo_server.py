@@ -8,7 +8,8 @@ Prints "PORT <n>" once serving. Reads commands on stdin, one per line:
     stop <grace|none>   server.stop(grace) and wait; prints "STOPPED"
     resources           prints "RESOURCES <json>"
     pool                prints "POOL <json>": the argrpc engine's pool_stats() plus
-                        "connections" (engine.connection_count), or {} with no engine
+                        "connections" (engine.connection_count) and "missed_doorbells",
+                        or {} with no engine
 End of stdin stops the server (grace 1 s), shuts the executor down and prints
 "REPORT <json>" with resource snapshots taken before the server existed, after start and
 after shutdown, plus every handler observation (see servicer.Observations), then exits. A setup failure prints "ERROR <type>: <message>" and exits 2.
@@ -129,6 +130,7 @@ def _pool_report(stack: str) -> dict[str, Any]:
         return {}
     report = dict(engine.pool_stats())
     report["connections"] = engine.connection_count
+    report["missed_doorbells"] = engine.missed_doorbells
     return report
 
 
