@@ -492,9 +492,16 @@ _SYSTEM_PYTHON = "/usr/bin/python3"
 def run_child(lst: FastPathListener, bind_to_child: bool, user: int | None = None) -> tuple[str, bytes]:
     python = sys.executable if user is None else _SYSTEM_PYTHON
     child = subprocess.Popen([python, "-c", _CHILD], stdin=subprocess.PIPE, cwd="/",
-                             stdout=subprocess.PIPE, text=True, user=user)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             user=user)
     try:
-        pid = int(child.stdout.readline())
+        line = child.stdout.readline()
+        if not line.strip():
+            child.kill()
+            _, err = child.communicate(timeout=20)
+            pytest.fail(f"the client child ({python}, uid {user}) did not start: "
+                        f"rc={child.returncode}\n{err[-3000:]}")
+        pid = int(line)
         offer = lst.decide(request(pid=pid if bind_to_child else pid + 1)).shm
         child.stdin.write(json.dumps({"name": offer.socket_name, "secret": offer.secret.hex()}) + "\n")
         child.stdin.flush()

@@ -89,6 +89,30 @@ def echo_call(chan, seed, size, timeout):
             "size": r.size}
 
 
+def stream_call(chan, seed, size, timeout):
+    # The request waits for pool room on the thread that sends the requests, not the one
+    # that waits for the call's end.
+    data = payload.make(seed, size)
+    reqs = iter([pb2.EchoRequest(payload=data)])
+    try:
+        chan.echo.ClientStream(reqs, timeout=timeout)
+    except grpc.RpcError as e:
+        return {"code": e.code().name, "details": e.details()}
+    return {"code": "OK"}
+
+
+def bidi_call(chan, seed, size, timeout):
+    # The responses are read while the requests' thread waits for pool room.
+    data = payload.make(seed, size)
+    call = chan.echo.Bidi(iter([pb2.EchoRequest(payload=data)]), timeout=timeout)
+    try:
+        for _ in call:
+            pass
+    except grpc.RpcError as e:
+        return {"code": e.code().name, "details": e.details()}
+    return {"code": "OK"}
+
+
 def release(chan, tag):
     return chan.hold(b"", metadata=[("x-release", tag)], timeout=60)
 
@@ -153,6 +177,8 @@ try:
         out["capacity"] = stats()["capacity"]
         out["blocked"] = hold_call(late, 7, 16 * MiB, 1.0)
         out["blocked_echo"] = echo_call(late, 8, 4 * MiB, 1.0)
+        out["blocked_stream"] = stream_call(late, 12, 16 * MiB, 1.0)
+        out["blocked_bidi"] = bidi_call(late, 13, 16 * MiB, 1.0)
         out["holders_done_before_release"] = [h.done() for h in holders]
         out["release"] = release(late, "deadline")
         out["holders"] = [h.result() for h in holders]
@@ -247,6 +273,12 @@ def test_full_pool_until_deadline_fails_then_recovers(target: str, stubs_dir: st
     assert r["full"]["in_use"] == POOL, f"held views did not fill the pool: {r['full']}"
     _assert_pool_error(r["blocked"], allow_deadline=True)
     _assert_pool_error(r["blocked_echo"], allow_deadline=True)
+    # The thread that waits for the call's end (or its responses) is not the one that
+    # waits for room: it leaves the end to the sender, which names the cause. The server
+    # knows these calls (their HEADERS go out at once) and may end them first at the
+    # same deadline, as grpc's would: DEADLINE_EXCEEDED, on a busy host mostly.
+    _assert_pool_error(r["blocked_stream"], allow_deadline=True)
+    _assert_pool_error(r["blocked_bidi"], allow_deadline=True)
     # The failed calls did not disturb the held ones: each still sees its exact request.
     assert r["holders_done_before_release"] == [False] * 4, r
     for holder in r["holders"]:

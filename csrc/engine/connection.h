@@ -259,6 +259,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool end_failed(const std::shared_ptr<Stream>& s);
   // The stream's deadline passed: end it and tell the peer.
   void expire(const std::shared_ptr<Stream>& s);
+  // A waiter saw the deadline pass: the call ends DEADLINE_EXCEEDED, unless its sender
+  // waits for pool room, which ends it at that deadline with the cause (RESOURCE_EXHAUSTED
+  // naming the pool: Stream::awaiting_pool); then this waits for that end instead. False
+  // if `limit` came first (the call has not ended).
+  bool end_at_deadline(const std::shared_ptr<Stream>& s, const Deadline& limit);
   // Ends the stream here with code/why and tells the peer: a server sends TRAILERS with
   // the same status, a client RST(rst_code). False if it had already ended.
   bool abort_stream(const std::shared_ptr<Stream>& s, uint32_t code, const std::string& why,

@@ -92,7 +92,7 @@ SendResult Connection::try_finish(const std::shared_ptr<Stream>& s, uint32_t cod
 bool Connection::recv(const std::shared_ptr<Stream>& sp, Payload* out) {
   Stream& s = *sp;
   if (!wait(sp, s.deadline, [&] { return recv_ready(s); })) {
-    expire(sp);
+    end_at_deadline(sp, Deadline::never());
     return false;
   }
   return take_message(sp, out);
@@ -157,7 +157,8 @@ bool Connection::take_message(const std::shared_ptr<Stream>& sp, Payload* out) {
 
 bool Connection::wait_initial_metadata(const std::shared_ptr<Stream>& sp) {
   Stream& s = *sp;
-  if (!wait(sp, s.deadline, [&] { return s.have_initial_md || s.ended; })) expire(sp);
+  if (!wait(sp, s.deadline, [&] { return s.have_initial_md || s.ended; }))
+    end_at_deadline(sp, Deadline::never());
   std::lock_guard<std::mutex> g(s.mu);
   return s.have_initial_md;
 }
@@ -165,11 +166,7 @@ bool Connection::wait_initial_metadata(const std::shared_ptr<Stream>& sp) {
 bool Connection::wait_end(const std::shared_ptr<Stream>& sp, const Deadline& limit) {
   Stream& s = *sp;
   if (wait(sp, limit.earlier(s.deadline), [&] { return s.ended; })) return true;
-  if (s.deadline.expired()) {
-    expire(sp);
-    return true;
-  }
-  return false;
+  return s.deadline.expired() && end_at_deadline(sp, limit);
 }
 
 }  // namespace argrpc

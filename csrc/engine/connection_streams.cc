@@ -9,6 +9,7 @@
 #include "common/call_stats.h"
 #include "common/status.h"
 #include "engine/connection.h"
+#include "engine/connection_wait.h"
 #include "engine/server.h"
 
 namespace argrpc {
@@ -139,6 +140,17 @@ void Connection::abandon(const std::shared_ptr<Stream>& s) {
 void Connection::expire(const std::shared_ptr<Stream>& s) {
   abort_stream(s, kDeadlineExceeded, "Deadline Exceeded", kDeadlineExceeded);
   try_flush_ctrl();
+}
+
+bool Connection::end_at_deadline(const std::shared_ptr<Stream>& sp, const Deadline& limit) {
+  Stream& s = *sp;
+  const auto sender_waits = [&] { return s.awaiting_pool.load(std::memory_order_acquire); };
+  // The sender's own wait ends at the same deadline; an allocation that succeeds clears
+  // the flag without a notify, which the wait's bounded naps catch.
+  if (sender_waits() && !wait(sp, limit, [&] { return s.ended || !sender_waits(); }))
+    return false;
+  expire(sp);  // nothing if the sender ended it
+  return true;
 }
 
 bool Connection::abort_stream(const std::shared_ptr<Stream>& s, uint32_t code,

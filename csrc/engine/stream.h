@@ -76,7 +76,8 @@ class Stream {
   const std::shared_ptr<Connection> conn;
   const Deadline deadline;
   // Its sender waits for pool room until the deadline and then ends it itself, with the
-  // cause (RESOURCE_EXHAUSTED naming the pool): the deadline sweep leaves it alone.
+  // cause (RESOURCE_EXHAUSTED naming the pool): the deadline sweep leaves it alone, and
+  // a thread waiting on it waits for that end (Connection::end_at_deadline).
   std::atomic<bool> awaiting_pool{false};
   std::string method;   // set at birth (new_stream), never changed
   Metadata request_md;  // client: the call's; server: what its HEADERS carried

@@ -1021,3 +1021,47 @@ def test_a_kept_context_keeps_no_connection() -> None:
             assert all(not c.cancelled() for c in kept)
 
     run(body())
+
+
+async def busy_echo(request: bytes, context: aio.ServicerContext) -> bytes:
+    await asyncio.sleep(0.002)
+    return request
+
+
+@STACKS
+def test_the_grpc_port_is_served_while_fast_path_calls_keep_coming(stack: str) -> None:
+    """Calls that come without a pause (fast-path ones on argrpc.aio) must not starve
+    the gRPC port: a grpc.aio client's call and a new argrpc channel's negotiation
+    still get their turn, as on grpc.aio."""
+    async def scenario() -> None:
+        async with serving({"E": grpc.unary_unary_rpc_method_handler(busy_echo)},
+                           stack) as (_, target):
+            stop = threading.Event()
+
+            def load() -> list[str]:
+                with fast_channel(target) as ch:
+                    stub = ch.unary_unary(method("E"))
+                    n = 0
+                    while not stop.is_set():
+                        assert stub(b"x", timeout=20) == b"x"
+                        n += 1
+                    return [transport_of(ch), str(n)]
+
+            # Four: asyncio.to_thread's pool has min(32, CPUs + 4) threads, and the
+            # fresh channel below needs one of them too.
+            loaders = [asyncio.ensure_future(in_thread(load)) for _ in range(4)]
+            try:
+                await asyncio.sleep(0.3)
+                async with aio.insecure_channel(target) as plain:
+                    got = await plain.unary_unary(method("E"))(b"plain", timeout=20)
+                    assert got == b"plain"
+                transport, outcomes = await in_thread(
+                    fast_calls, target, [("E", b"fresh", "uu", 20)])
+                assert outcomes[0][:2] == ("OK", b"fresh"), outcomes
+                assert transport.split(" ")[0] == expected_transport(stack), transport
+            finally:
+                stop.set()
+            for done in await asyncio.gather(*loaders):
+                assert done[0].split(" ")[0] == expected_transport(stack), done
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
