@@ -18,7 +18,7 @@ import pytest
 
 import argrpc
 from argrpc import _config
-from tests.support.procs import ServerProcess, run_python
+from tests.support.procs import ServerProcess, script_result
 
 ECHO = "/progress.Test/Echo"
 HOLD = "/progress.Test/Hold"
@@ -133,11 +133,8 @@ def test_no_doorbell_is_lost_under_many_large_calls(
     engine on both sides (work its progress thread found that nothing had rung for
     while nobody polled), not timed."""
     server = spawn("argrpc")
-    proc = run_python(f"TARGET = {server.target!r}\nSECONDS = 2.0\n" + _STEP_CLIENT,
-                      timeout=120)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert lines, f"client failed (rc={proc.returncode}):\n{proc.stderr[-3000:]}"
-    seen = json.loads(lines[-1][len("RESULT "):])
+    seen = script_result(f"TARGET = {server.target!r}\nSECONDS = 2.0\n" + _STEP_CLIENT, {},
+                         timeout=120)
     server.command("pool")
     served = json.loads(server.expect(("POOL",)).split(" ", 1)[1])
     assert seen["transport"] == "shm"
