@@ -134,6 +134,40 @@ def test_a_failed_connection_with_calls_in_flight_is_a_warning() -> None:
     assert "calls affected" not in stderr, stderr
 
 
+def test_a_call_whose_status_went_out_is_neither_lost_nor_cancelled() -> None:
+    # The server's connection fails right after a call's status went out and before the
+    # serving thread has ended the call, as when a client exits the moment it has its
+    # answer (processes connecting, calling once and exiting hit it a few times in a
+    # hundred). The call is complete: no warning about lost calls, no cancellation
+    # reported to the server, and the server's record of it says OK.
+    result, stderr = run("""
+        _core.set_call_stats(True)
+        srv = _core.Server(_engine.peek_engine(), {})
+        client, served, link = _core._sim_pair(_engine.peek_engine(), srv, {}, {})
+        served._probe_fail_at("finished")
+        call = client.start_call("/x.Y/Z", [], 10.0)
+        call.send(b"abc")
+        call.half_close()
+        sc = srv.accept(10.0)
+        got = bytes(sc.recv())
+        finished = sc.finish(0, "", [], got)
+        wait_for(lambda: not served.alive)
+        event = srv.next_event(0.5)[0]
+        wait_for(lambda: any("test fail point" in m for _, _, m in records))
+        calls, _ = _core._take_call_stats(1000)
+        ended = [r[3] for r in calls if r[0] == 3]
+        client.close(); served.close(); srv.shutdown()
+        print("RESULT " + json.dumps({"finished": finished, "event": event,
+                                      "server_ended": ended, "records": records}))
+    """)
+    assert result["finished"] is True, result
+    assert result["event"] == "none", result  # not "cancelled"
+    assert result["server_ended"] == [0], result
+    failed = [(lvl, m) for name, lvl, m in result["records"] if "test fail point" in m]
+    assert failed == [(10, "argrpc: connection failed at a test fail point (0 calls affected)")], result
+    assert "affected" not in stderr, stderr
+
+
 def test_a_forked_child_takes_its_own_messages() -> None:
     result, _ = run("""
         r, w = os.pipe()

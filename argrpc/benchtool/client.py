@@ -13,7 +13,9 @@
 
 Per size: ``warmup`` untimed calls, then ``repeats`` timed phases of ``iterations`` calls
 (or ``duration / repeats`` seconds each, at least one call). The garbage collector is
-off during timed phases so its pauses do not land at random in either stack's p99.
+off during timed phases so its pauses do not land at random in either stack's p99; with
+``--synchronized`` each process collects before it reports READY, so the collections of
+many processes do not run inside each other's timed windows.
 
 The channel's transport is checked after the first call and again at the end: a client
 asked for ``shm`` that finds itself on plain gRPC (or one that fell back mid-run) fails
@@ -174,21 +176,24 @@ class Plan:
         return calls >= 1 and time.perf_counter() - started >= self.duration / self.repeats
 
 
-def timed_phases(call: Callable[[], None], plan: Plan) -> tuple[list[int], float, list[int]]:
+def timed_phases(call: Callable[[], None], plan: Plan, collect: bool = True
+                 ) -> tuple[list[int], float, list[int]]:
     """All per-call samples (ns), total timed seconds, calls per repeat."""
-    return threaded_phases([call], plan)
+    return threaded_phases([call], plan, collect)
 
 
-def threaded_phases(calls: Sequence[Callable[[], None]], plan: Plan
+def threaded_phases(calls: Sequence[Callable[[], None]], plan: Plan, collect: bool = True
                     ) -> tuple[list[int], float, list[int]]:
     """``timed_phases`` with one thread per call, all on one channel, started together;
     the plan counts calls over all threads. One call runs on this thread, as a ping-pong
-    client's would."""
+    client's would. ``collect``: a full collection before each repeat (the caller made
+    one just before otherwise)."""
     samples: list[int] = []
     total_s = 0.0
     per_repeat: list[int] = []
     for _ in range(plan.repeats):
-        gc.collect()
+        if collect:
+            gc.collect()
         gc.disable()
         try:
             start = threading.Barrier(len(calls) + 1) if len(calls) > 1 else None
@@ -313,9 +318,12 @@ def synchronized_phases(call: Callable[[], None], plan: Plan, control: StdinCont
     last end) and every call's time."""
     phases = []
     for _ in range(plan.repeats):
+        # Before READY: after GO, 64 processes collecting at once (10-20 ms of CPU each)
+        # would take a share of every other process's timed window.
+        gc.collect()
         control.wait_go()
         samples, seconds, per_repeat = timed_phases(
-            call, Plan(plan.warmup, plan.iterations, plan.duration, 1))
+            call, Plan(plan.warmup, plan.iterations, plan.duration, 1), collect=False)
         end_ns = time.monotonic_ns()
         phases.append({"steps": per_repeat[0], "start_ns": end_ns - int(seconds * 1e9),
                        "end_ns": end_ns, "step_ns": samples})

@@ -210,8 +210,8 @@ def run_worker(args: argparse.Namespace, control: StdinControl) -> dict[str, Any
         phases = []
         samples: list[int] = []
         for _ in range(args.repeats):
+            gc.collect()  # before READY: not inside the other workers' timed windows
             control.wait_go()
-            gc.collect()
             gc.disable()
             try:
                 steps = 0

@@ -332,7 +332,7 @@ PYBIND11_MODULE(_core, m) {
         static const std::pair<const char*, FailPoint> kPoints[] = {
             {"submit", FailPoint::kSubmit}, {"copy_in", FailPoint::kCopyIn},
             {"register", FailPoint::kRegister}, {"flush", FailPoint::kFlush},
-            {"pull", FailPoint::kPull}};
+            {"pull", FailPoint::kPull}, {"finished", FailPoint::kFinished}};
         for (const auto& p : kPoints) {
           if (point == p.first) {
             c.need()->probe_fail_at(p.second);
@@ -340,7 +340,7 @@ PYBIND11_MODULE(_core, m) {
           }
         }
         throw py::value_error("unknown fail point '" + point +
-                              "' (submit, copy_in, register, flush, pull)");
+                              "' (submit, copy_in, register, flush, pull, finished)");
       }, py::arg("point"))
       .def("unary",
            [](PyConnection& c, const std::string& method, py::object md, py::object timeout,

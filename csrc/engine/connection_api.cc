@@ -72,7 +72,10 @@ bool Connection::finish(const std::shared_ptr<Stream>& s, uint32_t code, const s
   // Before the status goes out: the peer may answer it with its next request at once.
   if (!client_ && server_ && server_->queued() == 0) polling_lease::finishing(engine_, s.get());
   const bool ok = submit(s, finish_frames(code, details, trailing, msg, len, has_msg));
-  if (ok) end_stream(s, code, details, false, nullptr, false);
+  if (ok) {
+    fail_point(FailPoint::kFinished);
+    end_stream(s, code, details, false, nullptr, false);
+  }
   return ok;
 }
 
@@ -85,7 +88,10 @@ SendResult Connection::try_finish(const std::shared_ptr<Stream>& s, uint32_t cod
                                   const std::string& details, const Metadata& trailing,
                                   const uint8_t* msg, size_t len, bool has_msg) {
   const SendResult r = try_submit(s, finish_frames(code, details, trailing, msg, len, has_msg));
-  if (r == SendResult::kSent) end_stream(s, code, details, false, nullptr, false);
+  if (r == SendResult::kSent) {
+    fail_point(FailPoint::kFinished);
+    end_stream(s, code, details, false, nullptr, false);
+  }
   return r;
 }
 

@@ -134,9 +134,14 @@ bool Connection::append_and_flush(const std::shared_ptr<Stream>& sp, const Outgo
   if (ok && ctrl_pending_.load(std::memory_order_seq_cst)) flush_ctrl_locked();
   if (ok && plan->client_headers) ok = register_client_stream_locked(sp);
   if (ok) ok = append_frames_locked(*sp, o, plan);
+  // Before the flush: the doorbell may hand the CPU to the peer, which reads the status,
+  // exits and is seen gone before this thread runs again. A failed flush takes it back.
+  const bool status = ok && o.trailers;
+  if (status) sp->status_sent.store(true, std::memory_order_release);
   // Coalescing across threads: if another sender is queued on the lock, leave the
   // batch to it; the last one in line always flushes.
   if (ok && appenders_.load(std::memory_order_seq_cst) == 0) ok = flush_locked();
+  if (status && !ok) sp->status_sent.store(false, std::memory_order_release);
   // An oversized metadata frame was refused before it was appended: what is in the
   // batch are whole frames, other senders' among them, and they still go out.
   else if (!ok && alive()) flush_locked();

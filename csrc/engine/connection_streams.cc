@@ -185,6 +185,7 @@ bool Connection::end_failed(const std::shared_ptr<Stream>& s) {
   // Only after fail() set dead_ and the error: a forked child's view of the parent's
   // connection is not alive() either, and must not touch the parent's locks.
   if (!dead_.load(std::memory_order_acquire) || inherited()) return false;
+  if (s->status_sent.load(std::memory_order_acquire)) return false;  // finish() ends it
   uint32_t code;
   std::string why;
   {

@@ -24,6 +24,7 @@ enum class FailPoint : int {
   kRegister,  // a new client stream was just registered, before it checks the connection
   kFlush,     // a batch is about to be written to the peer
   kPull,      // the first chunk of a rendezvous pull has arrived
+  kFinished,  // a server call's status went out, the call not yet ended
 };
 
 class Probes {

@@ -79,6 +79,11 @@ class Stream {
   // cause (RESOURCE_EXHAUSTED naming the pool): the deadline sweep leaves it alone, and
   // a thread waiting on it waits for that end (Connection::end_at_deadline).
   std::atomic<bool> awaiting_pool{false};
+  // Server: its status went out (finish() handed the TRAILERS to the fabric). The call
+  // is complete even if the connection fails before finish() ends it (a client that
+  // exits as soon as it has its answer): fail() leaves it to finish(), which ends it
+  // with its own status, so it is neither counted lost nor reported cancelled.
+  std::atomic<bool> status_sent{false};
   std::string method;   // set at birth (new_stream), never changed
   Metadata request_md;  // client: the call's; server: what its HEADERS carried
 
