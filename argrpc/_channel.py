@@ -9,6 +9,7 @@ works). The transport is negotiated lazily on the first call; the multicallables
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any, Callable, Literal, Optional
@@ -34,10 +35,11 @@ class Channel(Routing, grpc.Channel):
         self._cfg = _config.load(options)
         grpc_options, _ = _config.split_options(options)
         self._secure = credentials is not None
-        if credentials is None:
-            self._grpc = _plain.insecure_channel(target, grpc_options, compression)
-        else:
-            self._grpc = _plain.secure_channel(target, credentials, grpc_options, compression)
+        self._grpc_args = (target, credentials, grpc_options, compression)
+        self._grpc = self._new_grpc_channel()
+        self._pid = os.getpid()
+        # A forked child's own grpc channel for its negotiations: (pid, channel).
+        self._child_grpc: Optional[tuple[int, grpc.Channel]] = None
         self._target = target
         self._max_recv = _config.max_receive_length(grpc_options)
         self._max_send = _config.max_send_length(grpc_options)
@@ -75,12 +77,30 @@ class Channel(Routing, grpc.Channel):
             timeout = max(0.0, timeout - (time.monotonic() - start))
         return fast, timeout
 
+    def _new_grpc_channel(self) -> grpc.Channel:
+        target, credentials, grpc_options, compression = self._grpc_args
+        if credentials is None:
+            return _plain.insecure_channel(target, grpc_options, compression)
+        return _plain.secure_channel(target, credentials, grpc_options, compression)
+
+    def _bootstrap_channel(self) -> grpc.Channel:
+        """The grpc channel the negotiation goes over: the channel's own, or in a forked
+        child one of the child's. grpcio does not keep a channel usable across fork() (its
+        threads stay in the parent): an inherited channel's calls in the child may fail or
+        hang past their deadline, and the child would wait for it before falling back."""
+        pid = os.getpid()
+        if pid == self._pid:
+            return self._grpc
+        if self._child_grpc is None or self._child_grpc[0] != pid:
+            self._child_grpc = (pid, self._new_grpc_channel())
+        return self._child_grpc[1]
+
     def _negotiate_locked(self, timeout: Optional[float], wait_for_ready: Optional[bool]) -> None:
         neg_timeout = _NEGOTIATION_TIMEOUT_S if timeout is None else timeout
         try:
             from . import _bootstrap  # late: needs the proto and engine modules
 
-            neg = _bootstrap.negotiate(self._grpc, self._cfg, self._max_recv,
+            neg = _bootstrap.negotiate(self._bootstrap_channel(), self._cfg, self._max_recv,
                                        timeout=neg_timeout, wait_for_ready=bool(wait_for_ready),
                                        secure=self._secure, target=self._target)
         except Exception as e:  # noqa: BLE001 - negotiation must never break a call
@@ -171,6 +191,9 @@ class Channel(Routing, grpc.Channel):
         deadline = time.monotonic() + 0.5
         for thread in list(self._consumers):
             thread.join(max(0.0, deadline - time.monotonic()))
+        child = self._child_grpc
+        if child is not None and child[0] == os.getpid():
+            child[1].close()
         self._grpc.close()
 
     def __enter__(self) -> "Channel":

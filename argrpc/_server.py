@@ -26,6 +26,7 @@ import concurrent.futures.thread as _futures_thread
 import contextvars
 import enum
 import logging
+import os
 import threading
 import time
 import weakref
@@ -80,7 +81,7 @@ _exiting = False
 def _release_workers_at_exit() -> None:
     global _exiting
     _exiting = True
-    servers = list(_live_servers)
+    servers = [srv for srv in _live_servers if not srv._inherited()]
     for srv in servers:
         srv._release_workers()
     # The dispatcher waits inside the engine: let it leave before the interpreter (and
@@ -361,6 +362,7 @@ class _Server(grpc.Server):
         self._registered: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
         self._lock = threading.RLock()
         self._stage = _Stage.NEW
+        self._pid = os.getpid()
         # In-flight fast-path calls, keyed by ServerCall.key; the dict length is the
         # active count (dict ops are atomic under the GIL: no lock on the hot path).
         self._calls: dict[int, _CallState] = {}
@@ -467,10 +469,16 @@ class _Server(grpc.Server):
                 self._dispatcher.start()
             self._grpc.start()
 
+    def _inherited(self) -> bool:
+        """A forked child's copy of the parent's server: its threads are the parent's, and
+        its locks may have been held by one of them at fork(), so the child leaves it alone
+        (stopping it here would hang, and the parent keeps serving)."""
+        return os.getpid() != self._pid
+
     def __del__(self) -> None:
         # grpc's server defines __del__ and code calls it to stop a server: start the
         # stop, without waiting (a finalizer must not block), as grpc does.
-        if getattr(self, "_stage", _Stage.NEW) is _Stage.STARTED:
+        if getattr(self, "_stage", _Stage.NEW) is _Stage.STARTED and not self._inherited():
             try:
                 self.stop(0)
             except Exception:  # noqa: BLE001 - interpreter teardown: best effort
@@ -478,6 +486,9 @@ class _Server(grpc.Server):
 
     def stop(self, grace: Optional[float]) -> threading.Event:
         event = threading.Event()
+        if self._inherited():
+            event.set()
+            return event
         with self._lock:
             if self._stage is _Stage.STOPPED or self._stage is _Stage.NEW:
                 # grpc: stopping a server that is not running is a no-op.

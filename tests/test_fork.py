@@ -7,7 +7,9 @@ parent's connection is still the same, alive one afterwards.
 """
 from __future__ import annotations
 
+import json
 import multiprocessing
+import textwrap
 import threading
 from types import SimpleNamespace
 from typing import Any
@@ -17,6 +19,7 @@ import pytest
 from tests.support import payload
 from tests.support.clients import UNLIMITED_SERVER_ARGS
 from tests.support.faults import ShmClient
+from tests.support.procs import run_python
 
 CHILD_CALLS = 20
 
@@ -113,3 +116,60 @@ def test_call_in_flight_is_the_parents(servers: Any, pb: SimpleNamespace) -> Non
         parent.echo(payload.CHUNK_SIZE + 3, 2, both_ways=True)
     finally:
         parent.channel.close()
+
+
+SERVING_PARENT = textwrap.dedent("""
+    import json, multiprocessing, threading, time
+    from concurrent import futures
+    import grpc, argrpc
+    def echo(req, ctx):
+        return req
+    srv = argrpc.server(futures.ThreadPoolExecutor(4))
+    srv.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "p.S", {"E": grpc.unary_unary_rpc_method_handler(echo)}),))
+    port = srv.add_insecure_port("127.0.0.1:0")
+    srv.start()
+    target = f"127.0.0.1:{port}"
+    calls = argrpc.insecure_channel(target).unary_unary("/p.S/E")
+    calls(b"a", timeout=10)
+    stop = threading.Event()
+    def keep_calling():
+        while not stop.is_set():
+            calls(b"b" * 100, timeout=10)
+    caller = threading.Thread(target=keep_calling)
+    caller.start()
+    def child(results):
+        own = argrpc.insecure_channel(target)
+        own.unary_unary("/p.S/E")(b"c", timeout=10)
+        results.put(own.transport)
+        own.close()
+    ctx = multiprocessing.get_context("fork")
+    exits, transports = [], []
+    for _ in range(12):
+        results = ctx.Queue()
+        p = ctx.Process(target=child, args=(results,))
+        p.start()
+        transports.append(results.get(timeout=30))
+        p.join(15)
+        exits.append(p.exitcode)
+        if p.exitcode is None:
+            p.kill()
+            p.join()
+    stop.set()
+    caller.join(10)
+    srv.stop(None).wait(10)
+    print("RESULT " + json.dumps({"exits": exits, "transports": transports}))
+""")
+
+
+def test_children_of_a_serving_process_exit_at_once() -> None:
+    """A process that serves while it forks (a server starting worker processes): the
+    child inherits the parent's server, whose workers were waiting inside the engine at
+    fork(). At exit the child must leave that server alone; shutting it down there
+    waited forever on the parent's condition variable (one child in three hung)."""
+    proc = run_python(SERVING_PARENT, timeout=300)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    result = json.loads(lines[-1][len("RESULT "):])
+    assert result["exits"] == [0] * 12, result  # None: still running after 15 s
+    assert result["transports"] == ["shm"] * 12, result

@@ -128,14 +128,17 @@ struct PyConnection {
   }
 };
 
+// A forked child's copy of the parent's server is the parent's (its locks may have been
+// held by a parent thread at fork()): shutting it down or destroying it here would hang
+// or act on the parent's state, so it is left alone.
 struct PyServer {
-  std::shared_ptr<Engine> engine;
-  std::shared_ptr<Server> server;
+  ForkLocal<std::shared_ptr<Engine>> engine;
+  ForkLocal<std::shared_ptr<Server>> server;
 };
 
 // The server whose calls an attached connection carries (None: a client's connection).
 inline std::shared_ptr<Server> server_arg(const pybind11::object& server) {
-  return server.is_none() ? nullptr : server.cast<PyServer&>().server;
+  return server.is_none() ? nullptr : server.cast<PyServer&>().server.value();
 }
 
 // A fabric's local half of a connection, from Engine.new_<fabric>_endpoint until

@@ -436,7 +436,8 @@ PYBIND11_MODULE(_core, m) {
   server
       .def(py::init([](PyEngine& e, py::dict cfg) {
              const int limit = cfg.contains("max_concurrent") ? cfg["max_concurrent"].cast<int>() : -1;
-             return PyServer{e.engine, std::make_shared<Server>(e.engine, limit)};
+             return PyServer{e.engine, ForkLocal<std::shared_ptr<Server>>(
+                                           std::make_shared<Server>(e.engine, limit))};
            }),
            py::arg("engine"), py::arg("config") = py::dict())
       .def("accept", [](PyServer& s, py::object timeout) -> py::object {
@@ -479,11 +480,15 @@ PYBIND11_MODULE(_core, m) {
       .def("admit", [](PyServer& s) { return s.server->admit(); })
       .def("release", [](PyServer& s) { s.server->release(); })
       .def("cancel_pending", [](PyServer& s, uint32_t code, std::string details) {
+        if (s.server.inherited()) return;
         NoGil nogil;
         s.server->cancel_pending(code, details);
       })
-      .def("shutdown", [](PyServer& s) { s.server->shutdown(); })
+      .def("shutdown", [](PyServer& s) {
+        if (!s.server.inherited()) s.server->shutdown();
+      })
       .def("cancel_all", [](PyServer& s, uint32_t code, std::string details) {
+        if (s.server.inherited()) return;
         NoGil nogil;
         s.server->cancel_all(code, details);
       })
