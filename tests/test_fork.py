@@ -7,7 +7,6 @@ parent's connection is still the same, alive one afterwards.
 """
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import textwrap
@@ -20,7 +19,7 @@ import pytest
 from tests.support import payload
 from tests.support.clients import UNLIMITED_SERVER_ARGS
 from tests.support.faults import ShmClient
-from tests.support.procs import run_python
+from tests.support.procs import script_result
 
 CHILD_CALLS = 20
 
@@ -176,9 +175,6 @@ def test_children_of_a_serving_process_exit_at_once() -> None:
     child inherits the parent's server, whose workers were waiting inside the engine at
     fork(). At exit the child must leave that server alone; shutting it down there
     waited forever on the parent's condition variable (one child in three hung)."""
-    proc = run_python(SERVING_PARENT, timeout=300)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = script_result(SERVING_PARENT, {})
     assert result["exits"] == [0] * 12, result  # None: still running after 15 s
     assert result["transports"] == ["shm"] * 12, result

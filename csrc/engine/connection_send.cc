@@ -141,10 +141,10 @@ bool Connection::append_and_flush(const std::shared_ptr<Stream>& sp, const Outgo
   // Coalescing across threads: if another sender is queued on the lock, leave the
   // batch to it; the last one in line always flushes.
   if (ok && appenders_.load(std::memory_order_seq_cst) == 0) ok = flush_locked();
-  if (status && !ok) sp->status_sent.store(false, std::memory_order_release);
   // An oversized metadata frame was refused before it was appended: what is in the
   // batch are whole frames, other senders' among them, and they still go out.
   else if (!ok && alive()) flush_locked();
+  if (status && !ok) sp->status_sent.store(false, std::memory_order_release);
   lk.unlock();
   // A control frame queued while this thread held the lock found it busy and left the
   // frame to it (try_flush_ctrl): otherwise it would wait for the next progress pass,
