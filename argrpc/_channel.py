@@ -190,7 +190,8 @@ class Channel(Routing, grpc.Channel):
         # that blocks forever keeps its daemon thread, as with grpc).
         deadline = time.monotonic() + 0.5
         for thread in list(self._consumers):
-            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():  # a call starting on another thread adds it before start()
+                thread.join(max(0.0, deadline - time.monotonic()))
         child = self._child_grpc
         if child is not None and child[0] == os.getpid():
             child[1].close()

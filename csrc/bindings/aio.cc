@@ -39,6 +39,13 @@ void watch_stream(const std::shared_ptr<Stream>& s, PyNotifier& n, uint64_t toke
   if (s->ended) w->fire();
 }
 
+// A call whose connection is gone before it started (PyConnection::for_call): its end
+// is posted like any call's.
+std::unique_ptr<PyClientCall> ended_at_birth(PyConnection& c, PyNotifier& n, uint64_t token) {
+  std::make_shared<Watch>(n.n, token)->fire();
+  return std::make_unique<PyClientCall>(c.engine, c.gone_end());
+}
+
 int send_result(SendResult r) {
   switch (r) {
     case SendResult::kSent: return 1;
@@ -101,9 +108,10 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
       "start_watched",
       [](PyConnection& c, const std::string& method, py::object md, py::object timeout,
          PyNotifier& n, uint64_t token, bool send_headers_now) {
-        auto conn = c.need();
         Metadata meta = to_metadata(md);
         const double t = timeout_arg(timeout);
+        auto conn = c.for_call();
+        if (!conn) return ended_at_birth(c, n, token);
         std::shared_ptr<Stream> s;
         {
           NoGil nogil;
@@ -123,9 +131,10 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
       [](PyConnection& c, const std::string& method, py::object md, py::object timeout,
          PyNotifier& n, uint64_t token, py::object request) {
         BufferView b(request);
-        auto conn = c.need();
         Metadata meta = to_metadata(md);
         const double t = timeout_arg(timeout);
+        auto conn = c.for_call();
+        if (!conn) return py::make_tuple(ended_at_birth(c, n, token), send_result(SendResult::kEnded));
         std::shared_ptr<Stream> s;
         SendResult r;
         {
@@ -145,11 +154,11 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
 
   client_call
       .def("try_send", [](PyClientCall& c, py::object msg, bool half_close, bool give_up) {
-        if (c.inherited()) return 0;
+        if (c.inert()) return 0;
         return try_send(c.s, msg, half_close, give_up);
       }, py::arg("message"), py::arg("half_close") = false, py::arg("give_up") = false)
       .def("try_recv", [](PyClientCall& c) -> py::object {
-        if (c.inherited()) return py::bool_(false);
+        if (c.inert()) return py::bool_(false);
         return try_recv(c.s);
       })
       // Ended, and nothing it received is still being pulled: no change will come. A
@@ -157,7 +166,7 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
       // pulled, and its reader needs that completion's post; done() alone would let
       // the loop stop listening too early.
       .def("settled", [](PyClientCall& c) {
-        if (c.inherited()) return true;
+        if (c.inert()) return true;
         std::lock_guard<std::mutex> g(c.s->mu);
         if (!c.s->ended) return false;
         for (const auto& in : c.s->inbox)
@@ -166,13 +175,13 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
       })
       // The initial metadata, None while it has not come, False if the call ended without.
       .def("try_initial_metadata", [](PyClientCall& c) -> py::object {
-        if (c.inherited()) return py::bool_(false);
+        if (c.inert()) return py::bool_(false);
         std::lock_guard<std::mutex> g(c.s->mu);
         if (c.s->have_initial_md) return from_metadata(c.s->initial_md);
         return c.s->ended ? py::object(py::bool_(false)) : py::object(py::none());
       })
       .def("try_status", [](PyClientCall& c) -> py::object {
-        if (c.inherited()) return py::make_tuple(uint32_t(kUnavailable), py::str(kInheritedCall), py::list());
+        if (c.inert()) return status_tuple(c.end());
         {
           std::lock_guard<std::mutex> g(c.s->mu);
           if (!c.s->ended) return py::none();
@@ -182,9 +191,7 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
       // A unary call's outcome once it ended: (code, details, initial, trailing,
       // response or None), as Connection.unary returns it; None while it runs.
       .def("try_unary", [](PyClientCall& c) -> py::object {
-        if (c.inherited())
-          return py::make_tuple(uint32_t(kUnavailable), py::str(kInheritedCall), py::list(),
-                                py::list(), py::none());
+        if (c.inert()) return unary_tuple(c.end());
         Stream& s = *c.s;
         {
           // Ended, and its response (if any) is whole: a large one may still be pulled

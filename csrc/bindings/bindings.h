@@ -121,11 +121,24 @@ struct PyConnection {
     if (engine.inherited()) return nullptr;
     return weak.lock();
   }
+  // For the test probes only: a call never throws for a connection that is gone.
   std::shared_ptr<Connection> need() const {
     auto c = get();
-    if (!c) throw std::runtime_error("argrpc: connection is closed");
+    if (!c) throw CoreError("argrpc: connection is closed");
     return c;
   }
+  // The connection a new call starts on, or null: the channel chose this handle while
+  // the connection lived, but another thread may fail, close or drop it before the call
+  // gets here, and then the engine no longer holds it. The call then ends at birth with
+  // gone_end(), as one started on a connection that failed but was still held does.
+  std::shared_ptr<Connection> for_call();
+  // How a call on this handle ends once its connection is gone: the connection's own
+  // end (UNAVAILABLE and why it failed, or CANCELLED when it was closed).
+  CallEnd gone_end() const;
+  // Test-only fail point "route": the next for_call() fails the connection and waits
+  // until nothing holds it any more, as if another thread had dropped it between the
+  // channel's choice and this use (module.cc).
+  bool fail_before_use = false;
 };
 
 // A forked child's copy of the parent's server is the parent's (its locks may have been
@@ -186,12 +199,21 @@ inline constexpr const char* kInheritedCall =
 struct PyClientCall {
   PyClientCall(std::shared_ptr<Engine> e, std::shared_ptr<Stream> st)
       : engine(std::move(e)), s(std::move(st)) {}
+  // A call started on a connection already gone: it has no stream and ended at birth.
+  PyClientCall(std::shared_ptr<Engine> e, CallEnd end)
+      : engine(std::move(e)), s(nullptr), born_ended(std::move(end)) {}
   PyClientCall(const PyClientCall&) = delete;
   std::shared_ptr<Engine> engine;
   ForkLocal<std::shared_ptr<Stream>> s;
-  bool inherited() const { return s.inherited(); }
+  CallEnd born_ended;
+  // Nothing to act on (the parent's call in a forked child, or a call ended at birth):
+  // every method answers as for a call that ended with end(), without a stream.
+  bool inert() const { return s.inherited() || !s.value(); }
+  CallEnd end() const {
+    return s.inherited() ? CallEnd{kUnavailable, kInheritedCall} : born_ended;
+  }
   ~PyClientCall() {
-    if (!s.value() || inherited()) return;
+    if (inert()) return;
     NoGil nogil;
     s->conn->abandon(s);
   }
@@ -227,6 +249,10 @@ pybind11::object to_python(Payload&& p);
 double timeout_arg(const pybind11::object& t);
 Deadline deadline_arg(const pybind11::object& t);
 pybind11::tuple status_tuple(Stream& s);
+// The same for a call with nothing to act on (PyClientCall::inert()): (code, details,
+// trailing), and as Connection.unary returns an outcome.
+pybind11::tuple status_tuple(const CallEnd& e);
+pybind11::tuple unary_tuple(const CallEnd& e);
 
 template <class T>
 T get_or(const pybind11::dict& d, const char* key, T dflt) {

@@ -6,8 +6,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "bindings/bindings.h"
 #include "common/error.h"
@@ -132,6 +134,39 @@ Deadline deadline_arg(const py::object& t) {
 py::tuple status_tuple(Stream& s) {
   std::lock_guard<std::mutex> g(s.mu);
   return py::make_tuple(s.code, py::str(s.details), from_metadata(s.trailing_md));
+}
+
+py::tuple status_tuple(const CallEnd& e) {
+  return py::make_tuple(e.code, lenient_str(e.details), py::list());
+}
+
+py::tuple unary_tuple(const CallEnd& e) {
+  return py::make_tuple(e.code, lenient_str(e.details), py::list(), py::list(), py::none());
+}
+
+std::shared_ptr<Connection> PyConnection::for_call() {
+  if (fail_before_use) {
+    fail_before_use = false;
+    if (auto conn = get()) {
+      NoGil nogil;
+      conn->fail(kUnavailable, "argrpc: connection failed at a test fail point");
+      conn.reset();
+      // The progress thread may still hold the engine's old list of connections for
+      // the rest of its pass; the interleaving wanted is the one where nothing does.
+      const Deadline limit = Deadline::after_seconds(5);
+      while (!weak.expired() && !limit.expired())
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  return get();
+}
+
+CallEnd PyConnection::gone_end() const {
+  if (engine.inherited()) return CallEnd{kUnavailable, kInheritedCall};
+  std::lock_guard<std::mutex> g(epitaph->mu);
+  // Gone without fail() (the engine shut down): no reason was recorded.
+  if (epitaph->why.empty()) return CallEnd{kUnavailable, "argrpc: connection is closed"};
+  return CallEnd{epitaph->code ? epitaph->code : uint32_t(kUnavailable), epitaph->why};
 }
 
 ConnConfig conn_config(const py::dict& d) {
@@ -333,6 +368,11 @@ PYBIND11_MODULE(_core, m) {
             {"submit", FailPoint::kSubmit}, {"copy_in", FailPoint::kCopyIn},
             {"register", FailPoint::kRegister}, {"flush", FailPoint::kFlush},
             {"pull", FailPoint::kPull}, {"finished", FailPoint::kFinished}};
+        if (point == "route") {  // the handle's, not the connection's: see for_call()
+          c.need();
+          c.fail_before_use = true;
+          return;
+        }
         for (const auto& p : kPoints) {
           if (point == p.first) {
             c.need()->probe_fail_at(p.second);
@@ -340,15 +380,16 @@ PYBIND11_MODULE(_core, m) {
           }
         }
         throw py::value_error("unknown fail point '" + point +
-                              "' (submit, copy_in, register, flush, pull, finished)");
+                              "' (route, submit, copy_in, register, flush, pull, finished)");
       }, py::arg("point"))
       .def("unary",
            [](PyConnection& c, const std::string& method, py::object md, py::object timeout,
-              py::object request) {
-             auto conn = c.need();
+              py::object request) -> py::tuple {
              Metadata meta = to_metadata(md);
              const double t = timeout_arg(timeout);
              BufferView req(request);
+             auto conn = c.for_call();
+             if (!conn) return unary_tuple(c.gone_end());
              std::shared_ptr<Stream> s;
              Payload resp;
              bool got = false;
@@ -374,9 +415,10 @@ PYBIND11_MODULE(_core, m) {
            py::arg("method"), py::arg("metadata"), py::arg("timeout"), py::arg("request"))
       .def("start_call",
            [](PyConnection& c, const std::string& method, py::object md, py::object timeout) {
-             auto conn = c.need();
              Metadata meta = to_metadata(md);
              const double t = timeout_arg(timeout);
+             auto conn = c.for_call();
+             if (!conn) return std::make_unique<PyClientCall>(c.engine, c.gone_end());
              std::shared_ptr<Stream> s;
              {
                NoGil nogil;
@@ -388,46 +430,47 @@ PYBIND11_MODULE(_core, m) {
 
   // A call object the child inherited through fork() is the parent's: every method
   // answers as for a call that ended UNAVAILABLE, without touching it (its locks may be
-  // held by a thread that does not exist here).
+  // held by a thread that does not exist here). A call ended at birth answers the same
+  // way, with its own end.
   py::class_<PyClientCall> client_call(m, "ClientCall");
   client_call
       .def("send", [](PyClientCall& c, py::object msg) {
-        if (c.inherited()) return false;
+        if (c.inert()) return false;
         BufferView b(msg);
         return interruptible(c.s, false, [&] { return c.s->conn->send(c.s, b.data(), b.size(), false); });
       })
       .def("half_close", [](PyClientCall& c) {
-        if (c.inherited()) return false;
+        if (c.inert()) return false;
         NoGil nogil;
         return c.s->conn->half_close(c.s);
       })
       .def("recv", [](PyClientCall& c) -> py::object {
-        if (c.inherited()) return py::none();
+        if (c.inert()) return py::none();
         Payload p;
         const bool got = interruptible(c.s, false, [&] { return c.s->conn->recv(c.s, &p); });
         return got ? to_python(std::move(p)) : py::none();
       })
       .def("initial_metadata", [](PyClientCall& c) -> py::object {
-        if (c.inherited()) return py::none();
+        if (c.inert()) return py::none();
         const bool have = interruptible(c.s, false, [&] { return c.s->conn->wait_initial_metadata(c.s); });
         std::lock_guard<std::mutex> g(c.s->mu);
         if (!have) return py::none();
         return from_metadata(c.s->initial_md);
       })
       .def("status", [](PyClientCall& c, py::object timeout) -> py::object {
-        if (c.inherited()) return py::make_tuple(uint32_t(kUnavailable), py::str(kInheritedCall), py::list());
+        if (c.inert()) return status_tuple(c.end());
         const Deadline dl = deadline_arg(timeout);
         const bool ended = interruptible(c.s, false, [&] { return c.s->conn->wait_end(c.s, dl); });
         if (!ended) return py::none();
         return status_tuple(*c.s);
       }, py::arg("timeout") = py::none())
       .def("done", [](PyClientCall& c) {
-        if (c.inherited()) return true;
+        if (c.inert()) return true;
         std::lock_guard<std::mutex> g(c.s->mu);
         return c.s->ended;
       })
       .def("cancel", [](PyClientCall& c, uint32_t code, std::string details) {
-        if (c.inherited()) return false;
+        if (c.inert()) return false;
         NoGil nogil;
         return c.s->conn->cancel(c.s, code, details);
       }, py::arg("code") = uint32_t(kCancelled), py::arg("details") = "Cancelled");
