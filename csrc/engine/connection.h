@@ -226,6 +226,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // A pool block for a message of `len` (waits for room unless would_block is given);
   // invalid if the stream ended instead.
   Block take_block(const std::shared_ptr<Stream>& s, size_t len, bool* would_block);
+  // Copies the message into `block` and announces it: its rendezvous id, or 0 if the
+  // connection failed during the copy (the block goes back to the pool).
   uint64_t expose_message(const Outgoing& o, Block block, RemoteRef* ref);
   bool withdraw(uint64_t rdv_id);
   void on_read_done(uint64_t wr_id);

@@ -81,7 +81,7 @@ Block Connection::take_block(const std::shared_ptr<Stream>& sp, size_t len, bool
 }
 
 uint64_t Connection::expose_message(const Outgoing& o, Block block, RemoteRef* ref) {
-  engine_->copier().copy(block.data(), o.msg, o.msg_len);
+  if (!engine_->copier().copy(block.data(), o.msg, o.msg_len, &dead_)) return 0;
   fail_point(FailPoint::kCopyIn);
   *ref = fabric_->expose(block);
   std::lock_guard<std::mutex> g(exposed_mu_);

@@ -54,6 +54,10 @@ bool Connection::submit(const std::shared_ptr<Stream>& sp, const Outgoing& o, bo
   if (block.valid()) {
     // The copy into the pool happens here, outside the send lock other calls wait on.
     plan.rdv = expose_message(o, std::move(block), &plan.ref);
+    if (!plan.rdv) {  // the connection failed during the copy, which stopped there
+      submit_failed(sp);
+      return false;
+    }
   }
   const bool ok = append_and_flush(sp, o, &plan);
   // The RTS never went out, or fail() swept exposed_ before this block was added:

@@ -17,8 +17,15 @@ class Copier {
   Copier& operator=(const Copier&) = delete;
 
   // Copies n bytes; returns when done. Thread-safe: if the helper is busy, the caller
-  // copies alone.
-  void copy(void* dst, const void* src, size_t n);
+  // copies alone. With `abort`, both threads look at it every kAbortSlice bytes and stop
+  // once it is set (the connection the copy is for failed): false then, and the
+  // destination holds part of the bytes.
+  bool copy(void* dst, const void* src, size_t n, const std::atomic<bool>* abort = nullptr);
+
+  // How much is copied between two looks at `abort`: a 256 MiB message copied whole for a
+  // dead peer on a busy host held its call's end back by seconds; a look per slice costs
+  // nothing next to the slice's copy.
+  static constexpr size_t kAbortSlice = size_t(8) << 20;
 
  private:
   void helper_loop();
@@ -34,6 +41,7 @@ class Copier {
   void* job_dst_ = nullptr;
   const void* job_src_ = nullptr;
   size_t job_n_ = 0;
+  const std::atomic<bool>* job_abort_ = nullptr;
   std::thread helper_;
 };
 
