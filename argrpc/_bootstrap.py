@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import time
 from typing import Any, Callable, Generator, Sequence, Union
 
 import grpc
@@ -96,10 +98,16 @@ def negotiate(grpc_channel: grpc.Channel, cfg: Config, max_recv: int, timeout: f
     try:
         request = next(steps)
         while True:
-            try:
-                answer: Any = rpc(request, timeout=timeout, wait_for_ready=wait_for_ready)
-            except Exception as e:  # noqa: BLE001 - every failure is a reason to fall back
-                answer = e
+            start = time.monotonic()
+            for _ in range(_attempts()):
+                try:
+                    answer: Any = rpc(request, timeout=_left(timeout, start),
+                                      wait_for_ready=wait_for_ready)
+                    break
+                except Exception as e:  # noqa: BLE001 - every failure is a reason to fall back
+                    answer = e
+                    if not _worth_asking_again(e):
+                        break
             request = steps.send(answer)
     except StopIteration as done:
         return _logged(done.value)
@@ -115,16 +123,52 @@ async def negotiate_async(aio_channel: Any, cfg: Config, max_recv: int, timeout:
     try:
         request = next(steps)
         while True:
-            try:
-                answer: Any = await rpc(request, timeout=timeout, wait_for_ready=wait_for_ready)
-            except Exception as e:  # noqa: BLE001 - every failure is a reason to fall back
-                # Without its traceback: the frames in it hold the failed call, which
-                # keeps the grpc.aio channel from shutting down (its state watchers
-                # wait) until the garbage collector breaks the cycle.
-                answer = e.with_traceback(None)
+            start = time.monotonic()
+            for _ in range(_attempts()):
+                try:
+                    answer: Any = await rpc(request, timeout=_left(timeout, start),
+                                            wait_for_ready=wait_for_ready)
+                    break
+                except Exception as e:  # noqa: BLE001 - every failure is a reason to fall back
+                    # Without its traceback: the frames in it hold the failed call, which
+                    # keeps the grpc.aio channel from shutting down (its state watchers
+                    # wait) until the garbage collector breaks the cycle.
+                    answer = e.with_traceback(None)
+                    if not _worth_asking_again(e):
+                        break
             request = steps.send(answer)
     except StopIteration as done:
         return _logged(done.value)
+
+
+# grpcio skips its fork handlers when other threads are inside gRPC at fork(), and in such
+# a child the first RPC of a new channel often fails UNAVAILABLE ("Stream removed",
+# "Wrong file descriptor generation") while the next one works: grpc's own calls fail
+# the same way there. A negotiation in a forked child asks once more when that happens,
+# or the child's channel would sit on gRPC for the retry interval. An unused offer of the
+# first request just expires on the server.
+_forked = False
+
+
+def _after_fork_in_child() -> None:
+    global _forked
+    _forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _attempts() -> int:
+    return 2 if _forked else 1
+
+
+def _worth_asking_again(error: BaseException) -> bool:
+    return isinstance(error, (grpc.Call, grpc.aio.AioRpcError)) and \
+        error.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def _left(timeout: float | None, start: float) -> float | None:
+    return None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
 
 
 def _start_connecting(channel: Any) -> None:
