@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from argrpc._config import KNOBS, ConfigError, load as load_config, parse_size
 from argrpc._version import __version__
-from argrpc.benchtool import APIS, BENCHMARKS, FAST_TRANSPORTS, MODES, SCHEMES, TRANSPORTS
+from argrpc.benchtool import APIS, BENCHMARKS, MODES, SCHEMES, TRANSPORTS
 from argrpc.benchtool.progress import Progress
 from argrpc.benchtool.report import (AIO_TARGET_CONCURRENCY, CLIENTS_TARGET,
                                      THREADS_TARGET_CONCURRENCY, connect_targets,
@@ -483,8 +483,9 @@ def build_chaos_parser() -> argparse.ArgumentParser:
                    help="0B, eager (1000 B), over_acc (TF_RDMA_ACC_SIZE+1), chunks "
                         "(3 x TF_RDMA_CHUNK_SIZE + 1), 256M")
     p.add_argument("--only", type=int, default=None, help="run only the trial of this index")
-    p.add_argument("--transport", choices=("auto", *FAST_TRANSPORTS), default="auto",
-                   help="TF_RDMA_TRANSPORT for the peers (default auto: shm here)")
+    p.add_argument("--transport", choices=("auto", *TRANSPORTS), default="auto",
+                   help="TF_RDMA_TRANSPORT for the peers (default auto: shm here; grpc: the "
+                        "same trials over plain gRPC, the reference)")
     p.add_argument("--bound", type=_positive(float), default=None,
                    help=f"seconds from the fault to the survivor's calls' end (default "
                         f"{chaos.SHM_BOUND_S:g} on shm, {chaos.VERBS_BOUND_S:.1f} over "
