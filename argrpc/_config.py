@@ -551,6 +551,11 @@ def split_options(options: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, 
     TF_RDMA_* keys never reach grpc (grpc would ignore them, but they would also change
     the channel-args identity and defeat subchannel sharing).
     """
+    if isinstance(options, Mapping) and options:
+        # grpc iterates what it is given: a mapping's keys are no (key, value) pairs, and
+        # grpc refuses them with a ValueError when the channel or server is made.
+        raise ConfigError(f"options must be a sequence of (key, value) pairs, not a "
+                          f"{type(options).__name__}")
     grpc_opts: list[tuple[str, Any]] = []
     ours: list[tuple[str, Any]] = []
     for key, value in _iter_options(options):

@@ -149,8 +149,11 @@ _REFUSE_HANDLER: grpc.RpcMethodHandler[Any, Any] = grpc.stream_unary_rpc_method_
 
 
 def _behavior(handler: grpc.RpcMethodHandler[Any, Any]) -> Any:
-    return (handler.unary_unary or handler.unary_stream or handler.stream_unary
-            or handler.stream_stream)
+    """The behaviour of the handler's arity: only what grpc reads (a handler the user
+    writes need not have the other three)."""
+    if handler.request_streaming:
+        return handler.stream_stream if handler.response_streaming else handler.stream_unary
+    return handler.unary_stream if handler.response_streaming else handler.unary_unary
 
 
 class _Gate(grpc.ServerInterceptor):

@@ -129,3 +129,76 @@ def test_channel_reconnects_to_a_server_restarted_in_process(stack: str) -> None
         first.stop(None)
         if second is not None:
             second.stop(None)
+
+
+# What grpc refuses as channel or server options, each with a ValueError when the object is
+# made (grpc unpacks every item as a (key, value) pair); an empty mapping it takes.
+BAD_OPTIONS = {"mapping": {"foo": "bar"}, "one-item": (("key",),), "string": "str",
+               "triple": [("a", 1, 2)]}
+
+
+@pytest.mark.parametrize("case", list(BAD_OPTIONS))
+@pytest.mark.parametrize("stack", ["grpc", "argrpc"])
+def test_bad_options_are_refused_as_grpc_refuses_them(stack: str, case: str) -> None:
+    import asyncio
+
+    import argrpc
+    import argrpc.aio  # noqa: F401 - a submodule, as grpc.aio is
+
+    mod: Any = grpc if stack == "grpc" else argrpc
+    options = BAD_OPTIONS[case]
+    with pytest.raises(ValueError):
+        mod.insecure_channel("localhost:1", options=options)
+    with pytest.raises(ValueError):
+        mod.server(futures.ThreadPoolExecutor(1), options=options)
+
+    async def aio() -> None:
+        with pytest.raises(ValueError):
+            mod.aio.insecure_channel("localhost:1", options=options)
+        with pytest.raises(ValueError):
+            mod.aio.server(options=options)
+        channel = mod.aio.insecure_channel("localhost:1", options={})
+        await channel.close()
+
+    asyncio.run(aio())
+    mod.insecure_channel("localhost:1", options={}).close()
+
+
+class _ServerStreamingHandler:
+    """A method handler the user writes: only the attributes its arity needs, as grpc
+    reads them (no unary_unary, unary_stream's siblings absent too)."""
+
+    request_streaming = False
+    response_streaming = True
+    request_deserializer = None
+    response_serializer = None
+
+    @staticmethod
+    def unary_stream(request: bytes, context: grpc.ServicerContext) -> Any:
+        yield request
+        yield request[::-1]
+
+
+class _OwnHandlers(grpc.GenericRpcHandler):
+    def service(self, details: grpc.HandlerCallDetails) -> Any:
+        return _ServerStreamingHandler() if details.method == "/t/S" else None
+
+
+@pytest.mark.parametrize("stack", ["argrpc", "grpc"])
+def test_a_handler_object_is_read_only_for_its_arity(stack: str) -> None:
+    import argrpc
+
+    mod: Any = argrpc if stack == "argrpc" else grpc
+    server = mod.server(futures.ThreadPoolExecutor(2))
+    server.add_generic_rpc_handlers((_OwnHandlers(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    channel = mod.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        assert list(channel.unary_stream("/t/S")(b"ab", timeout=20)) == [b"ab", b"ba"]
+        if stack == "argrpc":
+            assert channel.transport == "shm", channel.fallback_reason
+            assert list(channel.unary_stream("/t/S")(b"ab", timeout=20)) == [b"ab", b"ba"]
+    finally:
+        channel.close()
+        server.stop(None)
