@@ -188,3 +188,31 @@ def test_a_forked_child_takes_its_own_messages() -> None:
         print("RESULT " + json.dumps({"child": got == b"1", "parent": ok}))
     """)
     assert result == {"child": True, "parent": True}
+
+
+def test_a_client_that_closes_with_a_call_open_loses_no_call() -> None:
+    # A channel closed while one of its streams is still open (clients of many frameworks
+    # do it every time): as with grpc the server sees that call CANCELLED, and the hang-up
+    # that follows finds nothing to lose, so nothing is logged above DEBUG.
+    result, stderr = run("""
+        srv = _core.Server(_engine.peek_engine(), {})
+        client, served, link = _core._sim_pair(_engine.peek_engine(), srv, {}, {})
+        call = client.start_call("/x.Y/Z", [], 10.0)
+        call.send(b"abc")
+        sc = srv.accept(10.0)
+        got = bytes(sc.recv())
+        client.close()
+        ended = call.status(10.0)
+        wait_for(lambda: not served.alive)
+        event = srv.next_event(5.0)[0]
+        wait_for(lambda: any("affected" in m for _, _, m in records))
+        served.close(); srv.shutdown()
+        print("RESULT " + json.dumps({"got": got.decode(), "ended": list(ended[:2]),
+                                      "event": event, "records": records}))
+    """)
+    assert result["got"] == "abc", result
+    assert result["ended"] == [1, "Channel closed!"], result  # CANCELLED
+    assert result["event"] == "cancelled", result
+    loud = [(lvl, m) for name, lvl, m in result["records"] if lvl > 10]
+    assert not loud, result
+    assert "affected" not in stderr, stderr

@@ -340,8 +340,7 @@ PYBIND11_MODULE(_core, m) {
         auto conn = c.get();
         if (!conn) return;
         NoGil nogil;
-        conn->flush_pending();
-        conn->fail(kCancelled, "Channel closed!");
+        conn->close("Channel closed!");
       })
       // Remote-access probes for tests/verbs; not part of the facade. A connection
       // records for them only once one was called: _probe_enable() before the traffic.

@@ -160,6 +160,20 @@ bool Connection::fail(uint32_t code, const std::string& why) {
   return true;
 }
 
+void Connection::close(const std::string& why) {
+  if (client_ && alive()) {
+    std::vector<std::shared_ptr<Stream>> all;
+    {
+      std::lock_guard<std::mutex> g(live_mu_);
+      for (auto& kv : live_)
+        if (auto s = kv.second.lock()) all.push_back(std::move(s));
+    }
+    for (auto& s : all) abort_stream(s, kCancelled, why, kCancelled);
+  }
+  flush_pending();
+  fail(kCancelled, why);
+}
+
 void Connection::set_stats_target(std::string target) {
   auto t = std::make_shared<const std::string>(std::move(target));
   std::lock_guard<std::mutex> g(stats_target_mu_);

@@ -92,6 +92,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Ends every stream with `code`/`why` and tears the connection down. False if it had
   // already failed (or is the parent's, in a forked child).
   bool fail(uint32_t code, const std::string& why);
+  // A deliberate close (a channel's close(), a server's stop()): a client first cancels
+  // its calls, as grpc's channel does, so the peer sees each one CANCELLED before the
+  // hang-up and loses none; then what is queued goes out and the connection fails with
+  // CANCELLED `why`.
+  void close(const std::string& why);
 
   // connection_progress.cc: reading the peer's batches.
   // Non-blocking; returns whether it did any work.
