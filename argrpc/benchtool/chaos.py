@@ -982,8 +982,7 @@ def report(doc: dict[str, Any]) -> str:
         f"{p} {n}" for p, n in sorted(phases.items())) + "\n"
     # The two promises apart: a call under way when its server died ends within the bound;
     # one started after fails as a grpc call to a dead server does.
-    for label, pick in (("under way at the fault, failed", lambda ph: ph.startswith("in call 0")
-                         or ph == "in call 1.00"),
+    for label, pick in (("under way at the fault, failed", lambda ph: ph.startswith("in call ")),
                         ("started after the fault", lambda ph: ph in ("in call, completed",
                                                                       "between calls"))):
         waits = [t["end_s"] for t in trials if t["end_s"] is not None and pick(t["phase"])]

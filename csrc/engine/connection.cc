@@ -132,14 +132,8 @@ bool Connection::fail(uint32_t code, const std::string& why) {
   fabric_->shutdown();
   // dead_ is set: a stream made from here on ends at birth (new_stream), so this
   // sweep and that check between them reach every stream of the connection.
-  std::vector<std::shared_ptr<Stream>> all;
-  {
-    std::lock_guard<std::mutex> g(live_mu_);
-    for (auto& kv : live_)
-      if (auto s = kv.second.lock()) all.push_back(std::move(s));
-  }
   size_t lost = 0;
-  for (auto& s : all) lost += end_failed(s);
+  for (auto& s : live_streams()) lost += end_failed(s);
   // An idle connection whose peer went away is routine; lost calls and protocol
   // errors are not, and must be visible.
   const LogLevel level = code == kInternal ? LogLevel::kError
@@ -161,15 +155,8 @@ bool Connection::fail(uint32_t code, const std::string& why) {
 }
 
 void Connection::close(const std::string& why) {
-  if (client_ && alive()) {
-    std::vector<std::shared_ptr<Stream>> all;
-    {
-      std::lock_guard<std::mutex> g(live_mu_);
-      for (auto& kv : live_)
-        if (auto s = kv.second.lock()) all.push_back(std::move(s));
-    }
-    for (auto& s : all) abort_stream(s, kCancelled, why, kCancelled);
-  }
+  if (client_ && alive())
+    for (auto& s : live_streams()) abort_stream(s, kCancelled, why, kCancelled);
   flush_pending();
   fail(kCancelled, why);
 }

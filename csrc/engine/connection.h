@@ -252,6 +252,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::shared_ptr<Stream> new_stream(uint64_t id, const Deadline& dl, std::string method);
   friend class Stream;  // ~Stream leaves live_
   void forget_stream(Stream* s);
+  // Every stream that still exists: what fail() and close() visit.
+  std::vector<std::shared_ptr<Stream>> live_streams();
   // Local end of a stream: drops it from the map, releases its pulls unless keep_inbox
   // (a normal end keeps what already arrived), wakes waiters. False if already ended.
   bool end_stream(const std::shared_ptr<Stream>& s, uint32_t code, const std::string& details,

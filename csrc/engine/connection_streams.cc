@@ -41,6 +41,14 @@ void Connection::forget_stream(Stream* s) {
   live_.erase(s);
 }
 
+std::vector<std::shared_ptr<Stream>> Connection::live_streams() {
+  std::vector<std::shared_ptr<Stream>> all;
+  std::lock_guard<std::mutex> g(live_mu_);
+  for (auto& kv : live_)
+    if (auto s = kv.second.lock()) all.push_back(std::move(s));
+  return all;  // released by the caller, outside live_mu_
+}
+
 Stream::~Stream() {
   // A forked child's copy of the parent's stream: the parent's locks are not ours.
   if (!conn->inherited()) conn->forget_stream(this);

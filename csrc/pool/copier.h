@@ -22,9 +22,9 @@ class Copier {
   // destination holds part of the bytes.
   bool copy(void* dst, const void* src, size_t n, const std::atomic<bool>* abort = nullptr);
 
-  // How much is copied between two looks at `abort`: a 256 MiB message copied whole for a
-  // dead peer on a busy host held its call's end back by seconds; a look per slice costs
-  // nothing next to the slice's copy.
+  // How much is copied between two looks at `abort`: once the failure is known, a call
+  // copying a large message for a dead peer ends within one slice's copy, not the whole
+  // message's; a look per slice costs nothing next to the slice's copy.
   static constexpr size_t kAbortSlice = size_t(8) << 20;
 
  private:
