@@ -15,3 +15,12 @@ from ._version import __version__
 _malloc.cap_arenas()  # before the application starts its threads: see _malloc
 
 __all__ = ["Channel", "__version__", "insecure_channel", "secure_channel", "server"]
+
+
+def __getattr__(name: str) -> object:
+    # `argrpc.aio` after a bare `import argrpc`, as `grpc.aio` after `import grpc`; loaded
+    # on first use, so a threaded service does not pay for the asyncio front end.
+    if name == "aio":
+        import importlib
+        return importlib.import_module(".aio", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Any, Callable, Generator, Sequence, Union
+from typing import Any, Callable, Generator, Sequence
 
 import grpc
 import grpc.aio
@@ -26,8 +26,8 @@ from argrpc import _proto
 from argrpc._config import Config
 from argrpc._engine import get_engine
 from argrpc._host import HostIdentity, local_identity, same_host_reason, target_is_local
-from argrpc._transports import (TRANSPORTS, ServerEnv, Transport, TransportServer, Unavailable,
-                                by_name, selected)
+from argrpc._transports import (TRANSPORTS, Caller, ServerEnv, Transport, TransportServer,
+                                Unavailable, by_name, selected)
 
 __all__ = ["BOOTSTRAP_METHOD", "FastPathListener", "Negotiation", "client_offer", "negotiate",
            "negotiate_async", "negotiation"]
@@ -298,13 +298,8 @@ def _ask(cfg: Config, max_recv: int, target: str, skipped: dict[str, str] | None
 
 # --------------------------------------------------------------------------- server
 
-def _is_encrypted(context: Union[grpc.ServicerContext, grpc.aio.ServicerContext[Any, Any]]) -> bool:
-    try:
-        auth = context.auth_context() or {}
-    except Exception:
-        return False
-    kinds = set(auth.get("transport_security_type", ()))
-    return bool(kinds & _ENCRYPTED_TYPES)
+def _is_encrypted(caller: Caller) -> bool:
+    return any(k == "transport_security_type" and v in _ENCRYPTED_TYPES for k, v in caller.auth)
 
 
 class FastPathListener:
@@ -343,11 +338,11 @@ class FastPathListener:
         """The same as a generic handler, for a plain grpc server of the caller's."""
         return grpc.method_handlers_generic_handler(BOOTSTRAP_SERVICE, self.method_handlers())
 
-    def decide(self, request: Any, encrypted: bool = False, user_agent: str = "") -> Any:
+    def decide(self, request: Any, caller: Caller = Caller()) -> Any:
         """The NegotiateResponse for `request` (the chosen transport's server half has
-        accepted it). `user_agent`: what the client's channel sent, given to its fast-path
-        calls."""
-        response = self._decide(request, encrypted, user_agent)
+        accepted it). `caller`: the client as grpc saw the negotiating call, given to its
+        fast-path calls."""
+        response = self._decide(request, caller)
         chosen = by_name(response.transport, self._transports)
         if chosen is not None:
             log.info("argrpc: %s", chosen.describe(request))
@@ -376,20 +371,18 @@ class FastPathListener:
     # -- internals
 
     def _serve(self, request: Any, context: grpc.ServicerContext) -> Any:
-        user_agent = next((str(v) for k, v in context.invocation_metadata()
-                           if k == "user-agent"), "")
-        return self.decide(request, encrypted=_is_encrypted(context), user_agent=user_agent)
+        return self.decide(request, Caller.of(context))
 
     def _none(self, reason: str) -> Any:
         return _proto.NegotiateResponse(version=PROTOCOL_VERSION, transport="none", reason=reason)
 
-    def _decide(self, request: Any, encrypted: bool, user_agent: str) -> Any:
+    def _decide(self, request: Any, caller: Caller) -> Any:
         cfg = self._cfg
         if not cfg.enabled:
             return self._none("server has TF_RDMA_ENABLED=false")
         if cfg.transport == "grpc":
             return self._none("server has TF_RDMA_TRANSPORT=grpc")
-        if encrypted and not cfg.over_tls:
+        if _is_encrypted(caller) and not cfg.over_tls:
             return self._none("server port uses TLS and the server does not set "
                               "TF_RDMA_OVER_TLS=true (the fast paths are not encrypted)")
         if self._core_server is None:
@@ -415,7 +408,7 @@ class FastPathListener:
                     reasons.append(elsewhere)
                     continue
             response = _proto.NegotiateResponse(version=PROTOCOL_VERSION, transport=t.name)
-            declined = self._servers[t.name].accept(request, response, user_agent)
+            declined = self._servers[t.name].accept(request, response, caller)
             if declined is None:
                 return response
             if declined.final:

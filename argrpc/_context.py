@@ -105,8 +105,9 @@ class _CallState:
 
 
 class FastPathPeer:
-    """What a fast-path call's context says of its peer, for both APIs: the engine's
-    name for it, and no TLS identity (the fast paths are not authenticated by TLS)."""
+    """What a fast-path call's context says of its peer, for both APIs: what grpc said of
+    the gRPC call that negotiated the connection (its address, its auth context), since
+    the connection belongs to that very client."""
 
     _state: Any
 
@@ -114,14 +115,26 @@ class FastPathPeer:
         peer: str = self._state.sc.peer  # each API's call state has its ServerCall as sc
         return peer
 
+    @property
+    def transport(self) -> str:
+        """argrpc's own: the fast transport serving the call ("shm", "verbs"). A call
+        served by plain gRPC has grpc's context, without it:
+        `getattr(context, "transport", "grpc")` reads every call."""
+        transport: str = self._state.sc.transport
+        return transport
+
     def peer_identities(self) -> Optional[Sequence[bytes]]:
-        return None
+        key = self._state.sc.identity_key
+        identities: Optional[Sequence[bytes]] = self._state.sc.auth.get(key) if key else None
+        return identities
 
     def peer_identity_key(self) -> Optional[str]:
-        return None
+        key: Optional[str] = self._state.sc.identity_key
+        return key
 
     def auth_context(self) -> Mapping[str, Sequence[bytes]]:
-        return {}
+        auth: Mapping[str, Sequence[bytes]] = self._state.sc.auth
+        return auth
 
 
 # ignore: grpc's stubs type auth_context's values as bytes; grpc (and FastPathPeer) give

@@ -18,12 +18,13 @@ def test_transport_negotiated(client: Client, pair: tuple[str, str]) -> None:
         client.stub.Unary(client.req(payload=b"x"), timeout=20)
     check_transport(client.channel, *pair)
     assert isinstance(client.channel, grpc.Channel)
-    # The server must agree: a call that really went over shm has no TCP peer.
-    peer = json.loads(client.stub.Unary(client.req(payload=b"p"), timeout=20).info)["peer"]
-    if pair == ("argrpc", "argrpc"):
-        assert not peer.startswith(("ipv4:", "ipv6:")), f"shm call served over TCP: {peer}"
-    else:
-        assert peer.startswith(("ipv4:", "ipv6:")), peer
+    # The server must agree; and whichever way the call went, its peer and auth context
+    # read as grpc's (the address the client negotiated from, an insecure connection).
+    info = json.loads(client.stub.Unary(client.req(payload=b"p"), timeout=20).info)
+    assert info["transport"] == ("shm" if pair == ("argrpc", "argrpc") else "grpc"), info
+    assert info["peer"].startswith(("ipv4:", "ipv6:")), info
+    assert info["auth"] == {"transport_security_type": ["insecure"],
+                            "security_level": ["TSI_SECURITY_NONE"]}, info
 
 
 def test_unary_call_styles(client: Client) -> None:

@@ -59,10 +59,10 @@ class FakeVerbsEngine:
         return ep
 
     def attach_verbs(self, ep: FakeVerbsEndpoint, peer_blob: bytes, server: Any,
-                     peer_name: str, user_agent: str = "") -> FakeVerbsConnection:
+                     remote: Any) -> FakeVerbsConnection:
         if self.fail_attach:
             raise RuntimeError(self.fail_attach)
-        conn = FakeVerbsConnection(ep, peer_blob, server, peer_name)
+        conn = FakeVerbsConnection(ep, peer_blob, server, getattr(remote, "name", remote))
         self.attached.append(conn)
         return conn
 

@@ -3,6 +3,7 @@ grpc<->grpc reference included): the user-agent a handler sees, an OK call's det
 debug string, and a server's ``__del__``."""
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from concurrent import futures
@@ -202,3 +203,99 @@ def test_a_handler_object_is_read_only_for_its_arity(stack: str) -> None:
     finally:
         channel.close()
         server.stop(None)
+
+
+# What grpc's auth_context() gives for each kind of connection; the fast path answers for
+# the gRPC call that negotiated it.
+AUTH = {
+    "insecure": {"transport_security_type": [b"insecure"], "security_level": [b"TSI_SECURITY_NONE"]},
+    "local": {"transport_security_type": [b"local"], "security_level": [b"TSI_PRIVACY_AND_INTEGRITY"]},
+}
+PEER = {"tcp": r"^ipv4:127\.0\.0\.1:\d+$", "unix": r"^unix:"}
+
+
+def _who(request: bytes, context: Any) -> tuple[str, Any, Any, Any, str]:
+    return (context.peer(), context.auth_context(), context.peer_identities(),
+            context.peer_identity_key(), getattr(context, "transport", "grpc"))
+
+
+def _ports(creds: str, where: str, tmp: str) -> tuple[str, Any, Any]:
+    """The address to listen on and to dial, and the two ends' credentials."""
+    address = "127.0.0.1:0" if where == "tcp" else f"unix:{tmp}/s.sock"
+    if creds == "insecure":
+        return address, None, None
+    kind = (grpc.LocalConnectionType.LOCAL_TCP if where == "tcp"
+            else grpc.LocalConnectionType.UDS)
+    return address, grpc.local_server_credentials(kind), grpc.local_channel_credentials(kind)
+
+
+@pytest.mark.parametrize("where", list(PEER))
+@pytest.mark.parametrize("creds", list(AUTH))
+@pytest.mark.parametrize("api", ["threaded", "aio"])
+@pytest.mark.parametrize("stack", ["grpc", "argrpc"])
+def test_a_handler_sees_grpcs_peer_and_auth_context(stack: str, api: str, creds: str, where: str,
+                                                    tmp_path: Any) -> None:
+    """peer() is the address the client negotiated from, in grpc's form, and the auth
+    context is the negotiating connection's: services log, rate-limit and authorize by
+    them, on the fast path as on gRPC."""
+    import argrpc
+
+    mod: Any = argrpc if stack == "argrpc" else grpc
+    address, server_creds, channel_creds = _ports(creds, where, str(tmp_path))
+    options = [("tf_rdma_over_tls", "true")] if stack == "argrpc" else []  # local creds: opt in
+    seen: list[Any] = []
+
+    def handler(request: bytes, context: Any) -> bytes:
+        seen.append(_who(request, context))
+        return request
+
+    async def async_handler(request: bytes, context: Any) -> bytes:
+        return handler(request, context)
+
+    def dial(port: int) -> str:
+        return f"127.0.0.1:{port}" if where == "tcp" else address
+
+    if api == "threaded":
+        server = mod.server(futures.ThreadPoolExecutor(2))
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            "t", {"W": grpc.unary_unary_rpc_method_handler(handler)}),))
+        port = (server.add_insecure_port(address) if server_creds is None
+                else server.add_secure_port(address, server_creds))
+        server.start()
+        channel = (mod.insecure_channel(dial(port), options=options) if channel_creds is None
+                   else mod.secure_channel(dial(port), channel_creds, options=options))
+        try:
+            for _ in range(2):  # the first call may have negotiated; the second is fast
+                assert channel.unary_unary("/t/W")(b"w", timeout=20) == b"w"
+            transport = getattr(channel, "transport", "grpc")
+        finally:
+            channel.close()
+            server.stop(None)
+    else:
+        async def body() -> str:
+            server = mod.aio.server()
+            server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+                "t", {"W": grpc.unary_unary_rpc_method_handler(async_handler)}),))
+            port = (server.add_insecure_port(address) if server_creds is None
+                    else server.add_secure_port(address, server_creds))
+            await server.start()
+            channel = (mod.aio.insecure_channel(dial(port), options=options)
+                       if channel_creds is None
+                       else mod.aio.secure_channel(dial(port), channel_creds, options=options))
+            try:
+                for _ in range(2):
+                    assert await channel.unary_unary("/t/W")(b"w", timeout=20) == b"w"
+                return str(getattr(channel, "transport", "grpc"))
+            finally:
+                await channel.close()
+                await server.stop(None)
+
+        transport = asyncio.run(body())
+    assert transport == ("shm" if stack == "argrpc" else "grpc")
+    peer, auth, identities, key, served_by = seen[-1]
+    assert served_by == transport
+    assert re.match(PEER[where], peer), peer
+    assert auth == AUTH[creds]
+    # grpc names the transport security type as the identity of a local connection.
+    assert (key, identities) == ((None, None) if creds == "insecure"
+                                 else ("transport_security_type", [b"local"]))

@@ -25,7 +25,7 @@ import pytest
 from argrpc import _proto
 from argrpc._bootstrap import BOOTSTRAP_METHOD, FastPathListener, negotiate
 from argrpc._config import Config
-from argrpc._transports import verbs
+from argrpc._transports import Caller, verbs
 from argrpc._transports.shm import Shm
 from argrpc._transports.shm_handshake import (HandshakeError, SecretStore, client_handshake,
                                               peer_credentials, recv_frame, send_frame)
@@ -106,8 +106,9 @@ class FdEngine:
         return ep
 
     def attach_shm(self, endpoint: FdEndpoint, peer: dict[str, int], sock_fd: int, server: Any,
-                   peer_name: str, user_agent: str = "") -> FdConnection:
-        conn = FdConnection(peer, sock_fd, server, peer_name)
+                   remote: Any) -> FdConnection:
+        # A server's end gets the caller's PeerInfo; a client's end, only a name.
+        conn = FdConnection(peer, sock_fd, server, getattr(remote, "name", remote))
         if self.fail_attach:
             conn.close()  # the contract: on failure the engine has closed what it was given
             raise RuntimeError(self.fail_attach)
@@ -257,9 +258,10 @@ def test_decision_none(listener_factory: Any, cfg: Config, req: Any, reason: str
 
 
 def test_decision_tls(listener_factory: Any) -> None:
-    resp = listener_factory(Config()).decide(request(), encrypted=True)
+    tls = Caller(auth=(("transport_security_type", b"ssl"),))
+    resp = listener_factory(Config()).decide(request(), tls)
     assert resp.transport == "none" and "TF_RDMA_OVER_TLS" in resp.reason
-    assert listener_factory(Config(over_tls=True)).decide(request(), encrypted=True).transport == "shm"
+    assert listener_factory(Config(over_tls=True)).decide(request(), tls).transport == "shm"
 
 
 def test_decision_without_core_server(listener_factory: Any) -> None:

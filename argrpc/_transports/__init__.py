@@ -9,12 +9,12 @@ from __future__ import annotations
 from typing import Sequence
 
 from argrpc._config import Config
-from argrpc._transports.base import (Connections, Declined, ServerEnv, Transport, TransportServer,
-                                     Unavailable)
+from argrpc._transports.base import (Caller, Connections, Declined, ServerEnv, Transport,
+                                     TransportServer, Unavailable)
 from argrpc._transports.shm import SHM
 from argrpc._transports.verbs import VERBS
 
-__all__ = ["TRANSPORTS", "Connections", "Declined", "ServerEnv", "Transport", "TransportServer",
+__all__ = ["TRANSPORTS", "Caller", "Connections", "Declined", "ServerEnv", "Transport", "TransportServer",
            "Unavailable", "by_name", "names", "selected"]
 
 # In order of preference: where several are possible (one host), the first wins.

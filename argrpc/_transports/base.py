@@ -15,7 +15,8 @@ from typing import Any, Callable
 
 from argrpc._config import Config, conn_config
 
-__all__ = ["Connections", "Declined", "ServerEnv", "Transport", "TransportServer", "Unavailable"]
+__all__ = ["Caller", "Connections", "Declined", "ServerEnv", "Transport", "TransportServer",
+           "Unavailable"]
 
 log = logging.getLogger("argrpc")
 
@@ -23,6 +24,33 @@ log = logging.getLogger("argrpc")
 class Unavailable(Exception):
     """The transport cannot be used here or with this peer; str(e) is a reason fit for
     `channel.fallback_reason`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Caller:
+    """The client as grpc saw it on the call that negotiated: every fast-path call of the
+    connection answers `peer()`, `auth_context()`, `peer_identity_key()` and the
+    user-agent with these, as that gRPC call did (same process, same identity)."""
+    address: str = ""
+    user_agent: str = ""
+    auth: tuple[tuple[str, bytes], ...] = ()
+    identity_key: str = ""
+
+    @classmethod
+    def of(cls, context: Any) -> Caller:
+        """From a grpc or grpc.aio ServicerContext."""
+        user_agent = next((str(v) for k, v in (context.invocation_metadata() or ())
+                           if k == "user-agent"), "")
+        auth = tuple((str(k), bytes(v)) for k, vs in (context.auth_context() or {}).items()
+                     for v in vs)
+        return cls(address=context.peer() or "", user_agent=user_agent, auth=auth,
+                   identity_key=context.peer_identity_key() or "")
+
+    def remote(self, name: str) -> Any:
+        """The engine's PeerInfo for a connection argrpc calls `name` in its logs."""
+        from argrpc import _core
+        return _core.PeerInfo(name, address=self.address, user_agent=self.user_agent,
+                              auth=list(self.auth), identity_key=self.identity_key)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,10 +117,10 @@ class TransportServer(abc.ABC):
     """One argrpc server's half of a transport."""
 
     @abc.abstractmethod
-    def accept(self, request: Any, response: Any, user_agent: str) -> Declined | None:
+    def accept(self, request: Any, response: Any, caller: Caller) -> Declined | None:
         """Answer the client's offer in `request`: create the server side of the connection,
         fill this transport's part of `response` and return None; or return why not.
-        `user_agent` (the client channel's) goes with every call of the connection."""
+        `caller` goes with every call of the connection."""
 
     @abc.abstractmethod
     def connections(self) -> list[Any]:

@@ -18,7 +18,7 @@ from argrpc import _proto
 from argrpc._config import Config, conn_config
 from argrpc._engine import get_engine
 from argrpc._host import target_is_local
-from argrpc._transports.base import Declined, ServerEnv, Transport, TransportServer, Unavailable
+from argrpc._transports.base import Caller, Declined, ServerEnv, Transport, TransportServer, Unavailable
 from argrpc._transports.shm_handshake import (IO_TIMEOUT, SECRET_LEN, SECRET_TTL, HandshakeError,
                                               SecretStore, ShmAcceptor, client_handshake)
 
@@ -138,14 +138,14 @@ class ShmServer(TransportServer):
         acceptor = self._acceptor
         return acceptor.name if acceptor is not None else None
 
-    def accept(self, request: Any, response: Any, user_agent: str) -> Declined | None:
+    def accept(self, request: Any, response: Any, caller: Caller) -> Declined | None:
         try:
             acceptor = self._ensure_acceptor()
         except OSError as e:
             return Declined(f"server cannot open its shm socket: {e}", final=True)
         if acceptor is None:
             return Declined("server is shutting down", final=True)
-        secret = self._secrets.issue(request.host.pid, user_agent)
+        secret = self._secrets.issue(request.host.pid, caller)
         response.shm.CopyFrom(_proto.ShmOffer(socket_name=acceptor.name, secret=secret,
                                               server_pid=os.getpid()))
         return None

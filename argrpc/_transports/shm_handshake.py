@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable, NamedTuple
 
-from argrpc._transports.base import Connections, ServerEnv
+from argrpc._transports.base import Caller, Connections, ServerEnv
 
 __all__ = [
     "HandshakeError",
@@ -70,10 +70,10 @@ class HandshakeError(Exception):
 # --------------------------------------------------------------------------- secrets
 
 class Grant(NamedTuple):
-    """What a secret was issued for: the pid the client claimed, and the user-agent its
-    gRPC channel sent when it negotiated (presented with every fast-path call)."""
+    """What a secret was issued for: the pid the client claimed, and the client as grpc
+    saw its negotiating call (presented with every fast-path call)."""
     pid: int
-    user_agent: str = ""
+    caller: Caller = Caller()
 
 
 class SecretStore:
@@ -87,14 +87,14 @@ class SecretStore:
         self._lock = threading.Lock()
         self._items: dict[bytes, tuple[Grant, float]] = {}  # secret -> (grant, expiry); insertion order
 
-    def issue(self, pid: int, user_agent: str = "") -> bytes:
+    def issue(self, pid: int, caller: Caller = Caller()) -> bytes:
         secret = os.urandom(SECRET_LEN)
         now = self._clock()
         with self._lock:
             self._purge(now)
             while len(self._items) >= self._capacity:  # drop the oldest
                 del self._items[next(iter(self._items))]
-            self._items[secret] = (Grant(pid, user_agent), now + self._ttl)
+            self._items[secret] = (Grant(pid, caller), now + self._ttl)
         return secret
 
     def consume(self, secret: bytes) -> Grant:
@@ -454,7 +454,7 @@ class ShmAcceptor:
         try:
             try:
                 conn = engine.attach_shm(endpoint, peer, sock_fd, self._env.core_server,
-                                         f"shm:pid={pid}", user_agent=grant.user_agent)
+                                         grant.caller.remote(f"shm:pid={pid}"))
             except Exception as e:  # CoreError: the engine has closed what it was given
                 log.warning("argrpc: attaching shm connection from pid %d failed: %s", pid, e)
                 _send_nowait(reply, b"NO", str(e).encode())

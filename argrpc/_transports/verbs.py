@@ -23,8 +23,8 @@ from argrpc import _proto
 from argrpc._config import Config, conn_config
 from argrpc._engine import EngineUnavailable, core_module, get_engine
 from argrpc._host import target_host
-from argrpc._transports.base import (Connections, Declined, ServerEnv, Transport, TransportServer,
-                                     Unavailable)
+from argrpc._transports.base import (Caller, Connections, Declined, ServerEnv, Transport,
+                                     TransportServer, Unavailable)
 
 __all__ = ["VERBS", "Verbs", "VerbsServer", "VerbsUnavailable", "target_address", "verbs_probe"]
 
@@ -222,7 +222,7 @@ class VerbsServer(TransportServer):
             self._chosen[key] = (now, sel)
         return dict(sel)
 
-    def accept(self, request: Any, response: Any, user_agent: str) -> Declined | None:
+    def accept(self, request: Any, response: Any, caller: Caller) -> Declined | None:
         peer = request.verbs
         if not request.HasField("verbs") or not peer.blob:
             return Declined("the client offered verbs without its endpoint data")
@@ -249,7 +249,7 @@ class VerbsServer(TransportServer):
             # Attached before answering, so the server's QPs are ready (RTR) when the
             # client's first batch arrives right after it attached its own.
             conn = engine.attach_verbs(endpoint, bytes(peer.blob), env.core_server,
-                                       f"verbs:{_endpoint_text(peer)}", user_agent=user_agent)
+                                       caller.remote(f"verbs:{_endpoint_text(peer)}"))
         except Exception as e:  # CoreError: blob rejected, QP transition failed
             return Declined(f"the server cannot connect to the client's verbs endpoint: {e}")
         self._conns.add(conn)

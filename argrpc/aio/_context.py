@@ -115,13 +115,17 @@ class _EndedCall:
     from the task's traceback cycles until the garbage collector happens to run, must not
     keep them. Answers as a call that is over."""
 
-    __slots__ = ("key", "method", "metadata", "peer", "cancelled")
+    __slots__ = ("key", "method", "metadata", "peer", "auth", "identity_key", "transport",
+                 "cancelled")
 
     def __init__(self, sc: Any) -> None:
         self.key = sc.key
         self.method = sc.method
         self.metadata = sc.metadata
         self.peer = sc.peer
+        self.auth = sc.auth
+        self.identity_key = sc.identity_key
+        self.transport = sc.transport
         self.cancelled = sc.cancelled
 
     def is_active(self) -> bool:
@@ -508,6 +512,11 @@ class SyncServicerContext:
 
     def peer(self) -> str:
         return self._context.peer()
+
+    @property
+    def transport(self) -> str:
+        transport: str = getattr(self._context, "transport", "grpc")
+        return transport
 
     def peer_identities(self) -> Optional[Sequence[bytes]]:
         return self._context.peer_identities()

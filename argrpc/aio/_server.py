@@ -21,12 +21,13 @@ import logging
 import sys
 import weakref
 from concurrent.futures import Executor
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, Sequence, cast
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, Sequence
 
 import grpc
 from grpc import aio
 
 from .. import _bootstrap, _buffers, _config, _engine, _observe, _plain, _proto
+from .._transports import Caller
 from .._server import _OVER_LIMIT_DETAILS, _STOP_CODE, _STOP_DETAILS, _Admission
 from .._server import _Server as _ThreadedServer
 from . import _eager
@@ -110,11 +111,7 @@ def _bootstrap_handlers(listener: _bootstrap.FastPathListener
     endpoint (verbs): short enough to run on the loop."""
 
     async def negotiate(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
-        # grpc.aio gives a call's metadata (its stubs allow None)
-        metadata = cast(aio.Metadata, context.invocation_metadata())
-        user_agent = next((str(v) for k, v in metadata if k == "user-agent"), "")
-        return listener.decide(request, encrypted=_bootstrap._is_encrypted(context),
-                               user_agent=user_agent)
+        return listener.decide(request, Caller.of(context))
 
     return {
         "Negotiate": grpc.unary_unary_rpc_method_handler(

@@ -197,6 +197,21 @@ ConnConfig conn_config(const py::dict& d) {
 }  // namespace bindings
 }  // namespace argrpc
 
+namespace {
+
+// grpc's auth_context(): each property's values, in the order they were given.
+py::dict auth_dict(const PeerInfo& peer) {
+  py::dict out;
+  for (auto& kv : peer.auth) {
+    py::str key(kv.first);
+    if (!out.contains(key)) out[key] = py::list();
+    out[key].cast<py::list>().append(py::bytes(kv.second));
+  }
+  return out;
+}
+
+}  // namespace
+
 PYBIND11_MODULE(_core, m) {
   m.doc() = "argrpc engine: adaptive eager/rendezvous transport over a fabric (shm, verbs)";
   static py::exception<CoreError> core_error(m, "CoreError", PyExc_RuntimeError);
@@ -271,6 +286,26 @@ PYBIND11_MODULE(_core, m) {
                                {static_cast<py::ssize_t>(p.len)}, {1}, true);
       })
       .def("__len__", [](RecvBuffer& b) { return b.payload.value().len; });
+
+  py::class_<PeerInfo>(m, "PeerInfo")
+      .def(py::init([](std::string name, std::string address, std::string user_agent,
+                       std::vector<std::pair<std::string, py::bytes>> auth,
+                       std::string identity_key) {
+             PeerInfo p(std::move(name));
+             p.address = std::move(address);
+             p.user_agent = std::move(user_agent);
+             for (auto& kv : auth) p.auth.emplace_back(kv.first, std::string(kv.second));
+             p.identity_key = std::move(identity_key);
+             return p;
+           }),
+           py::arg("name"), py::arg("address") = "", py::arg("user_agent") = "",
+           py::arg("auth") = std::vector<std::pair<std::string, py::bytes>>(),
+           py::arg("identity_key") = "")
+      .def(py::init<std::string>(), py::arg("name"))
+      .def_readonly("name", &PeerInfo::name)
+      .def_readonly("address", &PeerInfo::address)
+      .def_readonly("user_agent", &PeerInfo::user_agent);
+  py::implicitly_convertible<py::str, PeerInfo>();
 
   py::class_<PyEngine> engine(m, "Engine");
   engine
@@ -545,13 +580,21 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("metadata", [](PyServerCall& c) -> py::tuple {
         // grpc lists the client's user-agent first; over the fast path it is the one the
         // client's channel sent when it negotiated.
-        const std::string& ua = c.s->conn->peer_user_agent();
+        const std::string& ua = c.s->conn->peer().user_agent;
         if (c.s->request_md.empty()) return user_agent_only(ua);
         py::list md = from_metadata(c.s->request_md);
         if (!ua.empty()) md.insert(0, py::make_tuple(py::str("user-agent"), py::bytes(ua)));
         return py::tuple(md);
       })
-      .def_property_readonly("peer", [](PyServerCall& c) { return c.s->conn->peer_name(); })
+      // grpc's form of the client's address, from the call that negotiated the connection.
+      .def_property_readonly("peer", [](PyServerCall& c) { return c.s->conn->peer().grpc_address(); })
+      .def_property_readonly("peer_name", [](PyServerCall& c) { return c.s->conn->peer_name(); })
+      .def_property_readonly("transport", [](PyServerCall& c) { return std::string(c.s->conn->fabric().name()); })
+      .def_property_readonly("auth", [](PyServerCall& c) { return auth_dict(c.s->conn->peer()); })
+      .def_property_readonly("identity_key", [](PyServerCall& c) -> py::object {
+        const std::string& k = c.s->conn->peer().identity_key;
+        return k.empty() ? py::object(py::none()) : py::object(py::str(k));
+      })
       .def("time_remaining", [](PyServerCall& c) -> py::object {
         if (c.s->deadline.infinite()) return py::none();
         return py::float_(std::max(0.0, c.s->deadline.remaining_seconds()));

@@ -48,19 +48,18 @@ void add_shm(py::module_& m, py::class_<PyEngine>& engine) {
       })
       .def("attach_shm",
            [](PyEngine& e, PyShmEndpoint& ep, py::dict peer, int sock_fd, py::object server,
-              std::string peer_name, std::string user_agent) {
+              PeerInfo remote) {
              // Take ownership of every fd first so each one is closed on any failure.
              UniqueFd sock(sock_fd);
              ShmPeer p = shm_peer_arg(peer);
              std::shared_ptr<Server> srv = server_arg(server);
              auto fabric = std::make_unique<ShmFabric>(ep.take(), std::move(p), std::move(sock),
                                                        e.engine->pool(), &e.engine->copier());
-             auto conn = e.engine->attach(std::move(fabric), ep.cfg, srv, std::move(peer_name),
-                                          std::move(user_agent));
+             auto conn = e.engine->attach(std::move(fabric), ep.cfg, srv, std::move(remote));
              return PyConnection::make(e.engine, conn);
            },
            py::arg("endpoint"), py::arg("peer"), py::arg("sock_fd"), py::arg("server"),
-           py::arg("peer_name"), py::arg("user_agent") = "");
+           py::arg("remote"));
 }
 
 }  // namespace bindings

@@ -135,8 +135,8 @@ void add_sim(py::module_& m) {
           if (cfg.keepalive_ms == 0 || cfg.keepalive_timeout_ms == 0)
             throw CoreError("keepalive_ms and keepalive_timeout_ms must be > 0");
           SimPair pair = SimFabric::pair(cfg, cfg, plan_arg(plan));
-          auto client = eng->attach(std::move(pair.a), cfg, nullptr, "sim:server");
-          auto served = srv_eng->attach(std::move(pair.b), cfg, srv, "sim:client");
+          auto client = eng->attach(std::move(pair.a), cfg, nullptr, PeerInfo("sim:server"));
+          auto served = srv_eng->attach(std::move(pair.b), cfg, srv, PeerInfo("sim:client"));
           return py::make_tuple(PyConnection::make(eng, client), PyConnection::make(srv_eng, served),
                                 PySimLink{pair.link});
         },

@@ -100,7 +100,7 @@ void add_verbs(py::module_& m, py::class_<PyEngine>& engine) {
            py::arg("conn_config"), py::arg("select"), py::arg("qps") = VerbsConfig().qps)
       .def("attach_verbs",
            [](PyEngine& e, PyVerbsEndpoint& ep, py::bytes peer_blob, py::object server,
-              std::string peer_name, std::string user_agent) {
+              PeerInfo remote) {
              std::shared_ptr<Server> srv = server_arg(server);
              std::unique_ptr<verbs::VerbsEndpoint> local = ep.take();
              const std::string blob = peer_blob;
@@ -108,13 +108,11 @@ void add_verbs(py::module_& m, py::class_<PyEngine>& engine) {
              {
                NoGil nogil;
                auto fabric = std::make_unique<verbs::VerbsFabric>(std::move(local), blob);
-               conn = e.engine->attach(std::move(fabric), ep.cfg, srv, std::move(peer_name),
-                                       std::move(user_agent));
+               conn = e.engine->attach(std::move(fabric), ep.cfg, srv, std::move(remote));
              }
              return PyConnection::make(e.engine, conn);
            },
-           py::arg("endpoint"), py::arg("peer_blob"), py::arg("server"), py::arg("peer_name"),
-           py::arg("user_agent") = "");
+           py::arg("endpoint"), py::arg("peer_blob"), py::arg("server"), py::arg("remote"));
 }
 
 }  // namespace bindings

@@ -15,14 +15,12 @@
 namespace argrpc {
 
 Connection::Connection(Engine* engine, std::unique_ptr<Fabric> fabric, const ConnConfig& cfg,
-                       std::shared_ptr<Server> server, std::string peer_name,
-                       std::string peer_user_agent)
+                       std::shared_ptr<Server> server, PeerInfo peer)
     : engine_(engine),
       fabric_(std::move(fabric)),
       cfg_(cfg),
       server_(std::move(server)),
-      peer_name_(std::move(peer_name)),
-      peer_user_agent_(std::move(peer_user_agent)),
+      peer_(std::move(peer)),
       client_(server_ == nullptr),
       counters_(engine->transport_stats().of(fabric_->name())) {
   batch_.reserve(cfg_.acc_size + 64);
@@ -78,7 +76,7 @@ uint64_t Connection::keepalive(uint64_t now) {
     if (last_recv_us_.load(std::memory_order_relaxed) >= ping_sent_us_) {
       ping_sent_us_ = 0;  // answered (any batch or credit will do)
     } else if (now - ping_sent_us_ >= timeout) {
-      const bool failed = fail(kUnavailable, "argrpc: peer " + peer_name_ + " did not answer a keepalive for " +
+      const bool failed = fail(kUnavailable, "argrpc: peer " + peer_.name + " did not answer a keepalive for " +
                              (cfg_.keepalive_timeout_ms % 1000
                                   ? std::to_string(cfg_.keepalive_timeout_ms) + " ms"
                                   : std::to_string(cfg_.keepalive_timeout_ms / 1000) + " s") +
@@ -117,7 +115,7 @@ uint64_t Connection::keepalive(uint64_t now) {
 }
 
 void Connection::protocol_error(const std::string& what) {
-  fail(kInternal, "argrpc: connection to " + peer_name_ + " closed: protocol error: " + what);
+  fail(kInternal, "argrpc: connection to " + peer_.name + " closed: protocol error: " + what);
 }
 
 bool Connection::fail(uint32_t code, const std::string& why) {

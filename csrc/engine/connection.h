@@ -13,6 +13,7 @@
 #include "common/fork.h"
 #include "common/status.h"
 #include "engine/frame.h"
+#include "engine/peer_info.h"
 #include "engine/probes.h"
 #include "engine/stream.h"
 #include "engine/transport_stats.h"
@@ -62,13 +63,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
  public:
   // connection.cc: construction, liveness, failure.
   Connection(Engine* engine, std::unique_ptr<Fabric> fabric, const ConnConfig& cfg,
-             std::shared_ptr<Server> server, std::string peer_name,
-             std::string peer_user_agent = "");
+             std::shared_ptr<Server> server, PeerInfo peer);
   ~Connection();
 
   Fabric& fabric() { return *fabric_; }
-  const std::string& peer_name() const { return peer_name_; }
-  const std::string& peer_user_agent() const { return peer_user_agent_; }
+  const PeerInfo& peer() const { return peer_; }
+  const std::string& peer_name() const { return peer_.name; }
   // False after the peer or this side ended it, and in a forked child (the connection
   // is the parent's).
   bool alive() const {
@@ -286,8 +286,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::unique_ptr<Fabric> fabric_;
   const ConnConfig cfg_;
   const std::shared_ptr<Server> server_;
-  const std::string peer_name_;
-  const std::string peer_user_agent_;
+  const PeerInfo peer_;
   const bool client_;
   TransportCounters& counters_;
   std::mutex stats_target_mu_;

@@ -318,7 +318,7 @@ bool Connection::flush_locked() {
     if (spins == 0) return_credits();
     if (stall.expired()) {
       batch_.clear();
-      fail(kUnavailable, "argrpc: peer " + peer_name_ + " stopped consuming its ring for " +
+      fail(kUnavailable, "argrpc: peer " + peer_.name + " stopped consuming its ring for " +
                            std::to_string(int(knobs::kCreditStallSeconds)) + " s");
       return false;
     }
@@ -326,7 +326,7 @@ bool Connection::flush_locked() {
     // thread, the one that would otherwise learn of the hang-up.
     if (spins >= 1000 && spins % 64 == 0 && fabric_->peer_gone()) {
       batch_.clear();
-      fail(kUnavailable, "argrpc: connection to " + peer_name_ +
+      fail(kUnavailable, "argrpc: connection to " + peer_.name +
                              " lost (the peer closed it or exited)");
       return false;
     }
@@ -341,7 +341,7 @@ bool Connection::flush_locked() {
   wpos_ += skip;
   if (!fabric_->write_imm(batch_.data(), len, wpos_ % ring)) {
     batch_.clear();
-    fail(kUnavailable, "argrpc: write to peer " + peer_name_ + " failed");
+    fail(kUnavailable, "argrpc: write to peer " + peer_.name + " failed");
     return false;
   }
   wpos_ += len;

@@ -93,11 +93,10 @@ std::shared_ptr<const Engine::ConnList> Engine::snapshot() const {
 }
 
 std::shared_ptr<Connection> Engine::attach(std::unique_ptr<Fabric> fabric, const ConnConfig& cfg,
-                                           std::shared_ptr<Server> server, std::string peer_name,
-                                           std::string peer_user_agent) {
+                                           std::shared_ptr<Server> server, PeerInfo peer) {
   if (stop_.load()) throw CoreError("argrpc engine is shut down");
   auto conn = std::make_shared<Connection>(this, std::move(fabric), cfg, std::move(server),
-                                           std::move(peer_name), std::move(peer_user_agent));
+                                           std::move(peer));
   {
     std::lock_guard<std::mutex> g(conns_mu_);
     conn->serial = next_serial_++;

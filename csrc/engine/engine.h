@@ -14,6 +14,7 @@
 
 #include "common/clock.h"
 #include "common/unique_fd.h"
+#include "engine/peer_info.h"
 #include "engine/transport_stats.h"
 #include "tunables.h"
 
@@ -37,11 +38,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   Copier& copier() { return *copier_; }
   TransportStats& transport_stats() { return transport_stats_; }
 
-  // peer_user_agent: what the peer's gRPC channel sent as user-agent when it
-  // negotiated; a server presents it with every fast-path call, as grpc would.
   std::shared_ptr<Connection> attach(std::unique_ptr<Fabric> fabric, const ConnConfig& cfg,
-                                     std::shared_ptr<Server> server, std::string peer_name,
-                                     std::string peer_user_agent = "");
+                                     std::shared_ptr<Server> server, PeerInfo peer);
   void detach(Connection* conn);
 
   void enter_polling();

@@ -378,6 +378,10 @@ def test_outcomes_match_grpc_aio() -> None:
     assert by_name["invalid_trailing"][1:3] == (grpc.StatusCode.INTERNAL, "Invalid metadata")
 
 
+# What grpc's auth_context() gives on an insecure connection.
+INSECURE = {"transport_security_type": [b"insecure"], "security_level": [b"TSI_SECURITY_NONE"]}
+
+
 def test_context_inside_a_fast_path_call() -> None:
     seen: dict[str, Any] = {}
 
@@ -387,6 +391,7 @@ def test_context_inside_a_fast_path_call() -> None:
             md_type=type(md), first=md[0].key, x=[(m.key, m.value) for m in md
                                                     if m.key.startswith("x-")],
             time_remaining=context.time_remaining(), peer=context.peer(),
+            transport=getattr(context, "transport", "grpc"),
             code=context.code(), details=context.details(), done=context.done(),
             cancelled=context.cancelled(), auth=context.auth_context(),
             identities=context.peer_identities(), identity_key=context.peer_identity_key())
@@ -446,11 +451,12 @@ def test_context_inside_a_fast_path_call() -> None:
     assert seen["x"] == [("x-text", "v"), ("x-data-bin", b"\x00\x01\xff")]
     assert 2.0 < seen["time_remaining"] <= 3.0
     assert seen["no_deadline"] is None
-    assert seen["peer"].startswith("shm:")
+    assert seen["peer"].startswith(("ipv4:", "ipv6:")), seen  # as grpc.aio, over shm
+    assert seen["transport"] == "shm"
     assert (seen["code"], seen["details"], seen["done"], seen["cancelled"]) == (None, "", False,
                                                                                 False)
     assert seen["cancelled_after_set"] is True
-    assert (seen["auth"], seen["identities"], seen["identity_key"]) == ({}, None, None)
+    assert (seen["auth"], seen["identities"], seen["identity_key"]) == (INSECURE, None, None)
     assert seen["abort_twice"] == "Abort already called!"
     assert seen["done_after_abort"] is True
 

@@ -64,6 +64,8 @@ class EchoServicer:
             "metadata": encode_metadata(context.invocation_metadata()),
             "time_remaining": context.time_remaining(),
             "peer": context.peer(),
+            "transport": getattr(context, "transport", "grpc"),
+            "auth": {k: [v.decode() for v in vs] for k, vs in context.auth_context().items()},
         })
 
     def _control(self, req: Any, context: grpc.ServicerContext, fail: bool = True) -> None:

@@ -5,6 +5,7 @@ where there is no usable device. Everything in the guest is slow (TCG), so deadl
 are generous and one server serves the whole module."""
 from __future__ import annotations
 
+import json
 import os
 from types import SimpleNamespace
 from typing import Iterator
@@ -50,6 +51,16 @@ BASE_S = 60.0
 def test_channel_reports_verbs(verbs_client: Client) -> None:
     assert verbs_client.channel.transport == "verbs"
     assert verbs_client.channel.fallback_reason == ""
+
+
+def test_handler_sees_grpcs_peer_over_verbs(verbs_client: Client) -> None:
+    """Over verbs too the handler's peer() and auth context are grpc's, and the
+    context says which fabric served the call."""
+    info = json.loads(verbs_client.stub.Unary(verbs_client.req(payload=b"p"), timeout=BASE_S).info)
+    assert info["transport"] == "verbs", info
+    assert info["peer"].startswith(("ipv4:", "ipv6:")), info
+    assert info["auth"] == {"transport_security_type": ["insecure"],
+                            "security_level": ["TSI_SECURITY_NONE"]}, info
 
 
 @pytest.mark.parametrize("size", cases.PAYLOAD_SIZES)
