@@ -51,6 +51,7 @@ class Negotiation:
     retryable: bool = False       # server unreachable: negotiate again on a later call
     forced_error: str = ""        # TF_RDMA_TRANSPORT forces an impossible transport
     kind: str = ""                # the reason's class, a metric label ("" when fast)
+    compression_disabled: int = 0  # what the server refuses (bits of grpc.Compression values)
 
 
 def client_offer(cfg: Config) -> tuple[list[str], dict[str, str]]:
@@ -293,7 +294,8 @@ def _ask(cfg: Config, max_recv: int, target: str, skipped: dict[str, str] | None
         conn = chosen.attach(offer, response, cfg, max_recv)
     except Unavailable as e:
         return _fallback(cfg, str(e), "attach_failed"), False
-    return Negotiation(transport=chosen.name, connection=conn), False
+    return Negotiation(transport=chosen.name, connection=conn,
+                       compression_disabled=response.compression_disabled), False
 
 
 # --------------------------------------------------------------------------- server
@@ -312,11 +314,13 @@ class FastPathListener:
     """
 
     def __init__(self, core_server: Any, cfg: Config, max_recv: int, *,
+                 compression_disabled: int = 0,
                  host: HostIdentity | None = None,
                  engine_factory: Callable[[], Any] | None = None,
                  transports: Sequence[Transport] = TRANSPORTS) -> None:
         self._core_server = core_server
         self._cfg = cfg
+        self._compression_disabled = compression_disabled
         self._host = host
         self._transports = tuple(transports)
         env = ServerEnv(core_server, cfg, max_recv, engine_factory or (lambda: get_engine(cfg)))
@@ -407,7 +411,8 @@ class FastPathListener:
                 if elsewhere:
                     reasons.append(elsewhere)
                     continue
-            response = _proto.NegotiateResponse(version=PROTOCOL_VERSION, transport=t.name)
+            response = _proto.NegotiateResponse(version=PROTOCOL_VERSION, transport=t.name,
+                                                compression_disabled=self._compression_disabled)
             declined = self._servers[t.name].accept(request, response, caller)
             if declined is None:
                 return response

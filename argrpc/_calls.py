@@ -566,6 +566,9 @@ class _MultiCallable:
         ``(None, None, result)`` with what grpc's own `grpc_fn` returned for it."""
         conn, timeout = self._channel._route(timeout, wait_for_ready, credentials)
         if conn is not None:
+            if compression is not None and (
+                    refused := self._channel._refused_compression(compression)):
+                raise local_error(grpc.StatusCode.UNIMPLEMENTED, refused)
             return conn, timeout, None
         observer = _observe.sink()
         if observer is not None:
@@ -626,7 +629,7 @@ class UnaryUnary(_MultiCallable, UnaryUnaryBase):
                  wait_for_ready: Optional[bool] = None,
                  compression: Optional[grpc.Compression] = None) -> Any:
         conn = self._channel._fast
-        if conn is None or credentials is not None or not conn.alive:
+        if conn is None or credentials is not None or compression is not None or not conn.alive:
             conn, timeout, result = self._routed(self._grpc, request, timeout, metadata,
                                                  credentials, wait_for_ready, compression)
             if conn is None:

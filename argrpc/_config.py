@@ -31,6 +31,7 @@ __all__ = [
     "load",
     "max_receive_length",
     "max_send_length",
+    "compression_disabled",
     "parse_size",
     "split_options",
 ]
@@ -621,6 +622,23 @@ def _grpc_int_option(grpc_options: Any, key: str, default: int) -> int:
 def max_receive_length(grpc_options: Any) -> int:
     """grpc.max_receive_message_length (default 4 MiB; -1 = unlimited)."""
     return _grpc_int_option(grpc_options, _MAX_RECV_KEY, GRPC_DEFAULT_MAX_RECV)
+
+
+_COMPRESSION_KEY = "grpc.compression_enabled_algorithms_bitset"
+# grpc.Compression values are the bit numbers: Deflate 1, Gzip 2 (no compression is
+# always enabled).
+_COMPRESSION_BITS = 0b110
+
+
+def compression_disabled(grpc_options: Any) -> int:
+    """The compression algorithms a server refuses (bit `grpc.Compression.value`), from
+    grpc.compression_enabled_algorithms_bitset; 0 when it accepts all, as by default. A
+    value that is not an integer grpc ignores, and so does argrpc."""
+    enabled = _COMPRESSION_BITS
+    for k, v in _iter_options(grpc_options):
+        if k == _COMPRESSION_KEY and isinstance(v, int):
+            enabled = v
+    return _COMPRESSION_BITS & ~enabled
 
 
 def max_send_length(grpc_options: Any) -> int:

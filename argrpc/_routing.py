@@ -15,6 +15,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
+import grpc
+
 from . import _config, _observe
 
 if TYPE_CHECKING:
@@ -35,6 +37,7 @@ class Routing:
     def _init_routing(self) -> None:
         self._fast: Any = None
         self._fast_name = ""
+        self._compression_disabled = 0
         self._state = NEW
         self._reason = ""
         self._forced_error = ""
@@ -84,6 +87,7 @@ class Routing:
                 return
             conn.set_stats_target(self._target)
             self._fast, self._fast_name, self._state = conn, neg.transport, FAST
+            self._compression_disabled = neg.compression_disabled
             self._reason = self._forced_error = ""
             return
         if conn is not None:
@@ -105,6 +109,15 @@ class Routing:
             _LOGGER.log(level, "argrpc: channel to %s uses plain gRPC: %s%s", self._target,
                         neg.forced_error or self._reason,
                         " (will retry)" if neg.retryable else "")
+
+    def _refused_compression(self, compression: Any) -> str:
+        """Why the fast connection's server refuses a call's compression ("" if it does
+        not): grpc's server answers such a call UNIMPLEMENTED with these words. A call's
+        NoCompression means the channel's, which the negotiating call already used."""
+        if compression is None or not self._compression_disabled & (1 << compression.value):
+            return ""
+        name = "deflate" if compression is grpc.Compression.Deflate else "gzip"
+        return f"Compression algorithm '{name}' is disabled."
 
     @property
     def _on_grpc(self) -> bool:

@@ -398,7 +398,9 @@ class _Server(grpc.Server):
             compression=compression,
         )
         # Served on the grpc port even when the fast path is off, so a client learns why.
-        self._listener = _bootstrap.FastPathListener(self._core, cfg, max_recv)
+        self._listener = _bootstrap.FastPathListener(
+            self._core, cfg, max_recv,
+            compression_disabled=_config.compression_disabled(grpc_options))
         self._grpc.add_registered_method_handlers(_bootstrap.BOOTSTRAP_SERVICE,
                                                   self._listener.method_handlers())
         if handlers:

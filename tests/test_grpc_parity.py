@@ -7,11 +7,12 @@ import asyncio
 import json
 import re
 from concurrent import futures
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import grpc
 import pytest
 
+from tests.support import inproc
 from tests.support.clients import UNLIMITED_SERVER_ARGS, Client
 from tests.support.procs import ServerProcess
 
@@ -219,14 +220,15 @@ def _who(request: bytes, context: Any) -> tuple[str, Any, Any, Any, str]:
             context.peer_identity_key(), getattr(context, "transport", "grpc"))
 
 
-def _ports(creds: str, where: str, tmp: str) -> tuple[str, Any, Any]:
-    """The address to listen on and to dial, and the two ends' credentials."""
+def _credentials(creds: str, where: str, tmp: str) -> dict[str, Any]:
+    """Where to listen, and the two ends' credentials."""
     address = "127.0.0.1:0" if where == "tcp" else f"unix:{tmp}/s.sock"
     if creds == "insecure":
-        return address, None, None
+        return {"address": address}
     kind = (grpc.LocalConnectionType.LOCAL_TCP if where == "tcp"
             else grpc.LocalConnectionType.UDS)
-    return address, grpc.local_server_credentials(kind), grpc.local_channel_credentials(kind)
+    return {"address": address, "server_credentials": grpc.local_server_credentials(kind),
+            "channel_credentials": grpc.local_channel_credentials(kind)}
 
 
 @pytest.mark.parametrize("where", list(PEER))
@@ -238,11 +240,9 @@ def test_a_handler_sees_grpcs_peer_and_auth_context(stack: str, api: str, creds:
     """peer() is the address the client negotiated from, in grpc's form, and the auth
     context is the negotiating connection's: services log, rate-limit and authorize by
     them, on the fast path as on gRPC."""
-    import argrpc
-
-    mod: Any = argrpc if stack == "argrpc" else grpc
-    address, server_creds, channel_creds = _ports(creds, where, str(tmp_path))
-    options = [("tf_rdma_over_tls", "true")] if stack == "argrpc" else []  # local creds: opt in
+    ends = _credentials(creds, where, str(tmp_path))
+    # Local credentials encrypt nothing: argrpc's fast path over them is opted into.
+    options = [("tf_rdma_over_tls", "true")] if stack == "argrpc" else []
     seen: list[Any] = []
 
     def handler(request: bytes, context: Any) -> bytes:
@@ -252,43 +252,21 @@ def test_a_handler_sees_grpcs_peer_and_auth_context(stack: str, api: str, creds:
     async def async_handler(request: bytes, context: Any) -> bytes:
         return handler(request, context)
 
-    def dial(port: int) -> str:
-        return f"127.0.0.1:{port}" if where == "tcp" else address
-
     if api == "threaded":
-        server = mod.server(futures.ThreadPoolExecutor(2))
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-            "t", {"W": grpc.unary_unary_rpc_method_handler(handler)}),))
-        port = (server.add_insecure_port(address) if server_creds is None
-                else server.add_secure_port(address, server_creds))
-        server.start()
-        channel = (mod.insecure_channel(dial(port), options=options) if channel_creds is None
-                   else mod.secure_channel(dial(port), channel_creds, options=options))
-        try:
+        with inproc.threaded(stack, grpc.method_handlers_generic_handler(
+                "t", {"W": grpc.unary_unary_rpc_method_handler(handler)}),
+                channel_options=options, **ends) as channel:
             for _ in range(2):  # the first call may have negotiated; the second is fast
                 assert channel.unary_unary("/t/W")(b"w", timeout=20) == b"w"
-            transport = getattr(channel, "transport", "grpc")
-        finally:
-            channel.close()
-            server.stop(None)
+            transport = inproc.transport_of(channel)
     else:
         async def body() -> str:
-            server = mod.aio.server()
-            server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-                "t", {"W": grpc.unary_unary_rpc_method_handler(async_handler)}),))
-            port = (server.add_insecure_port(address) if server_creds is None
-                    else server.add_secure_port(address, server_creds))
-            await server.start()
-            channel = (mod.aio.insecure_channel(dial(port), options=options)
-                       if channel_creds is None
-                       else mod.aio.secure_channel(dial(port), channel_creds, options=options))
-            try:
+            async with inproc.asyncio_pair(stack, grpc.method_handlers_generic_handler(
+                    "t", {"W": grpc.unary_unary_rpc_method_handler(async_handler)}),
+                    channel_options=options, **ends) as channel:
                 for _ in range(2):
                     assert await channel.unary_unary("/t/W")(b"w", timeout=20) == b"w"
-                return str(getattr(channel, "transport", "grpc"))
-            finally:
-                await channel.close()
-                await server.stop(None)
+                return inproc.transport_of(channel)
 
         transport = asyncio.run(body())
     assert transport == ("shm" if stack == "argrpc" else "grpc")
@@ -299,3 +277,75 @@ def test_a_handler_sees_grpcs_peer_and_auth_context(stack: str, api: str, creds:
     # grpc names the transport security type as the identity of a local connection.
     assert (key, identities) == ((None, None) if creds == "insecure"
                                  else ("transport_security_type", [b"local"]))
+
+
+_ALGORITHMS = {None: "none", grpc.Compression.NoCompression: "none",
+               grpc.Compression.Deflate: "deflate", grpc.Compression.Gzip: "gzip"}
+
+
+def _compression_outcome(bitset: int, channel_default: Any, call: Any) -> str:
+    """grpc's answer: a call's NoCompression means the channel's algorithm; a server
+    answers UNIMPLEMENTED for an algorithm its bitset leaves out."""
+    effective = _ALGORITHMS[call] if _ALGORITHMS[call] != "none" else _ALGORITHMS[channel_default]
+    bit = {"none": 0, "deflate": 1, "gzip": 2}[effective]
+    if effective == "none" or bitset & (1 << bit):
+        return "OK"
+    return f"UNIMPLEMENTED: Compression algorithm '{effective}' is disabled."
+
+
+@pytest.mark.parametrize("channel_default", [None, grpc.Compression.Gzip], ids=["none", "gzip"])
+@pytest.mark.parametrize("bitset", [0b001, 0b101])
+@pytest.mark.parametrize("api", ["threaded", "aio"])
+@pytest.mark.parametrize("stack", ["grpc", "argrpc"])
+def test_a_server_refuses_the_compression_it_disabled(stack: str, api: str, bitset: int,
+                                                     channel_default: Any) -> None:
+    """Compression is not applied on the fast path, but a server that disabled an
+    algorithm refuses a call that asks for it, as on gRPC (a channel whose own algorithm
+    is refused never negotiates: its every call fails on gRPC)."""
+    options = [("grpc.compression_enabled_algorithms_bitset", bitset)]
+    handlers = grpc.method_handlers_generic_handler("t", {
+        "U": grpc.unary_unary_rpc_method_handler(lambda r, c: r),
+        "S": grpc.unary_stream_rpc_method_handler(lambda r, c: iter([r, r]))})
+    choices = list(_ALGORITHMS)
+    expected = {str(c): [_compression_outcome(bitset, channel_default, c)] * 2 for c in choices}
+    got: dict[str, list[str]] = {str(c): [] for c in choices}
+
+    def note(choice: Any, error: Optional[grpc.RpcError]) -> None:
+        got[str(choice)].append("OK" if error is None else f"{error.code().name}: {error.details()}")
+
+    if api == "threaded":
+        with inproc.threaded(stack, handlers, server_options=options,
+                             compression=channel_default) as channel:
+            for choice in choices:
+                for call in (lambda: channel.unary_unary("/t/U")(b"x", timeout=20,
+                                                                 compression=choice),
+                             lambda: list(channel.unary_stream("/t/S")(b"x", timeout=20,
+                                                                       compression=choice))):
+                    try:
+                        call()
+                        note(choice, None)
+                    except grpc.RpcError as e:
+                        note(choice, e)
+            transport = inproc.transport_of(channel)
+    else:
+        async def body() -> str:
+            async with inproc.asyncio_pair(stack, handlers, server_options=options,
+                                           compression=channel_default) as channel:
+                for choice in choices:
+                    try:
+                        await channel.unary_unary("/t/U")(b"x", timeout=20, compression=choice)
+                        note(choice, None)
+                    except grpc.RpcError as e:
+                        note(choice, e)
+                    try:
+                        [r async for r in channel.unary_stream("/t/S")(b"x", timeout=20,
+                                                                       compression=choice)]
+                        note(choice, None)
+                    except grpc.RpcError as e:
+                        note(choice, e)
+                return inproc.transport_of(channel)
+
+        transport = asyncio.run(body())
+    assert got == expected
+    channel_refused = channel_default is not None and not bitset & 0b100
+    assert transport == ("shm" if stack == "argrpc" and not channel_refused else "grpc")

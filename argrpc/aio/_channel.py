@@ -276,6 +276,9 @@ class _MultiCallable:
                 return _call.FailedCall.make(self._kind, failure)
         b = None if fast is None else self._bridge()
         if b is not None:
+            if compression is not None and (refused := channel._refused_compression(compression)):
+                return _call.FailedCall.make(self._kind, _call.rpc_error(
+                    grpc.StatusCode.UNIMPLEMENTED, refused))
             try:
                 md = _core_metadata(metadata)
             except InvalidMetadataError as e:
@@ -318,7 +321,7 @@ class UnaryUnaryMultiCallable(_MultiCallable, aio.UnaryUnaryMultiCallable[Any, A
         # The common case in as few steps as possible: every Python call costs here.
         fast = self._channel._fast
         if fast is None or credentials is not None or self._intercepted or not fast.alive \
-                or metadata or _running_loop() is not self._loop:
+                or metadata or compression is not None or _running_loop() is not self._loop:
             return super().__call__(request, timeout=timeout, metadata=metadata,
                                     credentials=credentials, wait_for_ready=wait_for_ready,
                                     compression=compression)

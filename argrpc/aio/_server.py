@@ -180,7 +180,9 @@ class Server(aio.Server):
             compression=compression,
         )
         # Served on the gRPC port even when the fast path is off, so a client learns why.
-        self._listener = _bootstrap.FastPathListener(self._core, cfg, max_recv)
+        self._listener = _bootstrap.FastPathListener(
+            self._core, cfg, max_recv,
+            compression_disabled=_config.compression_disabled(grpc_options))
         # Registered: no catch-all generic handler of the user's can shadow it.
         self._grpc.add_registered_method_handlers(_bootstrap.BOOTSTRAP_SERVICE,
                                                   _bootstrap_handlers(self._listener))

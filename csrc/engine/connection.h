@@ -274,9 +274,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // if `limit` came first (the call has not ended).
   bool end_at_deadline(const std::shared_ptr<Stream>& s, const Deadline& limit);
   // Ends the stream here with code/why and tells the peer: a server sends TRAILERS with
-  // the same status, a client RST(rst_code). False if it had already ended.
+  // the same status, a client RST(rst_code). False if it had already ended. `keep_inbox`:
+  // what arrived before stays readable, ahead of the status.
   bool abort_stream(const std::shared_ptr<Stream>& s, uint32_t code, const std::string& why,
-                    uint32_t rst_code);
+                    uint32_t rst_code, bool keep_inbox = false);
 
   // connection_wait.h: spins driving progress(), then sleeps on the stream.
   template <class Pred>

@@ -15,9 +15,11 @@ namespace argrpc {
 namespace {
 constexpr int64_t kMaxWindow = int64_t(1) << 40;
 
-std::string too_large(uint64_t n, int64_t max) {
-  return "Received message larger than max (" + std::to_string(n) + " vs. " +
-         std::to_string(max) + ")";
+// grpc's words, which differ by side.
+std::string too_large(uint64_t n, int64_t max, bool client) {
+  const std::string what = "Received message larger than max (" + std::to_string(n) + " vs. " +
+                           std::to_string(max) + ")";
+  return client ? "Stream removed (CLIENT: " + what + ")" : "SERVER: " + what;
 }
 }  // namespace
 
@@ -45,7 +47,8 @@ bool Connection::malformed(const char* what) {
 }
 
 void Connection::oversize(const std::shared_ptr<Stream>& s, uint64_t n) {
-  abort_stream(s, kResourceExhausted, too_large(n, cfg_.max_recv), kCancelled);
+  // The limit fails the message that breaks it: those before it are still read, in order.
+  abort_stream(s, kResourceExhausted, too_large(n, cfg_.max_recv, client_), kCancelled, true);
 }
 
 bool Connection::on_headers(const FrameHead& h, Reader& r) {

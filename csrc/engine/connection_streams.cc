@@ -162,8 +162,8 @@ bool Connection::end_at_deadline(const std::shared_ptr<Stream>& sp, const Deadli
 }
 
 bool Connection::abort_stream(const std::shared_ptr<Stream>& s, uint32_t code,
-                              const std::string& why, uint32_t rst_code) {
-  if (!end_stream(s, code, why, !client_, nullptr, false)) return false;
+                              const std::string& why, uint32_t rst_code, bool keep_inbox) {
+  if (!end_stream(s, code, why, !client_, nullptr, keep_inbox)) return false;
   if (!client_) queue_ctrl(kTrailers, s->id, status_body(code, why, &kNoMetadata));
   else if (s->id) queue_ctrl(kRst, s->id, status_body(rst_code, why, nullptr));
   return true;
