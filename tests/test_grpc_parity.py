@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import re
+import time
 from concurrent import futures
 from typing import Any, Callable, Optional
 
@@ -349,3 +351,45 @@ def test_a_server_refuses_the_compression_it_disabled(stack: str, api: str, bits
     assert got == expected
     channel_refused = channel_default is not None and not bitset & 0b100
     assert transport == ("shm" if stack == "argrpc" and not channel_refused else "grpc")
+
+
+def _slow_echo(request: bytes, context: Any) -> bytes:
+    time.sleep(0.01)
+    return b"r"
+
+
+def _slow_pair(request: bytes, context: Any) -> Any:
+    time.sleep(0.01)
+    yield b"a"
+    yield b"b"
+
+
+@pytest.mark.parametrize("stack", ["grpc", "argrpc"])
+def test_a_cancel_at_a_random_moment_ends_the_call_one_way(stack: str) -> None:
+    """cancel() at any moment of a threaded call's life: True and the call is cancelled
+    (FutureCancelledError, or CANCELLED while iterating), or False and it ends as the
+    server ended it; a second cancel() is False."""
+    rng = random.Random(34)
+    handlers = grpc.method_handlers_generic_handler("t", {
+        "U": grpc.unary_unary_rpc_method_handler(_slow_echo),
+        "S": grpc.unary_stream_rpc_method_handler(_slow_pair)})
+    with inproc.threaded(stack, handlers) as channel:
+        channel.unary_unary("/t/U")(b"", timeout=20)
+        for _ in range(60):
+            streaming = rng.random() < 0.5
+            call = (channel.unary_stream("/t/S")(b"", timeout=20) if streaming
+                    else channel.unary_unary("/t/U").future(b"", timeout=20))
+            time.sleep(rng.uniform(0, 0.03))
+            cancelled = call.cancel()
+            try:
+                ended: Any = list(call) if streaming else call.result()
+            except grpc.FutureCancelledError:
+                ended = "FutureCancelledError"
+            except grpc.RpcError as e:
+                ended = e.code()
+            assert call.cancelled() is cancelled, ended
+            assert call.cancel() is False
+            if cancelled:
+                assert ended == (grpc.StatusCode.CANCELLED if streaming else "FutureCancelledError")
+            else:
+                assert ended == ([b"a", b"b"] if streaming else b"r")

@@ -209,8 +209,11 @@ class FastCall:
     def cancel(self) -> bool:
         if self.done():
             return False
+        # The engine's answer decides: the server's status may have ended the call since
+        # done() looked (the progress thread does not wait for the loop).
+        if not self._core.cancel(_CANCELLED_INT, LOCAL_CANCEL):
+            return False
         self._locally_cancelled = True
-        self._core.cancel(_CANCELLED_INT, LOCAL_CANCEL)
         for task in (self._request_poller, self._sender):
             if task is not None and not task.done():
                 task.cancel()

@@ -62,20 +62,31 @@ def threaded(stack: str, handlers: Any, *, address: str = "127.0.0.1:0",
 
 
 @contextlib.asynccontextmanager
+async def asyncio_server(stack: str, handlers: Any, *, address: str = "127.0.0.1:0",
+                         server_options: Sequence[Any] = (),
+                         server_credentials: Any = None) -> AsyncIterator[str]:
+    """An asyncio server (grpc.aio or argrpc.aio) serving `handlers`; yields its target."""
+    server = stack_module(stack).aio.server(options=list(server_options))
+    server.add_generic_rpc_handlers((handlers,))
+    port = _listen(server, address, server_credentials)
+    await server.start()
+    try:
+        yield _target(address, port)
+    finally:
+        await server.stop(None)
+
+
+@contextlib.asynccontextmanager
 async def asyncio_pair(stack: str, handlers: Any, *, address: str = "127.0.0.1:0",
                        server_options: Sequence[Any] = (), channel_options: Sequence[Any] = (),
                        server_credentials: Any = None, channel_credentials: Any = None,
                        compression: Optional[grpc.Compression] = None) -> AsyncIterator[Any]:
-    """The same with the asyncio API (grpc.aio or argrpc.aio)."""
-    aio = stack_module(stack).aio
-    server = aio.server(options=list(server_options))
-    server.add_generic_rpc_handlers((handlers,))
-    port = _listen(server, address, server_credentials)
-    await server.start()
-    channel = _channel(aio, _target(address, port), channel_credentials, list(channel_options),
-                       compression)
-    try:
-        yield channel
-    finally:
-        await channel.close()
-        await server.stop(None)
+    """The threaded pair's twin with the asyncio API."""
+    async with asyncio_server(stack, handlers, address=address, server_options=server_options,
+                              server_credentials=server_credentials) as target:
+        channel = _channel(stack_module(stack).aio, target, channel_credentials,
+                           list(channel_options), compression)
+        try:
+            yield channel
+        finally:
+            await channel.close()
