@@ -34,7 +34,7 @@ from ._metadata import InvalidMetadataError, from_core, to_core
 if TYPE_CHECKING:
     from ._channel import Channel
 
-__all__ = ["StreamStream", "StreamUnary", "UnaryStream", "UnaryUnary"]
+__all__ = ["DoneWatcher", "RequestFeeder", "StreamStream", "StreamUnary", "UnaryStream", "UnaryUnary"]
 
 _LOGGER = logging.getLogger("argrpc")
 
@@ -477,8 +477,21 @@ class _Call(grpc.RpcError, grpc.Call, FutureBase):
             pass
 
 
+class RequestFeeder:
+    """The daemon thread that feeds a call's request iterator into it, and whether it is
+    in the user's code (the iterator, the serializer) or in argrpc's right now: a closing
+    channel waits for the second kind only, which end as soon as their call has."""
+
+    __slots__ = ("thread", "in_user_code")
+
+    def __init__(self, run: Callable[["RequestFeeder"], None]) -> None:
+        self.in_user_code = False
+        self.thread = threading.Thread(target=run, args=(self,), name="argrpc-requests",
+                                       daemon=True)
+
+
 def _consume_requests(core: Any, request_iterator: Any, serializer: Optional[Callable[..., Any]],
-                      max_send: int, override: list[Any], consumers: set[Any]) -> None:
+                      max_send: int, override: list[Any], feeders: set[RequestFeeder]) -> None:
     """Feed the request iterator into the call on a daemon thread, then half-close.
 
     The thread holds the engine call and the override slot, not the ``_Call``, so an
@@ -490,26 +503,31 @@ def _consume_requests(core: Any, request_iterator: Any, serializer: Optional[Cal
         if not core.cancel(code.value[0], details):
             override[0] = None  # the call had already ended: its own status stands
 
-    def run() -> None:
+    def run(feeder: RequestFeeder) -> None:
+        feeder.in_user_code = True
         try:
             iterator = iter(request_iterator)
         except Exception:  # noqa: BLE001
+            feeder.in_user_code = False
             _LOGGER.exception(_ITERATE_FAILED)
             fail(_UNKNOWN, _ITERATE_FAILED)
             return
         while True:
+            feeder.in_user_code = True
             try:
                 request = next(iterator)
+                payload = request if serializer is None else user_codec(serializer, request,
+                                                                         "serializing")
             except StopIteration:
                 break
             except Exception:  # noqa: BLE001 - user code
+                feeder.in_user_code = False
                 _LOGGER.exception(_ITERATE_FAILED)
                 fail(_UNKNOWN, _ITERATE_FAILED)
                 return
+            feeder.in_user_code = False
             if core.done():
                 return
-            payload = request if serializer is None else user_codec(serializer, request,
-                                                                     "serializing")
             if payload is USER_CODE_FAILED:
                 fail(_INTERNAL, _SERIALIZE_FAILED)
                 return
@@ -521,17 +539,18 @@ def _consume_requests(core: Any, request_iterator: Any, serializer: Optional[Cal
                     return
             if not core.send(payload):
                 return
+        feeder.in_user_code = False
         core.half_close()
 
-    def main() -> None:
+    def main(feeder: RequestFeeder) -> None:
         try:
-            run()
+            run(feeder)
         finally:
-            consumers.discard(thread)
+            feeders.discard(feeder)
 
-    thread = threading.Thread(target=main, name="argrpc-requests", daemon=True)
-    consumers.add(thread)  # so Channel.close() can wait for them briefly
-    thread.start()
+    feeder = RequestFeeder(main)
+    feeders.add(feeder)  # so Channel.close() can wait for those in argrpc's code
+    feeder.thread.start()
 
 
 class _MultiCallable:
@@ -617,7 +636,7 @@ class _MultiCallable:
                               timeout: Optional[float], unary_response: bool) -> _Call:
         call = self._start(conn, metadata, timeout, unary_response)
         _consume_requests(call._core, request_iterator, self._ser, self._max_send,
-                          call.override, self._channel._consumers)
+                          call.override, self._channel._feeders)
         return call
 
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Literal, Optional
 import grpc
 
 from . import _buffers, _config, _observe, _plain
-from ._calls import DoneWatcher, StreamStream, StreamUnary, UnaryStream, UnaryUnary
+from ._calls import DoneWatcher, RequestFeeder, StreamStream, StreamUnary, UnaryStream, UnaryUnary
 from ._errors import local_error
 from ._routing import GRPC, Routing
 
@@ -46,7 +46,7 @@ class Channel(Routing, grpc.Channel):
         self._lock = threading.Lock()
         self._init_routing()
         self._watcher = DoneWatcher()
-        self._consumers: set[threading.Thread] = set()  # request-iterator threads (fast path)
+        self._feeders: set[RequestFeeder] = set()  # request-iterator threads (fast path)
 
     # ------------------------------------------------------------------ routing
     def _route(self, timeout: Optional[float], wait_for_ready: Optional[bool],
@@ -185,12 +185,15 @@ class Channel(Routing, grpc.Channel):
         if fast is not None:
             fast.close()
         self._watcher.close()
-        # Request-iterator threads stop at their next item once their call has ended;
-        # give them a moment so close() leaves no argrpc thread behind (a user iterator
-        # that blocks forever keeps its daemon thread, as with grpc).
-        deadline = time.monotonic() + 0.5
-        for thread in list(self._consumers):
-            if thread.is_alive():  # a call starting on another thread adds it before start()
+        # A request-iterator thread in argrpc's code ends at once now that its call has:
+        # joined, so close() leaves none behind. One inside the user's iterator is not
+        # waited for (grpc's close does not wait on user code either): it stops when the
+        # item it is waiting for arrives, as its daemon thread would under grpc.
+        deadline = time.monotonic() + 0.5  # a bound on a hang, not a wait
+        for feeder in list(self._feeders):
+            thread = feeder.thread
+            # A call starting on another thread adds its feeder before start().
+            if thread.is_alive() and not feeder.in_user_code:
                 thread.join(max(0.0, deadline - time.monotonic()))
         child = self._child_grpc
         if child is not None and child[0] == os.getpid():

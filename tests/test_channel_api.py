@@ -144,3 +144,41 @@ def test_replacing_grpcs_constructors_with_argrpcs(monkeypatch: pytest.MonkeyPat
             assert channel.transport == "shm", channel.fallback_reason
     finally:
         server.stop(None)
+
+
+def test_close_does_not_wait_on_a_blocked_request_iterator(client: Client,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """grpc's close() does not wait for user code: neither does argrpc's. A request
+    iterator blocked in the user's code is left to its daemon thread, which ends at its
+    next item since its call has (checked by what close() joins, not by the clock)."""
+    release = threading.Event()
+    sent = threading.Event()
+
+    def requests() -> Any:
+        yield client.req(payload=b"first")
+        sent.set()
+        release.wait(60)
+        yield client.req(payload=b"late")
+
+    joined: list[str] = []
+    real_join = threading.Thread.join
+
+    def recording_join(self: threading.Thread, timeout: float | None = None) -> None:
+        joined.append(self.name)
+        real_join(self, timeout)
+
+    fut = client.stub.ClientStream.future(requests(), timeout=30)
+    try:
+        assert sent.wait(20)
+        monkeypatch.setattr(threading.Thread, "join", recording_join)
+        client.channel.close()
+        monkeypatch.undo()
+        assert "argrpc-requests" not in joined, joined
+    finally:
+        release.set()
+    exc = fut.exception(timeout=20)
+    assert exc is not None and exc.code() == grpc.StatusCode.CANCELLED
+    for thread in threading.enumerate():
+        if thread.name == "argrpc-requests":
+            thread.join(20)
+            assert not thread.is_alive(), "the request thread outlived its call"
