@@ -14,7 +14,6 @@ multicallable it wraps. On the fast path:
 from __future__ import annotations
 
 import functools
-import logging
 import sys
 import threading
 import time
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, cast
 
 import grpc
 
-from . import _observe
+from . import _grpc_log, _observe
 from ._bases import (FutureBase, StreamStreamBase, StreamUnaryBase, UnaryStreamBase,
                      UnaryUnaryBase)
 from ._config import LIMITS
@@ -36,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DoneWatcher", "RequestFeeder", "StreamStream", "StreamUnary", "UnaryStream", "UnaryUnary"]
 
-_LOGGER = logging.getLogger("argrpc")
+_LOGGER = _grpc_log.CHANNEL
 
 _OK = grpc.StatusCode.OK
 _CANCELLED = grpc.StatusCode.CANCELLED

@@ -7,19 +7,18 @@ handler runner (`_handlers.py`) and the server (cancellation watcher, stop()).
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping, NoReturn, Optional, Sequence
 
 import grpc
 
-from . import _metadata
+from . import _grpc_log, _metadata
 
 if TYPE_CHECKING:
     from ._core import ServerCall
 
-_LOGGER = logging.getLogger(__name__)
+_LOGGER = _grpc_log.SERVER
 
 MetadataType = Sequence[tuple[str, Any]]
 

@@ -8,17 +8,15 @@ started can be handed back where an iterator-Call is expected, as grpc does.
 
 from __future__ import annotations
 
-import logging
 import sys
 import types
 from typing import Any, Callable, Optional, Sequence
 
 import grpc
 
+from . import _grpc_log
 from ._bases import FutureBase
 from ._metadata import from_core
-
-_LOGGER = logging.getLogger("argrpc")
 
 __all__ = ["CODE_BY_INT", "RpcError", "_RpcError", "code_from_int", "status_error"]
 
@@ -58,7 +56,7 @@ def user_codec(fn: Callable[[Any], Any], value: Any, what: str) -> Any:
     try:
         return fn(value)
     except Exception:  # noqa: BLE001 - user code: any failure is a status
-        _LOGGER.exception("Exception %s message!", what)
+        _grpc_log.CODEC.exception("Exception %s message!", what)
         return USER_CODE_FAILED
 
 

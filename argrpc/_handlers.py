@@ -7,17 +7,16 @@ that accepted the call: no handoff.
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import Any, Callable, Iterator, Optional, cast
 
 import grpc
 
-from . import _metadata
+from . import _grpc_log, _metadata
 from ._context import _CallState, _ServicerContext
 from ._errors import USER_CODE_FAILED, user_codec
 
-_LOGGER = logging.getLogger(__name__)
+_LOGGER = _grpc_log.SERVER
 
 _OK = grpc.StatusCode.OK.value[0]
 _UNKNOWN = grpc.StatusCode.UNKNOWN.value[0]

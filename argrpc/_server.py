@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Se
 
 import grpc
 
-from . import _bootstrap, _buffers, _config, _engine, _handlers, _observe, _plain
+from . import _bootstrap, _buffers, _config, _engine, _grpc_log, _handlers, _observe, _plain
 from ._context import _CallState, _ServicerContext
 
 _LOGGER = logging.getLogger(__name__)
@@ -743,7 +743,7 @@ class _Server(grpc.Server):
         try:
             handler = self._lookup(state)
         except Exception as exc:  # noqa: BLE001 - grpc's answer to a failing lookup
-            _LOGGER.exception("Exception servicing handler: %s", exc)
+            _grpc_log.SERVER.exception("Exception servicing handler: %s", exc)
             self._reject(state, _UNKNOWN, "Error in service handler!")
             return None
         if handler is None:

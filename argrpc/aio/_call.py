@@ -11,7 +11,6 @@ pool room, after a short timer (the pool does not notify), within the call's dea
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 import traceback
 import weakref
@@ -21,6 +20,7 @@ from typing import (TYPE_CHECKING, Any, AsyncIterable, AsyncIterator, Callable, 
 import grpc
 from grpc import aio
 
+from .. import _grpc_log
 from .._errors import code_from_int
 from .._metadata import from_core
 from ._loop import LoopBridge
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["FastCall", "StreamStreamCall", "StreamUnaryCall", "UnaryStreamCall",
            "UnaryUnaryCall", "aio_metadata", "rpc_error"]
 
-_LOGGER = logging.getLogger("argrpc")
+_LOGGER = _grpc_log.AIO_CALL
 
 LOCAL_CANCEL = "Locally cancelled by application!"
 _GC_CANCEL = "Cancelled upon garbage collection!"
@@ -76,7 +76,7 @@ def serialize(serializer: Optional[Callable[..., Any]], request: Any) -> Any:
     try:
         payload = serializer(request)
     except Exception:  # noqa: BLE001 - user code
-        _LOGGER.exception("Exception serializing message!")
+        _grpc_log.CODEC.exception("Exception serializing message!")
         return b""
     return b"" if payload is None else payload
 
@@ -88,7 +88,7 @@ def _deserialize(raw: Any, deserializer: Optional[Callable[..., Any]]) -> Any:
     try:
         return deserializer(raw)
     except Exception:  # noqa: BLE001 - user code
-        _LOGGER.exception("Exception deserializing message!")
+        _grpc_log.CODEC.exception("Exception deserializing message!")
         return None
 
 
@@ -155,7 +155,9 @@ class FastCall:
         try:
             cb(self)
         except Exception:  # noqa: BLE001 - user code must not break the loop's dispatch
-            _LOGGER.exception("argrpc.aio: a done callback raised")
+            # grpc.aio raises it in the call's awaiter instead; logged where grpc.aio
+            # logs its server's callbacks, so it is as quiet as grpc's own.
+            _grpc_log.AIO.exception("Exception calling done callback of %r", self)
 
     def _future(self) -> asyncio.Future[Any]:
         """A future the next change of the call completes."""
@@ -223,7 +225,7 @@ class FastCall:
         if self.done():
             if not self._ended:
                 self._on_end()
-            self._run_callback(callback)
+            callback(self)  # raises what it raises, as grpc.aio's does for a done call
         else:
             if self._done_callbacks is None:
                 self._done_callbacks = []

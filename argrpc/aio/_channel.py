@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 import grpc
 from grpc import aio
 
-from .. import _bootstrap, _buffers, _config, _observe, _plain
+from .. import _bootstrap, _buffers, _config, _grpc_log, _observe, _plain
 from .._engine import get_engine
 from .._metadata import InvalidMetadataError, to_core
 from .._routing import GRPC, NEW, Routing
@@ -282,7 +282,7 @@ class _MultiCallable:
             try:
                 md = _core_metadata(metadata)
             except InvalidMetadataError as e:
-                _LOGGER.error("%s", e)
+                _grpc_log.AIO.error("%s", e)
                 return _call.FailedCall.make(self._kind, _call.rpc_error(
                     grpc.StatusCode.INTERNAL, "Invalid metadata"))
             except TypeError:

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 from typing import TYPE_CHECKING, Any, Callable, Mapping, NoReturn, Optional, Sequence
 
 import grpc
 from grpc import aio
 
-from .. import _metadata
+from .. import _grpc_log, _metadata
 from .._context import FastPathPeer
 
 if TYPE_CHECKING:
@@ -27,7 +26,7 @@ if TYPE_CHECKING:
 __all__ = ["ExecuteBatchError", "RpcState", "ServerStoppedError", "ServicerContext",
            "SyncServicerContext", "status_code_int"]
 
-_LOGGER = logging.getLogger(__name__)
+_LOGGER = _grpc_log.AIO
 
 _OK = grpc.StatusCode.OK.value[0]
 _UNKNOWN = grpc.StatusCode.UNKNOWN.value[0]

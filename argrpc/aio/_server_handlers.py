@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import logging
 import traceback
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, Sequence
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Itera
 import grpc
 from grpc import aio
 
+from .. import _grpc_log
 from .._server import _OVER_LIMIT_DETAILS
 from ._context import (ExecuteBatchError, RpcState, ServerStoppedError, ServicerContext,
                        SyncServicerContext, deserialize, serialize)
@@ -26,7 +26,7 @@ from ._context import (ExecuteBatchError, RpcState, ServerStoppedError, Servicer
 if TYPE_CHECKING:
     from ._server import Server
 
-_LOGGER = logging.getLogger(__name__)
+_LOGGER = _grpc_log.AIO
 
 _OK = grpc.StatusCode.OK.value[0]
 _UNKNOWN = grpc.StatusCode.UNKNOWN.value[0]
