@@ -167,6 +167,11 @@ class Server(aio.Server):
         self._stop_task: Optional[asyncio.Task[Any]] = None
         self._changed: Optional[asyncio.Event] = None
         self._terminated: Optional[asyncio.Event] = None
+        # stop() calls still to return: wait_for_termination() returns after them, so
+        # what a service does after `await server.stop()` runs before its main task
+        # (and asyncio.run, which cancels what is left) goes on.
+        self._stoppers = 0
+        self._stoppers_gone: Optional[asyncio.Event] = None
 
         self._core = _ThreadedServer._make_core_server(cfg, max_recv, maximum_concurrent_rpcs)
         self._engine = _engine.get_engine(cfg) if self._core is not None else None
@@ -271,7 +276,16 @@ class Server(aio.Server):
             self._stop_task = loop.create_task(self._finish_stop())
         stopping = self._stop_task
         assert stopping is not None
-        await asyncio.gather(self._grpc.stop(grace), asyncio.shield(stopping))
+        if self._stoppers_gone is None:
+            self._stoppers_gone = asyncio.Event()
+        self._stoppers += 1
+        self._stoppers_gone.clear()
+        try:
+            await asyncio.gather(self._grpc.stop(grace), asyncio.shield(stopping))
+        finally:
+            self._stoppers -= 1
+            if not self._stoppers:
+                self._stoppers_gone.set()
 
     async def _finish_stop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -321,13 +335,19 @@ class Server(aio.Server):
         if self._terminated is None:
             self._terminated = asyncio.Event()
         if timeout is None:
-            await self._terminated.wait()
+            await self._terminated_and_stopped()
             return False
         try:
-            await asyncio.wait_for(self._terminated.wait(), timeout)
+            await asyncio.wait_for(self._terminated_and_stopped(), timeout)
         except asyncio.TimeoutError:
             return True
         return False
+
+    async def _terminated_and_stopped(self) -> None:
+        assert self._terminated is not None
+        await self._terminated.wait()
+        if self._stoppers_gone is not None:
+            await self._stoppers_gone.wait()  # they return in the turns that follow
 
     def _is_stopped(self) -> bool:
         return self._stage is _Stage.STOPPED
