@@ -5,7 +5,7 @@
 #
 #   1. `python -m build`: the sdist from this checkout, then the wheel FROM that sdist
 #      (so a wheel that builds proves the sdist is complete), in an isolated build env
-#      (pyproject's build requirements: setuptools, wheel, pybind11, grpcio-tools).
+#      (pyproject's build requirements: setuptools, wheel, pybind11).
 #   2. `auditwheel show` names the manylinux policy the compiled argrpc._core allows with
 #      this toolchain (glibc and libstdc++ symbol versions it references); `auditwheel
 #      repair --plat` tags the wheel with it. libibverbs is dlopen'ed at run time, never

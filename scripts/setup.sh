@@ -5,7 +5,7 @@
 # argrpc is installed EDITABLE (`pip install -e .`), on purpose:
 #   * `python -m pytest` (scripts/test.sh) puts the repo root first on sys.path, so tests
 #     import ./argrpc, not a copy in site-packages. An editable build puts the compiled
-#     argrpc/_core*.so and the generated argrpc/_proto/*_pb2.py into the checkout, so the
+#     argrpc/_core*.so into the checkout, so the
 #     code under test is exactly the code in the tree, with its own engine.
 #   * one build serves the tests, argrpc-bench and any user script on this machine;
 #     Python edits need no reinstall, C++ edits need this script again (it rebuilds when

@@ -12,13 +12,17 @@
 #      suite's conftest check it again in the pytest process.
 #   2. sdist venv: another clean venv builds and installs dist/'s sdist (with the
 #      compiler: that is what an sdist is for) and runs a smoke subset of the suite.
+#   3. version venvs: the wheel with the lowest grpcio and protobuf its metadata accepts,
+#      with a protobuf 6.x, and with the newest of both, each in a clean venv with only
+#      the smoke set's own needs (pytest, numpy), running the side-by-side checks on
+#      argrpc's stack.
 #
 # dist/ is made by scripts/build_wheel.sh if it holds no wheel (ARGRPC_REBUILD_WHEEL=1:
 # always). Arguments go to the wheel venv's pytest (default: the whole default suite).
 # Exit status: non-zero if anything fails. Prints the time of each step.
 #
 # Environment: PYTHON (default python3), DIST_DIR (default dist/), ARGRPC_SKIP_SDIST=1
-# (only the wheel venv), KEEP_INSTALLED_TEST_DIR=1 (keep the
+# (no sdist venv), ARGRPC_SKIP_VERSIONS=1 (no version venvs), KEEP_INSTALLED_TEST_DIR=1 (keep the
 # temporary directory: the repository copy and both venvs).
 set -euo pipefail
 
@@ -177,10 +181,35 @@ if [ "${ARGRPC_SKIP_SDIST:-0}" != "1" ]; then
     times+=("sdist venv: smoke pytest (exit $rc_sdist): $((SECONDS - t))s")
 fi
 
+# ------------------------------------------------------------------- version venvs
+# The bounds pyproject declares, a protobuf 6.x (what many stacks pin), the newest.
+VERSION_SETS=("grpcio==1.64.0 protobuf==3.19.6" "grpcio==1.64.0 protobuf==6.33.1"
+              "grpcio protobuf")
+rc_versions=0
+if [ "${ARGRPC_SKIP_VERSIONS:-0}" != "1" ]; then
+    for set in "${VERSION_SETS[@]}"; do
+        VV="$WORK/venv-versions"
+        t=$SECONDS
+        "$PY" -m venv --clear "$VV"
+        # shellcheck disable=SC2086 # one word per requirement
+        (export PYTHONNOUSERSITE=1; pip_in "$VV" --only-binary :all: "argrpc @ file://$WHEEL" \
+            $set pytest pytest-timeout numpy)
+        got="$("$VV/bin/python" -c 'import grpc, google.protobuf as p; print(f"grpcio {grpc.__version__}, protobuf {p.__version__}")')"
+        rc=0
+        run_pytest "$VV" "$VV/bin:$PATH" tests/test_proto.py || rc=$?
+        run_pytest "$VV" "$VV/bin:$PATH" tests/test_grpc_parity.py tests/test_limits.py \
+            tests/aio/test_aio_cancel_parity.py tests/test_lifecycle_order.py \
+            tests/test_user_code_logs.py -k "argrpc and not client_ and not default_" || rc=$?
+        [ "$rc" -eq 0 ] || rc_versions=$rc
+        times+=("version venv ($got): smoke pytest (exit $rc): $((SECONDS - t))s")
+    done
+fi
+
 for line in "${times[@]}"; do log "time: $line"; done
 log "time: total $((SECONDS - t0))s"
-if [ "$rc_wheel" -ne 0 ] || [ "$rc_sdist" -ne 0 ]; then
-    log "FAILED: wheel venv pytest exit $rc_wheel, sdist venv pytest exit $rc_sdist" >&2
+if [ "$rc_wheel" -ne 0 ] || [ "$rc_sdist" -ne 0 ] || [ "$rc_versions" -ne 0 ]; then
+    log "FAILED: wheel venv pytest exit $rc_wheel, sdist venv pytest exit $rc_sdist," \
+        "version venvs exit $rc_versions" >&2
     exit 1
 fi
 log "OK: the installed wheel passes the suite without a compiler; the sdist builds and passes the smoke set"

@@ -49,9 +49,6 @@ NAMESPACES = {"opentelemetry"}
 
 # Imports an area may leave to its user, each with the reason.
 OPTIONAL = {
-    # only regenerates a stale _pb2 in a source checkout, whose build needs grpcio-tools
-    # anyway (pyproject's build-system); an installed argrpc ships the generated module
-    ("base", "grpc_tools"),
     # rdma-core's bindings (Debian's python3-pyverbs), not on PyPI; tests/verbs skips
     # with the reason without them, and CI's RDMA guest has them
     ("test", "pyverbs"),

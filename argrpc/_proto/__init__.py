@@ -1,72 +1,45 @@
-"""Generated bootstrap messages (from protos/argrpc_bootstrap.proto).
+"""The bootstrap messages (protos/argrpc_bootstrap.proto), built at import from the file's
+compiled descriptor (`descriptor.py`, written by scripts/gen_proto.py).
 
-`pip install .` generates `argrpc_bootstrap_pb2.py` here. In a source checkout where it
-was not generated yet, or is older than the .proto (an edit since the last build), it is
-generated on first import with grpc_tools (the same command setup.py runs), so tests work
-straight from the tree.
+Not protoc's generated module: generated code is tied to the protobuf release of the
+protoc that wrote it and refuses an older runtime, while a descriptor loads on every
+protobuf argrpc accepts. The messages live in a pool of their own, so a user's protos
+(even one named like ours) never collide with them.
 """
 
 from __future__ import annotations
 
-import importlib
-import os
-from types import ModuleType
+from typing import Any
+
+from google.protobuf import descriptor_pool, message_factory
+
+from .descriptor import SERIALIZED
 
 __all__ = ["HostIdentity", "NegotiateRequest", "NegotiateResponse", "ShmOffer", "VerbsEndpoint",
-           "PROTO_NAME"]
+           "PROTO_NAME", "message_class"]
 
 PROTO_NAME = "argrpc_bootstrap.proto"
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_PROTOS_DIR = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "protos")
+_PACKAGE = "argrpc.v1"
+
+_pool = descriptor_pool.DescriptorPool()
+_pool.AddSerializedFile(SERIALIZED)
 
 
-def _generate() -> None:
-    source = os.path.join(_PROTOS_DIR, PROTO_NAME)
-    if not os.path.exists(source):
-        raise ImportError(
-            f"argrpc/_proto/argrpc_bootstrap_pb2.py is missing and {source} does not exist: "
-            "reinstall argrpc (`pip install .` generates it)")
-    try:
-        from grpc_tools import protoc
-    except ImportError as e:
-        raise ImportError(
-            "argrpc/_proto/argrpc_bootstrap_pb2.py is missing; generate it with "
-            f"`python -m grpc_tools.protoc -Iprotos --python_out=argrpc/_proto protos/{PROTO_NAME}` "
-            f"(grpcio-tools is not installed: {e})") from e
-    rc = protoc.main(["protoc", f"-I{_PROTOS_DIR}", f"--python_out={_HERE}", source])
-    if rc != 0:
-        raise ImportError(f"grpc_tools.protoc failed (exit {rc}) generating from {source}")
+def message_class(descriptor: Any) -> Any:
+    """The message class of a descriptor, on every protobuf argrpc accepts."""
+    if hasattr(message_factory, "GetMessageClass"):
+        return message_factory.GetMessageClass(descriptor)
+    # protobuf < 4.22 (its stubs know only the newer API)
+    factory: Any = message_factory.MessageFactory(descriptor.file.pool)
+    return factory.GetPrototype(descriptor)
 
 
-def _stale() -> bool:
-    """True in a source checkout whose .proto changed after the module was generated."""
-    generated = os.path.join(_HERE, "argrpc_bootstrap_pb2.py")
-    source = os.path.join(_PROTOS_DIR, PROTO_NAME)
-    try:
-        return os.path.getmtime(source) > os.path.getmtime(generated)
-    except OSError:  # installed package (no protos/) or not generated yet
-        return False
+def _message(name: str) -> Any:
+    return message_class(_pool.FindMessageTypeByName(f"{_PACKAGE}.{name}"))
 
 
-def _load() -> ModuleType:
-    if _stale():
-        try:
-            _generate()
-        except ImportError:
-            pass  # no grpc_tools here: use what was generated (the build regenerates it)
-    try:
-        return importlib.import_module(".argrpc_bootstrap_pb2", __name__)
-    except ModuleNotFoundError as e:
-        if e.name != f"{__name__}.argrpc_bootstrap_pb2":
-            raise
-    _generate()
-    importlib.invalidate_caches()
-    return importlib.import_module(".argrpc_bootstrap_pb2", __name__)
-
-
-_pb2 = _load()
-HostIdentity = _pb2.HostIdentity
-NegotiateRequest = _pb2.NegotiateRequest
-NegotiateResponse = _pb2.NegotiateResponse
-ShmOffer = _pb2.ShmOffer
-VerbsEndpoint = _pb2.VerbsEndpoint
+HostIdentity = _message("HostIdentity")
+NegotiateRequest = _message("NegotiateRequest")
+NegotiateResponse = _message("NegotiateResponse")
+ShmOffer = _message("ShmOffer")
+VerbsEndpoint = _message("VerbsEndpoint")

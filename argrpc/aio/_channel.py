@@ -17,6 +17,8 @@ from typing import Any, Callable, Optional
 import grpc
 from grpc import aio
 
+from .._bases import (AioStreamStreamBase, AioStreamUnaryBase, AioUnaryStreamBase,
+                      AioUnaryUnaryBase)
 from .. import _bootstrap, _buffers, _config, _grpc_log, _observe, _plain
 from .._engine import get_engine
 from .._metadata import InvalidMetadataError, to_core
@@ -311,7 +313,7 @@ class _MultiCallable:
         raise NotImplementedError
 
 
-class UnaryUnaryMultiCallable(_MultiCallable, aio.UnaryUnaryMultiCallable[Any, Any]):
+class UnaryUnaryMultiCallable(_MultiCallable, AioUnaryUnaryBase):
     _kind = "unary_unary"
 
     def __call__(self, request: Any = None, *, timeout: Optional[float] = None,
@@ -336,7 +338,7 @@ class UnaryUnaryMultiCallable(_MultiCallable, aio.UnaryUnaryMultiCallable[Any, A
                                     self._deserializer)
 
 
-class UnaryStreamMultiCallable(_MultiCallable, aio.UnaryStreamMultiCallable[Any, Any]):
+class UnaryStreamMultiCallable(_MultiCallable, AioUnaryStreamBase):
     _kind = "unary_stream"
 
     def _fast_call(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
@@ -346,7 +348,7 @@ class UnaryStreamMultiCallable(_MultiCallable, aio.UnaryStreamMultiCallable[Any,
                                      self._deserializer)
 
 
-class StreamUnaryMultiCallable(_MultiCallable, aio.StreamUnaryMultiCallable[Any, Any]):
+class StreamUnaryMultiCallable(_MultiCallable, AioStreamUnaryBase):
     _kind = "stream_unary"
 
     def __call__(self, request_iterator: Any = None, **kwargs: Any) -> Any:  # type: ignore[override]
@@ -358,7 +360,7 @@ class StreamUnaryMultiCallable(_MultiCallable, aio.StreamUnaryMultiCallable[Any,
                                      request, self._serializer, self._deserializer)
 
 
-class StreamStreamMultiCallable(_MultiCallable, aio.StreamStreamMultiCallable[Any, Any]):
+class StreamStreamMultiCallable(_MultiCallable, AioStreamStreamBase):
     _kind = "stream_stream"
 
     def __call__(self, request_iterator: Any = None, **kwargs: Any) -> Any:  # type: ignore[override]

@@ -188,9 +188,13 @@ class Server(aio.Server):
         self._listener = _bootstrap.FastPathListener(
             self._core, cfg, max_recv,
             compression_disabled=_config.compression_disabled(grpc_options))
-        # Registered: no catch-all generic handler of the user's can shadow it.
-        self._grpc.add_registered_method_handlers(_bootstrap.BOOTSTRAP_SERVICE,
-                                                  _bootstrap_handlers(self._listener))
+        # Registered: no catch-all generic handler of the user's can shadow it. Older
+        # grpc.aio releases ignore registered handlers: there the same handlers, as the
+        # first generic handler, come before any of the user's.
+        bootstrap = _bootstrap_handlers(self._listener)
+        self._grpc.add_registered_method_handlers(_bootstrap.BOOTSTRAP_SERVICE, bootstrap)
+        self._grpc.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            _bootstrap.BOOTSTRAP_SERVICE, bootstrap),))
         if generic_handlers:
             self.add_generic_rpc_handlers(generic_handlers)
 

@@ -37,7 +37,9 @@ import struct
 from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 import numpy as np
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf import descriptor_pb2, descriptor_pool
+
+from argrpc._proto import message_class
 
 if TYPE_CHECKING:
     # numpy declares ndarray's __buffer__ only for Python >= 3.12
@@ -92,9 +94,8 @@ def _build_file() -> descriptor_pb2.FileDescriptorProto:
 def _load_messages() -> dict[str, type]:
     # A private pool: never collides with anything the application registered.
     pool = descriptor_pool.DescriptorPool()
-    add: Callable[..., Any] = pool.Add  # returns the FileDescriptor; its stubs say None
-    fd = add(_build_file())
-    return {name: message_factory.GetMessageClass(fd.message_types_by_name[name])
+    pool.Add(_build_file())
+    return {name: message_class(pool.FindMessageTypeByName(f"{PACKAGE}.{name}"))
             for name in ("Payload", "Ack", "VarRequest", "Tensor")}
 
 
