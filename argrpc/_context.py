@@ -122,6 +122,13 @@ class FastPathPeer:
         transport: str = self._state.sc.transport
         return transport
 
+    @property
+    def transport_peer(self) -> str:
+        """argrpc's own: the fabric's name of the client's end, as argrpc's logs give it
+        ("shm:pid=1234", "verbs:rxe0:1 ::ffff:10.0.0.2 (RoCEv2) pid 1234")."""
+        name: str = self._state.sc.peer_name
+        return name
+
     def peer_identities(self) -> Optional[Sequence[bytes]]:
         key = self._state.sc.identity_key
         identities: Optional[Sequence[bytes]] = self._state.sc.auth.get(key) if key else None

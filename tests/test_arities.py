@@ -22,6 +22,7 @@ def test_transport_negotiated(client: Client, pair: tuple[str, str]) -> None:
     # read as grpc's (the address the client negotiated from, an insecure connection).
     info = json.loads(client.stub.Unary(client.req(payload=b"p"), timeout=20).info)
     assert info["transport"] == ("shm" if pair == ("argrpc", "argrpc") else "grpc"), info
+    assert info["transport_peer"].startswith("shm:pid=" if pair == ("argrpc", "argrpc") else ""), info
     assert info["peer"].startswith(("ipv4:", "ipv6:")), info
     assert info["auth"] == {"transport_security_type": ["insecure"],
                             "security_level": ["TSI_SECURITY_NONE"]}, info

@@ -33,6 +33,7 @@ DISTRIBUTION = {
     "cryptography": "cryptography",
     "uvloop": "uvloop",
     "fastgrpc2": "fastgrpc2",
+    "flwr": "flwr",
     "pydantic": "pydantic",
     "yaml": "PyYAML",
     "jsonschema": "jsonschema",

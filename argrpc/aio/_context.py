@@ -114,14 +114,15 @@ class _EndedCall:
     from the task's traceback cycles until the garbage collector happens to run, must not
     keep them. Answers as a call that is over."""
 
-    __slots__ = ("key", "method", "metadata", "peer", "auth", "identity_key", "transport",
-                 "cancelled")
+    __slots__ = ("key", "method", "metadata", "peer", "peer_name", "auth", "identity_key",
+                 "transport", "cancelled")
 
     def __init__(self, sc: Any) -> None:
         self.key = sc.key
         self.method = sc.method
         self.metadata = sc.metadata
         self.peer = sc.peer
+        self.peer_name = sc.peer_name
         self.auth = sc.auth
         self.identity_key = sc.identity_key
         self.transport = sc.transport
@@ -516,6 +517,11 @@ class SyncServicerContext:
     def transport(self) -> str:
         transport: str = getattr(self._context, "transport", "grpc")
         return transport
+
+    @property
+    def transport_peer(self) -> str:
+        name: str = getattr(self._context, "transport_peer", "")
+        return name
 
     def peer_identities(self) -> Optional[Sequence[bytes]]:
         return self._context.peer_identities()

@@ -65,6 +65,7 @@ class EchoServicer:
             "time_remaining": context.time_remaining(),
             "peer": context.peer(),
             "transport": getattr(context, "transport", "grpc"),
+            "transport_peer": getattr(context, "transport_peer", ""),
             "auth": {k: [v.decode() for v in vs] for k, vs in context.auth_context().items()},
         })
 

@@ -58,6 +58,7 @@ def test_handler_sees_grpcs_peer_over_verbs(verbs_client: Client) -> None:
     context says which fabric served the call."""
     info = json.loads(verbs_client.stub.Unary(verbs_client.req(payload=b"p"), timeout=BASE_S).info)
     assert info["transport"] == "verbs", info
+    assert info["transport_peer"].startswith("verbs:"), info
     assert info["peer"].startswith(("ipv4:", "ipv6:")), info
     assert info["auth"] == {"transport_security_type": ["insecure"],
                             "security_level": ["TSI_SECURITY_NONE"]}, info

@@ -177,7 +177,7 @@ for name, target, options in json.loads(os.environ["CHANNELS"]):
         try:
             reply = pb2_grpc.EchoStub(ch).Unary(pb2.EchoRequest(payload=b"route"), timeout=120)
             r["echo"] = reply.payload == b"route"
-            r["client_end"] = json.loads(reply.info)["peer"]  # as the server sees the client
+            r["client_end"] = json.loads(reply.info)["transport_peer"]  # the server's view
         except Exception as e:
             r["echo"] = repr(e)
         r["server_end"] = ch._fast.peer if ch._fast is not None else ""
