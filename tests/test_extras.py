@@ -34,6 +34,7 @@ DISTRIBUTION = {
     "uvloop": "uvloop",
     "fastgrpc2": "fastgrpc2",
     "flwr": "flwr",
+    "kserve": "kserve",
     "pydantic": "pydantic",
     "yaml": "PyYAML",
     "jsonschema": "jsonschema",
