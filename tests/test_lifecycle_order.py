@@ -63,17 +63,23 @@ def test_asyncio_stop_returns_before_wait_for_termination(stack: str, grace: flo
     assert not late, f"{len(late)} of {ROUNDS} stops had not returned: {late[0]}"
 
 
+def _served_once(mod: Any) -> Any:
+    """A started threaded server that has served one call (argrpc's over shm)."""
+    server = mod.server(futures.ThreadPoolExecutor(2))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "t", {"U": grpc.unary_unary_rpc_method_handler(lambda r, c: r)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    with mod.insecure_channel(f"127.0.0.1:{port}") as channel:
+        channel.unary_unary("/t/U")(b"x", timeout=20)
+    return server
+
+
 @pytest.mark.parametrize("stack", ["grpc", "argrpc"])
 def test_threaded_stop_event_is_set_when_wait_for_termination_returns(stack: str) -> None:
     mod = inproc.stack_module(stack)
     for round_ in range(ROUNDS // 2):
-        server = mod.server(futures.ThreadPoolExecutor(2))
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-            "t", {"U": grpc.unary_unary_rpc_method_handler(lambda r, c: r)}),))
-        port = server.add_insecure_port("127.0.0.1:0")
-        server.start()
-        with mod.insecure_channel(f"127.0.0.1:{port}") as channel:
-            channel.unary_unary("/t/U")(b"x", timeout=20)
+        server = _served_once(mod)
         events: list[threading.Event] = []
         stopper = threading.Thread(target=lambda: events.append(server.stop(0.2 if round_ % 2
                                                                             else None)))
@@ -81,3 +87,20 @@ def test_threaded_stop_event_is_set_when_wait_for_termination_returns(stack: str
         assert server.wait_for_termination(timeout=30) is False
         stopper.join(30)
         assert events and events[0].is_set(), round_
+
+
+@pytest.mark.parametrize("stack", ["grpc", "argrpc"])
+def test_threaded_del_ends_wait_for_termination(stack: str) -> None:
+    """grpc's server stops in __del__ (code calls it to stop a server): a thread waiting
+    for termination then returns, every round."""
+    mod = inproc.stack_module(stack)
+    # grpc's waiter notices a stop within a second: a few of its rounds are enough.
+    for round_ in range(ROUNDS // 2 if stack == "argrpc" else 5):
+        server = _served_once(mod)
+        returned: list[bool] = []
+        waiter = threading.Thread(target=lambda: returned.append(
+            server.wait_for_termination(timeout=30)))
+        waiter.start()
+        server.__del__()
+        waiter.join(30)
+        assert returned == [False], round_
