@@ -19,7 +19,7 @@ import grpc
 from . import _buffers, _config, _observe, _plain
 from ._calls import DoneWatcher, RequestFeeder, StreamStream, StreamUnary, UnaryStream, UnaryUnary
 from ._errors import local_error
-from ._routing import GRPC, Routing
+from ._routing import GRPC, Routing, encrypts
 
 __all__ = ["Channel", "insecure_channel", "secure_channel"]
 
@@ -34,7 +34,7 @@ class Channel(Routing, grpc.Channel):
         # Bad configuration is the caller's error, raised before anything is created.
         self._cfg = _config.load(options)
         grpc_options, _ = _config.split_options(options)
-        self._secure = credentials is not None
+        self._secure = encrypts(credentials)
         self._grpc_args = (target, credentials, grpc_options, compression)
         self._grpc = self._new_grpc_channel()
         self._pid = os.getpid()

@@ -22,12 +22,23 @@ from . import _config, _observe
 if TYPE_CHECKING:
     from ._bootstrap import Negotiation
 
-__all__ = ["Routing"]
+__all__ = ["Routing", "encrypts"]
 
 _LOGGER = logging.getLogger("argrpc")
 
 NEW, FAST, GRPC, RETRY, FORCED = "new", "fast", "grpc", "retry", "forced"
 _RETRY_INTERVAL_S = 1.0
+
+
+def encrypts(credentials: Any) -> bool:
+    """Whether a channel's credentials encrypt its gRPC connection, so that the fast path
+    (which encrypts nothing) needs TF_RDMA_OVER_TLS. Local credentials encrypt nothing
+    either: the connection never leaves the host, and the shm handshake checks the peer's
+    uid itself. grpc exposes no public way to tell them apart, hence the type's name."""
+    if credentials is None:
+        return False
+    inner = getattr(credentials, "_credentials", None)
+    return type(inner).__name__ != "LocalChannelCredentials"
 
 
 class Routing:

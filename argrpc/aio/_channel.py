@@ -22,7 +22,7 @@ from .._bases import (AioStreamStreamBase, AioStreamUnaryBase, AioUnaryStreamBas
 from .. import _bootstrap, _buffers, _config, _grpc_log, _observe, _plain
 from .._engine import get_engine
 from .._metadata import InvalidMetadataError, to_core
-from .._routing import GRPC, NEW, Routing
+from .._routing import GRPC, NEW, Routing, encrypts
 from . import _call, _interceptors
 from ._loop import bridge
 from ._pending import PendingCall
@@ -44,7 +44,7 @@ class Channel(Routing, aio.Channel):
                  interceptors: Any = None) -> None:
         self._cfg = _config.load(options)
         grpc_options, _ = _config.split_options(options)
-        self._secure = credentials is not None
+        self._secure = encrypts(credentials)
         # The inner channel has no interceptors: they run above both paths (the bootstrap
         # RPC is not theirs to see).
         if credentials is None:
