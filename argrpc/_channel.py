@@ -20,6 +20,7 @@ from . import _buffers, _config, _observe, _plain
 from ._calls import DoneWatcher, RequestFeeder, StreamStream, StreamUnary, UnaryStream, UnaryUnary
 from ._errors import local_error
 from ._routing import GRPC, Routing, encrypts
+from ._subchannels import pool_key
 
 __all__ = ["Channel", "insecure_channel", "secure_channel"]
 
@@ -43,6 +44,7 @@ class Channel(Routing, grpc.Channel):
         self._target = target
         self._max_recv = _config.max_receive_length(grpc_options)
         self._max_send = _config.max_send_length(grpc_options)
+        self._pool_key = pool_key(target, credentials, grpc_options, self._cfg, self._max_recv)
         self._lock = threading.Lock()
         self._init_routing()
         self._watcher = DoneWatcher()
@@ -96,6 +98,8 @@ class Channel(Routing, grpc.Channel):
         return self._child_grpc[1]
 
     def _negotiate_locked(self, timeout: Optional[float], wait_for_ready: Optional[bool]) -> None:
+        if self._take_shared():
+            return
         neg_timeout = _NEGOTIATION_TIMEOUT_S if timeout is None else timeout
         try:
             from . import _bootstrap  # late: needs the proto and engine modules
@@ -178,12 +182,13 @@ class Channel(Routing, grpc.Channel):
                        response_deserializer, registered)
 
     def close(self) -> None:
-        """Close the fast connection (in-flight calls end CANCELLED) and the grpc channel."""
+        """End this channel's calls in flight (CANCELLED), let go of its fast connection
+        (closed with the last channel sharing it) and close the grpc channel."""
         with self._lock:  # waits for a negotiation in progress, so nothing is left open
             self._closed = True
             fast, self._fast = self._fast, None
         if fast is not None:
-            fast.close()
+            self._let_go(fast, "Channel closed!")
         self._watcher.close()
         # A request-iterator thread in argrpc's code ends at once now that its call has:
         # joined, so close() leaves none behind. One inside the user's iterator is not
@@ -214,7 +219,7 @@ class Channel(Routing, grpc.Channel):
             if fast is not None:
                 self._closed = True
                 self._fast = None
-                fast.close()
+                self._let_go(fast, "Channel closed!")
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
 

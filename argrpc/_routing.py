@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import grpc
 
 from . import _config, _observe
+from ._subchannels import SUBCHANNELS, Shared
 
 if TYPE_CHECKING:
     from ._bootstrap import Negotiation
@@ -44,10 +45,12 @@ def encrypts(credentials: Any) -> bool:
 class Routing:
     _cfg: _config.Config
     _target: str
+    _pool_key: Any  # what a shared connection must match (_subchannels.pool_key)
 
     def _init_routing(self) -> None:
         self._fast: Any = None
         self._fast_name = ""
+        self._shared: Optional[Shared] = None  # what _fast is a handle on
         self._compression_disabled = 0
         self._state = NEW
         self._reason = ""
@@ -75,10 +78,38 @@ class Routing:
         self._state = NEW
         _LOGGER.info("argrpc: %s connection to %s lost (%s); renegotiating", self._fast_name,
                      self._target, fast.error or "closed")
+        self._let_go(fast, "Channel closed!")
+
+    def _let_go(self, fast: Any, why: str) -> None:
+        """This channel is done with its handle `fast`: its own calls end CANCELLED `why`,
+        and the connection closes if no other channel shares it."""
+        shared, self._shared = self._shared, None
         try:
-            fast.close()
+            if shared is not None:
+                SUBCHANNELS.release(shared, fast, why)
+            else:
+                fast.close()
         except Exception:  # noqa: BLE001 - already dead; nothing to release
             pass
+
+    def _take_shared(self) -> bool:
+        """Use a live connection another channel of this process shares (no negotiation),
+        if there is one."""
+        got = SUBCHANNELS.take(self._pool_key)
+        if got is None:
+            return False
+        handle, shared = got
+        if self._closing():
+            SUBCHANNELS.release(shared, handle, "Channel closed!")
+            return False
+        self._adopt(handle, shared)
+        return True
+
+    def _adopt(self, handle: Any, shared: Shared) -> None:
+        self._fast, self._fast_name, self._state = handle, shared.transport, FAST
+        self._shared = shared
+        self._compression_disabled = shared.compression_disabled
+        self._reason = self._forced_error = ""
 
     def _settle(self, neg: Optional["Negotiation"], error: Optional[BaseException] = None
                 ) -> None:
@@ -97,9 +128,8 @@ class Routing:
                 conn.close()
                 return
             conn.set_stats_target(self._target)
-            self._fast, self._fast_name, self._state = conn, neg.transport, FAST
-            self._compression_disabled = neg.compression_disabled
-            self._reason = self._forced_error = ""
+            self._adopt(*SUBCHANNELS.add(self._pool_key, conn, neg.transport,
+                                         neg.compression_disabled))
             return
         if conn is not None:
             conn.close()

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from typing import Any
 
+import google.protobuf
 import pytest
 
 from argrpc import _config, _malloc
@@ -83,7 +84,12 @@ def test_memory_kept_for_reuse_is_measured() -> None:
     cap = _config.LIMITS.malloc_retain_max
     r = _heap_probe([64 * MiB] * 4)
     assert r["client_heap"]["trims"] == 0 and r["server_heap"]["trims"] == 0, r
-    assert 128 * MiB <= r["client_held_free"] <= cap, r
+    if int(google.protobuf.__version__.split(".")[0]) >= 7:
+        # protobuf 7's upb frees its 128 MiB encode block after each message: the heap
+        # keeps it free for the next one. protobuf 6's keeps its blocks in use instead.
+        assert 128 * MiB <= r["client_held_free"] <= cap, r
+    else:
+        assert r["client_held_free"] <= cap, r
     assert r["server_heap"]["checks"] >= 4, r
 
 

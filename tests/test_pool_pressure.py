@@ -37,7 +37,9 @@ from tests.support import payload, stubs
 MiB = 1 << 20
 TARGET = os.environ["ECHO_TARGET"]
 CASE = os.environ["ECHO_CASE"]
-OPTS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+# Each channel a connection of its own: each lends the server its own share of the pool.
+OPTS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
+        ("grpc.use_local_subchannel_pool", 1)]
 HOLD = "/argrpc.test.Hold/Digest"
 pb2, pb2_grpc = stubs.load(os.environ["ECHO_STUBS"])
 out = {"case": CASE}

@@ -107,7 +107,10 @@ def test_connections_open_goes_up_and_back_down(servers: Any, pb: SimpleNamespac
     first = make_channel("argrpc", server.target, UNLIMITED)
     pb.pb2_grpc.EchoStub(first).Unary(stub_req, timeout=60, wait_for_ready=True)
     base = shm()["connections_open"]
-    channels = [make_channel("argrpc", server.target, UNLIMITED) for _ in range(2)]
+    # Connections of their own (channels to one target share one otherwise).
+    channels = [make_channel("argrpc", server.target,
+                             UNLIMITED + [("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(2)]
     try:
         for ch in channels:
             pb.pb2_grpc.EchoStub(ch).Unary(stub_req, timeout=60, wait_for_ready=True)

@@ -23,6 +23,7 @@ from .. import _bootstrap, _buffers, _config, _grpc_log, _observe, _plain
 from .._engine import get_engine
 from .._metadata import InvalidMetadataError, to_core
 from .._routing import GRPC, NEW, Routing, encrypts
+from .._subchannels import pool_key
 from . import _call, _interceptors
 from ._loop import bridge
 from ._pending import PendingCall
@@ -59,6 +60,7 @@ class Channel(Routing, aio.Channel):
         self._target = target
         self._max_recv = _config.max_receive_length(grpc_options)
         self._max_send = _config.max_send_length(grpc_options)
+        self._pool_key = pool_key(target, credentials, grpc_options, self._cfg, self._max_recv)
         self._init_routing()
         self._negotiation: Optional[asyncio.Task[Any]] = None
         self.inflight = 0  # fast-path calls not ended (close(grace) waits for them)
@@ -92,6 +94,8 @@ class Channel(Routing, aio.Channel):
 
     async def _negotiate_once(self, timeout: Optional[float],
                               wait_for_ready: Optional[bool]) -> None:
+        if self._take_shared():
+            return
         neg_timeout = _NEGOTIATION_TIMEOUT_S if timeout is None else timeout
         try:
             neg = await _bootstrap.negotiate_async(
@@ -160,7 +164,7 @@ class Channel(Routing, aio.Channel):
             self._closed = True
             fast, self._closing_fast = self._closing_fast, None
             if fast is not None:
-                fast.close()
+                self._let_go(fast, _call.CHANNEL_CLOSED)
 
     def call_ended(self) -> None:
         """A fast-path call ended while close(grace) waits for them."""
@@ -208,7 +212,7 @@ class Channel(Routing, aio.Channel):
             for fast in (self._fast, self._closing_fast):
                 if fast is not None:
                     self.closing = self._closed = True
-                    fast.close()
+                    self._let_go(fast, _call.CHANNEL_CLOSED)
             self._fast = self._closing_fast = None
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass

@@ -115,7 +115,7 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
         std::shared_ptr<Stream> s;
         {
           NoGil nogil;
-          s = conn->start_call(method, meta, t, send_headers_now);
+          s = conn->start_call(method, meta, t, send_headers_now, c.group_id());
         }
         watch_stream(s, n, token);
         return std::make_unique<PyClientCall>(c.engine, s);
@@ -139,7 +139,7 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
         SendResult r;
         {
           NoGil nogil;
-          s = conn->start_call(method, meta, t, false);
+          s = conn->start_call(method, meta, t, false, c.group_id());
           {
             std::lock_guard<std::mutex> g(s->mu);
             s->watch = std::make_shared<Watch>(n.n, token);

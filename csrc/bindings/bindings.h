@@ -100,6 +100,17 @@ struct PyEngine {
 // fails or closes), and calls and zero-copy views own what they use, so a failed
 // connection's fds and mappings go as soon as its last call or view does, not when
 // the channel or listener that made it happens to look again.
+// One channel's calls on a connection it may share with other channels (the engine's call
+// group): shared by the copies of its handle, forgotten by the connection with the last.
+struct CallGroup {
+  CallGroup(uint64_t i, std::weak_ptr<Connection> c) : id(i), conn(std::move(c)) {}
+  ~CallGroup();
+  CallGroup(const CallGroup&) = delete;
+  CallGroup& operator=(const CallGroup&) = delete;
+  const uint64_t id;
+  const std::weak_ptr<Connection> conn;
+};
+
 struct PyConnection {
   explicit PyConnection(std::shared_ptr<Engine> e) : engine(std::move(e)) {}
   ForkLocal<std::shared_ptr<Engine>> engine;
@@ -107,6 +118,11 @@ struct PyConnection {
   std::shared_ptr<Epitaph> epitaph;  // why it failed, once it is gone
   std::string transport;
   std::string peer;
+  std::shared_ptr<CallGroup> group;  // none: the handle's calls are in no group
+
+  uint64_t group_id() const { return group ? group->id : 0; }
+  // Another handle on the same connection whose calls form a group of their own.
+  PyConnection share() const;
 
   static PyConnection make(std::shared_ptr<Engine> e, std::shared_ptr<Connection> c) {
     PyConnection pc(std::move(e));

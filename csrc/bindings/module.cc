@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -167,6 +168,19 @@ CallEnd PyConnection::gone_end() const {
   // Gone without fail() (the engine shut down): no reason was recorded.
   if (epitaph->why.empty()) return CallEnd{kUnavailable, "argrpc: connection is closed"};
   return CallEnd{epitaph->code ? epitaph->code : uint32_t(kUnavailable), epitaph->why};
+}
+
+CallGroup::~CallGroup() {
+  auto c = conn.lock();
+  if (c && !c->inherited()) c->forget_group(id);
+}
+
+PyConnection PyConnection::share() const {
+  static std::atomic<uint64_t> next_group{1};
+  PyConnection pc(*this);
+  pc.fail_before_use = false;
+  pc.group = std::make_shared<CallGroup>(next_group.fetch_add(1), weak);
+  return pc;
 }
 
 ConnConfig conn_config(const py::dict& d) {
@@ -377,6 +391,17 @@ PYBIND11_MODULE(_core, m) {
         NoGil nogil;
         conn->close("Channel closed!");
       })
+      // A channel's own handle on a connection other channels may share; its calls form
+      // a group that end_own() ends (CANCELLED `why`), leaving the connection and the
+      // other handles' calls alone.
+      .def("share", &PyConnection::share)
+      .def_property_readonly("group", &PyConnection::group_id)
+      .def("end_own", [](PyConnection& c, const std::string& why) {
+        auto conn = c.get();
+        if (!conn || !c.group) return;
+        NoGil nogil;
+        conn->end_group(c.group->id, why);
+      }, py::arg("why") = "Channel closed!")
       // Remote-access probes for tests/verbs; not part of the facade. A connection
       // records for them only once one was called: _probe_enable() before the traffic.
       .def("_probe_enable", [](PyConnection& c) { c.need()->probe_enable(); })
@@ -428,7 +453,7 @@ PYBIND11_MODULE(_core, m) {
              Payload resp;
              bool got = false;
              interruptible(s, true, [&] {
-               s = conn->start_call(method, meta, t, false);
+               s = conn->start_call(method, meta, t, false, c.group_id());
                if (conn->send(s, req.data(), req.size(), true)) got = conn->recv(s, &resp);
                return conn->wait_end(s, Deadline::never());
              });
@@ -456,7 +481,7 @@ PYBIND11_MODULE(_core, m) {
              std::shared_ptr<Stream> s;
              {
                NoGil nogil;
-               s = conn->start_call(method, meta, t, true);
+               s = conn->start_call(method, meta, t, true, c.group_id());
              }
              return std::make_unique<PyClientCall>(c.engine, s);
            },

@@ -97,6 +97,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // hang-up and loses none; then what is queued goes out and the connection fails with
   // CANCELLED `why`.
   void close(const std::string& why);
+  // Calls are started in groups (a channel's calls on a connection it shares with other
+  // channels). Ending a group cancels its live calls with CANCELLED `why` (RST to the
+  // peer) and ends any call started in it later at birth, as closing a connection of its
+  // own would; the connection and the other groups' calls go on. forget_group() drops
+  // the record once no call can be started in the group any more.
+  void end_group(uint64_t group, const std::string& why);
+  void forget_group(uint64_t group);
 
   // connection_progress.cc: reading the peer's batches.
   // Non-blocking; returns whether it did any work.
@@ -126,7 +133,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // connection_api.cc: the calls' own operations.
   // Client side. Headers go out now, or with the first message when !send_headers_now.
   std::shared_ptr<Stream> start_call(const std::string& method, const Metadata& md, double timeout,
-                                     bool send_headers_now);
+                                     bool send_headers_now, uint64_t group = 0);
   // Server side.
   bool send_initial_metadata(const std::shared_ptr<Stream>& s, const Metadata& md);
   bool finish(const std::shared_ptr<Stream>& s, uint32_t code, const std::string& details,
@@ -249,7 +256,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::shared_ptr<Stream> find(uint64_t id);
   // Every stream of this connection is made here and stays in live_ until destroyed,
   // so fail() reaches each one that anybody could wait on, registered by id or not.
-  std::shared_ptr<Stream> new_stream(uint64_t id, const Deadline& dl, std::string method);
+  std::shared_ptr<Stream> new_stream(uint64_t id, const Deadline& dl, std::string method,
+                                     uint64_t group = 0);
   friend class Stream;  // ~Stream leaves live_
   void forget_stream(Stream* s);
   // Every stream that still exists: what fail() and close() visit.
@@ -303,6 +311,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::unordered_map<uint64_t, std::shared_ptr<Stream>> streams_;
   std::mutex live_mu_;
   std::unordered_map<Stream*, std::weak_ptr<Stream>> live_;
+  std::unordered_map<uint64_t, std::string> ended_groups_;  // group -> why; under live_mu_
   uint64_t next_stream_id_ = 1;
   uint64_t last_peer_stream_ = 0;
 

@@ -42,9 +42,10 @@ bool recv_ready(const Stream& s) {
 }  // namespace
 
 std::shared_ptr<Stream> Connection::start_call(const std::string& method, const Metadata& md,
-                                               double timeout, bool send_headers_now) {
+                                               double timeout, bool send_headers_now,
+                                               uint64_t group) {
   const Deadline dl = timeout < 0 ? Deadline::never() : Deadline::after_seconds(timeout);
-  auto s = new_stream(0, dl, method);
+  auto s = new_stream(0, dl, method, group);
   s->request_md = md;
   if (send_headers_now) submit(s, Outgoing{});  // a dead connection ends it there
   return s;

@@ -21,19 +21,49 @@ std::shared_ptr<Stream> Connection::find(uint64_t id) {
 }
 
 std::shared_ptr<Stream> Connection::new_stream(uint64_t id, const Deadline& dl,
-                                               std::string method) {
+                                               std::string method, uint64_t group) {
   auto s = std::make_shared<Stream>(id, client_, shared_from_this(), dl);
   s->method = std::move(method);
+  s->group = group;
   s->send_window = static_cast<int64_t>(fabric_->peer_stream_window());
   // Before the stream is registered, so its start is queued before anything can end it.
   if (call_stats_on()) record_start(*s);
+  std::string group_ended;
+  bool in_ended_group = false;
   {
     std::lock_guard<std::mutex> g(live_mu_);
     live_.emplace(s.get(), s);
+    // Under the same lock as end_group(): either its sweep sees this stream, or this
+    // sees the group ended.
+    if (group) {
+      auto it = ended_groups_.find(group);
+      if (it != ended_groups_.end()) {
+        in_ended_group = true;
+        group_ended = it->second;
+      }
+    }
   }
   // After the insert: either fail()'s sweep sees it, or this sees dead_.
   if (dead_.load(std::memory_order_acquire)) end_failed(s);
+  else if (in_ended_group) abort_stream(s, kCancelled, group_ended, kCancelled);
   return s;
+}
+
+void Connection::end_group(uint64_t group, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> g(live_mu_);
+    ended_groups_.emplace(group, why);
+  }
+  // Recorded first: a call started from here on sees it (new_stream); one started
+  // before is live now.
+  for (auto& s : live_streams())
+    if (s->group == group) abort_stream(s, kCancelled, why, kCancelled);
+  try_flush_ctrl();
+}
+
+void Connection::forget_group(uint64_t group) {
+  std::lock_guard<std::mutex> g(live_mu_);
+  ended_groups_.erase(group);
 }
 
 void Connection::forget_stream(Stream* s) {

@@ -85,6 +85,7 @@ class Stream {
   // with its own status, so it is neither counted lost nor reported cancelled.
   std::atomic<bool> status_sent{false};
   std::string method;   // set at birth (new_stream), never changed
+  uint64_t group = 0;   // client: the call group it was started in (set at birth; 0: none)
   Metadata request_md;  // client: the call's; server: what its HEADERS carried
 
   std::mutex mu;

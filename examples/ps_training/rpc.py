@@ -48,6 +48,17 @@ def _load() -> tuple[ModuleType, ModuleType]:
     # The generated _grpc module imports "ps_service_pb2" as a top-level name.
     if _HERE not in sys.path:
         sys.path.insert(0, _HERE)
+    try:
+        return importlib.import_module("ps_service_pb2"), importlib.import_module("ps_service_pb2_grpc")
+    except Exception as e:
+        # Written by a newer protoc than the installed protobuf accepts (its gencode
+        # check), e.g. after protobuf was downgraded: write it again with this one's.
+        if type(e).__name__ != "VersionError":
+            raise
+    for name in ("ps_service_pb2", "ps_service_pb2_grpc"):
+        sys.modules.pop(name, None)
+    _generate()
+    importlib.invalidate_caches()
     return importlib.import_module("ps_service_pb2"), importlib.import_module("ps_service_pb2_grpc")
 
 

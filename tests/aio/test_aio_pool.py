@@ -47,7 +47,8 @@ async def until(pred, timeout=60.0):
 
 
 async def channel():
-    ch = aio.insecure_channel(TARGET, options=UNLIMITED)
+    # A connection of its own per channel: each lends the server its own share of the pool.
+    ch = aio.insecure_channel(TARGET, options=UNLIMITED + [("grpc.use_local_subchannel_pool", 1)])
     assert await ch.unary_unary(method("echo"))(b"warm-up", timeout=60) == b"warm-up"
     return ch
 

@@ -216,7 +216,9 @@ class ShmClient:
     def __init__(self, target: str, pb: Any) -> None:
         self.pb = pb
         self.pb2 = pb.pb2
-        self.channel = make_channel("argrpc", target, UNLIMITED)
+        # A connection of its own: it stands for another client process of the server.
+        self.channel = make_channel("argrpc", target,
+                                    UNLIMITED + [("grpc.use_local_subchannel_pool", 1)])
         self.stub = pb.pb2_grpc.EchoStub(self.channel)
 
     def echo(self, size: int, seed: int, both_ways: bool = False) -> None:
