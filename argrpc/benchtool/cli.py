@@ -654,6 +654,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["metrics"]:
         from argrpc.benchtool.metrics_cost import main as metrics_main
         return metrics_main(argv[1:])
+    if argv[:1] == ["scale"]:
+        from argrpc.benchtool.scale import main as scale_main
+        return scale_main(argv[1:])
     parser = build_parser()
     a = parser.parse_args(argv)
     _check_args(parser, a)

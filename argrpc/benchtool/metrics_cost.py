@@ -15,13 +15,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any, Optional, Sequence
 
 from argrpc.benchtool.client import make_channel
 from argrpc.benchtool.server import make_server
+from argrpc.benchtool.server_client import run_server_and_client
 
 __all__ = ["main"]
 
@@ -93,31 +93,11 @@ def _client(stack: str, plugin_on: bool, target: str, seconds: float, size: int)
 
 
 def _run_once(stack: str, plugin_on: bool, seconds: float, size: int) -> dict[str, Any]:
-    me = [sys.executable, "-m", "argrpc.benchtool.metrics_cost"]
     flag = ["--plugin"] if plugin_on else []
-    server = subprocess.Popen(me + ["--serve", stack] + flag, stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert server.stdout is not None
-        line = server.stdout.readline()
-        if not line.startswith("PORT "):
-            raise RuntimeError(f"metrics bench server ({stack}) did not start: {line!r}")
-        target = f"127.0.0.1:{line.split()[1]}"
-        out = subprocess.run(me + ["--client", stack, "--target", target, "--seconds",
-                                   str(seconds), "--size", str(size)] + flag,
-                             capture_output=True, text=True, timeout=_CHILD_TIMEOUT_S)
-        lines = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
-        if out.returncode != 0 or not lines:
-            raise RuntimeError(f"metrics bench client ({stack}) failed: {out.stderr[-2000:]}")
-        result: dict[str, Any] = json.loads(lines[-1][len("RESULT "):])
-        return result
-    finally:
-        if server.stdin is not None:
-            server.stdin.close()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+    return run_server_and_client(
+        "argrpc.benchtool.metrics_cost", ["--serve", stack] + flag,
+        ["--client", stack, "--seconds", str(seconds), "--size", str(size)] + flag,
+        _CHILD_TIMEOUT_S, f"metrics bench ({stack})")
 
 
 def _name(stack: str, plugin_on: bool) -> str:
