@@ -167,6 +167,7 @@ def test_close_does_not_wait_on_a_blocked_request_iterator(client: Client,
         joined.append(self.name)
         real_join(self, timeout)
 
+    earlier = set(threading.enumerate())  # other tests' threads are not this call's
     fut = client.stub.ClientStream.future(requests(), timeout=30)
     try:
         assert sent.wait(20)
@@ -178,7 +179,7 @@ def test_close_does_not_wait_on_a_blocked_request_iterator(client: Client,
         release.set()
     exc = fut.exception(timeout=20)
     assert exc is not None and exc.code() == grpc.StatusCode.CANCELLED
-    for thread in threading.enumerate():
+    for thread in set(threading.enumerate()) - earlier:
         if thread.name == "argrpc-requests":
             thread.join(20)
             assert not thread.is_alive(), "the request thread outlived its call"
