@@ -62,9 +62,11 @@ def host_b() -> HostB:
     return HostB(ctrl, os.environ["RXE_PEER_ADDR"])
 
 
-def open_remote(host_b: HostB, pb: SimpleNamespace) -> Client:
-    """An argrpc channel to B, after one call that waits for B to serve."""
-    channel = make_channel("argrpc", host_b.target, UNLIMITED)
+def open_remote(host_b: HostB, pb: SimpleNamespace, own: bool = False) -> Client:
+    """An argrpc channel to B, after one call that waits for B to serve. `own`: a
+    connection of its own, not the one this process's other channels to B share."""
+    options = UNLIMITED + ([("grpc.use_local_subchannel_pool", 1)] if own else [])
+    channel = make_channel("argrpc", host_b.target, options)
     client = Client("argrpc", host_b, channel, pb.pb2_grpc.EchoStub(channel), pb.pb2)  # type: ignore[arg-type]
     client.stub.Unary(client.req(payload=b"warm-up"), timeout=180, wait_for_ready=True)
     return client

@@ -174,7 +174,9 @@ def test_doctor_says_verbs_and_why(host_b: HostB) -> None:
 def test_b_without_a_device_falls_back_with_the_reason(host_b: HostB, pb: SimpleNamespace) -> None:
     host_b.do("nodevice")
     try:
-        c = open_remote(host_b, pb)
+        # Its own connection: B's server was just restarted, and the connection the
+        # module's channel shares with B's old server is only found dead by its keepalive.
+        c = open_remote(host_b, pb, own=True)
         try:
             assert c.channel.transport == "grpc"
             reason = c.channel.fallback_reason
