@@ -51,7 +51,6 @@ class Routing:
         self._fast: Any = None
         self._fast_name = ""
         self._shared: Optional[Shared] = None  # what _fast is a handle on
-        self._compression_disabled = 0
         self._state = NEW
         self._reason = ""
         self._forced_error = ""
@@ -84,11 +83,10 @@ class Routing:
         """This channel is done with its handle `fast`: its own calls end CANCELLED `why`,
         and the connection closes if no other channel shares it."""
         shared, self._shared = self._shared, None
+        if shared is None:
+            return  # every fast handle comes from SUBCHANNELS with its Shared
         try:
-            if shared is not None:
-                SUBCHANNELS.release(shared, fast, why)
-            else:
-                fast.close()
+            SUBCHANNELS.release(shared, fast, why)
         except Exception:  # noqa: BLE001 - already dead; nothing to release
             pass
 
@@ -108,7 +106,6 @@ class Routing:
     def _adopt(self, handle: Any, shared: Shared) -> None:
         self._fast, self._fast_name, self._state = handle, shared.transport, FAST
         self._shared = shared
-        self._compression_disabled = shared.compression_disabled
         self._reason = self._forced_error = ""
 
     def _settle(self, neg: Optional["Negotiation"], error: Optional[BaseException] = None
@@ -155,7 +152,9 @@ class Routing:
         """Why the fast connection's server refuses a call's compression ("" if it does
         not): grpc's server answers such a call UNIMPLEMENTED with these words. A call's
         NoCompression means the channel's, which the negotiating call already used."""
-        if compression is None or not self._compression_disabled & (1 << compression.value):
+        shared = self._shared
+        if compression is None or shared is None or \
+                not shared.compression_disabled & (1 << compression.value):
             return ""
         name = "deflate" if compression is grpc.Compression.Deflate else "gzip"
         return f"Compression algorithm '{name}' is disabled."
