@@ -14,6 +14,7 @@ namespace argrpc {
 struct PeerInfo {
   PeerInfo() = default;
   PeerInfo(std::string n) : name(std::move(n)) {}  // NOLINT: a bare name converts
+  PeerInfo(const char* n) : name(n) {}               // NOLINT: and so does a literal
 
   std::string name;
   std::string address;     // grpc's peer(): "ipv4:127.0.0.1:53124", "unix:..."; empty: name
