@@ -85,8 +85,8 @@ def _fallback(cfg: Config, reason: str, kind: str, retryable: bool = False) -> N
 
 
 def negotiate(grpc_channel: grpc.Channel, cfg: Config, max_recv: int, timeout: float | None,
-              wait_for_ready: bool = False, secure: bool = False, target: str = ""
-              ) -> Negotiation:
+              wait_for_ready: bool = False, secure: bool = False, target: str = "",
+              grpc_alone: str = "") -> Negotiation:
     """Pick the transport for a channel. Never raises: failures fall back to gRPC.
 
     `target` (the channel's) lets auto mode skip what a cross-host offer creates (a verbs
@@ -95,7 +95,7 @@ def negotiate(grpc_channel: grpc.Channel, cfg: Config, max_recv: int, timeout: f
     network namespace)."""
     rpc = _bootstrap_rpc(grpc_channel)
     _start_connecting(grpc_channel)
-    steps = negotiation(cfg, max_recv, secure, target)
+    steps = negotiation(cfg, max_recv, secure, target, grpc_alone)
     try:
         request = next(steps)
         while True:
@@ -115,12 +115,12 @@ def negotiate(grpc_channel: grpc.Channel, cfg: Config, max_recv: int, timeout: f
 
 
 async def negotiate_async(aio_channel: Any, cfg: Config, max_recv: int, timeout: float | None,
-                          wait_for_ready: bool = False, secure: bool = False, target: str = ""
-                          ) -> Negotiation:
+                          wait_for_ready: bool = False, secure: bool = False, target: str = "",
+                          grpc_alone: str = "") -> Negotiation:
     """negotiate() over a `grpc.aio` channel: the same steps, the RPC awaited."""
     rpc = _bootstrap_rpc(aio_channel)
     _start_connecting(aio_channel)
-    steps = negotiation(cfg, max_recv, secure, target)
+    steps = negotiation(cfg, max_recv, secure, target, grpc_alone)
     try:
         request = next(steps)
         while True:
@@ -213,7 +213,8 @@ def _logged(result: Negotiation) -> Negotiation:
 Steps = Generator[Any, Any, Negotiation]
 
 
-def negotiation(cfg: Config, max_recv: int, secure: bool, target: str) -> Steps:
+def negotiation(cfg: Config, max_recv: int, secure: bool, target: str,
+                grpc_alone: str = "") -> Steps:
     if not cfg.enabled:
         return _fallback(cfg, "TF_RDMA_ENABLED=false", "disabled")
     if secure and not cfg.over_tls:
@@ -221,6 +222,8 @@ def negotiation(cfg: Config, max_recv: int, secure: bool, target: str) -> Steps:
                               "encrypted; set TF_RDMA_OVER_TLS=true to allow them", "tls")
     if cfg.transport == "grpc":
         return _fallback(cfg, "TF_RDMA_TRANSPORT=grpc", "transport_grpc")
+    if grpc_alone:  # the target's scheme or balancing policy is grpc's: no server to ask
+        return _fallback(cfg, grpc_alone, "grpc_alone")
     if cfg.transport == "auto" and target and target_is_local(target):
         # Same-host transports first; the others only if this process can use them and
         # the server declines (it runs in another network namespace). Whether it can is

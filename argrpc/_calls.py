@@ -553,15 +553,19 @@ def _consume_requests(core: Any, request_iterator: Any, serializer: Optional[Cal
 
 
 class _MultiCallable:
-    __slots__ = ("_channel", "_method", "_ser", "_deser", "_grpc", "_max_send", "_raw_send")
+    __slots__ = ("_channel", "_method", "_ser", "_deser", "_grpc", "_max_send", "_raw_send",
+                 "_registered")
+    _kind = ""
 
     def __init__(self, channel: "Channel", method: str, serializer: Optional[Callable[..., Any]],
-                 deserializer: Optional[Callable[..., Any]], grpc_callable: Any) -> None:
+                 deserializer: Optional[Callable[..., Any]], grpc_callable: Any,
+                 registered: Any = False) -> None:
         self._channel = channel
         self._method = method.decode("ascii") if isinstance(method, bytes) else method
         self._ser = serializer
         self._deser = deserializer
         self._grpc = grpc_callable
+        self._registered = registered
         self._max_send = channel._max_send
         # No serializer and no send limit: the request object goes to the engine as is.
         self._raw_send = serializer is None and self._max_send < 0
@@ -576,18 +580,22 @@ class _MultiCallable:
                 raise _too_large(n, self._max_send)
         return payload
 
-    def _routed(self, grpc_fn: Callable[..., Any], arg: Any, timeout: Optional[float],
+    def _routed(self, how: str, arg: Any, timeout: Optional[float],
                 metadata: Any, credentials: Optional[grpc.CallCredentials],
                 wait_for_ready: Optional[bool],
                 compression: Optional[grpc.Compression]) -> tuple[Any, Optional[float], Any]:
         """Where a call goes: ``(conn, timeout, None)`` for the fast path, or
-        ``(None, None, result)`` with what grpc's own `grpc_fn` returned for it."""
-        conn, timeout = self._channel._route(timeout, wait_for_ready, credentials)
+        ``(None, None, result)`` with what grpc's own multicallable returned for it
+        (called as is when `how` is "", else its `how` method: "with_call", "future")."""
+        channel = self._channel
+        conn, timeout, via = channel._route(timeout, wait_for_ready, credentials)
         if conn is not None:
-            if compression is not None and (
-                    refused := self._channel._refused_compression(compression)):
+            if compression is not None and (refused := via._refused_compression(compression)):
                 raise local_error(grpc.StatusCode.UNIMPLEMENTED, refused)
             return conn, timeout, None
+        multicallable = self._grpc if via is channel else via.multicallable(
+            self._kind, self._method, self._ser, self._deser, self._registered)
+        grpc_fn = getattr(multicallable, how) if how else multicallable
         observer = _observe.sink()
         if observer is not None:
             return None, None, _observe.timed_grpc_call(
@@ -598,7 +606,7 @@ class _MultiCallable:
                                    credentials=credentials, wait_for_ready=wait_for_ready,
                                    compression=compression)
 
-    def _call_object(self, grpc_fn: Callable[..., Any], arg: Any, unary_request: bool,
+    def _call_object(self, how: str, arg: Any, unary_request: bool,
                      unary_response: bool, timeout: Optional[float], metadata: Any,
                      credentials: Optional[grpc.CallCredentials],
                      wait_for_ready: Optional[bool],
@@ -606,7 +614,7 @@ class _MultiCallable:
         """A call object (future or response iterator): grpc's own on a gRPC channel;
         a routing failure comes back as the finished call, as grpc returns it."""
         try:
-            conn, timeout, result = self._routed(grpc_fn, arg, timeout, metadata, credentials,
+            conn, timeout, result = self._routed(how, arg, timeout, metadata, credentials,
                                                  wait_for_ready, compression)
         except _RpcError as e:
             return e
@@ -641,6 +649,7 @@ class _MultiCallable:
 
 class UnaryUnary(_MultiCallable, UnaryUnaryBase):
     __slots__ = ()
+    _kind = "unary_unary"
 
     def __call__(self, request: Any, timeout: Optional[float] = None, metadata: Any = None,
                  credentials: Optional[grpc.CallCredentials] = None,
@@ -648,7 +657,7 @@ class UnaryUnary(_MultiCallable, UnaryUnaryBase):
                  compression: Optional[grpc.Compression] = None) -> Any:
         conn = self._channel._fast
         if conn is None or credentials is not None or compression is not None or not conn.alive:
-            conn, timeout, result = self._routed(self._grpc, request, timeout, metadata,
+            conn, timeout, result = self._routed("", request, timeout, metadata,
                                                  credentials, wait_for_ready, compression)
             if conn is None:
                 return result
@@ -658,7 +667,7 @@ class UnaryUnary(_MultiCallable, UnaryUnaryBase):
                   credentials: Optional[grpc.CallCredentials] = None,
                   wait_for_ready: Optional[bool] = None,
                   compression: Optional[grpc.Compression] = None) -> tuple[Any, grpc.Call]:
-        conn, timeout, result = self._routed(self._grpc.with_call, request, timeout, metadata,
+        conn, timeout, result = self._routed("with_call", request, timeout, metadata,
                                              credentials, wait_for_ready, compression)
         if conn is None:
             return cast("tuple[Any, grpc.Call]", result)
@@ -685,23 +694,25 @@ class UnaryUnary(_MultiCallable, UnaryUnaryBase):
                credentials: Optional[grpc.CallCredentials] = None,
                wait_for_ready: Optional[bool] = None,
                compression: Optional[grpc.Compression] = None) -> Any:
-        return self._call_object(self._grpc.future, request, True, True, timeout, metadata,
+        return self._call_object("future", request, True, True, timeout, metadata,
                                  credentials, wait_for_ready, compression)
 
 
 class UnaryStream(_MultiCallable, UnaryStreamBase):
     __slots__ = ()
+    _kind = "unary_stream"
 
     def __call__(self, request: Any, timeout: Optional[float] = None, metadata: Any = None,
                  credentials: Optional[grpc.CallCredentials] = None,
                  wait_for_ready: Optional[bool] = None,
                  compression: Optional[grpc.Compression] = None) -> Any:
-        return self._call_object(self._grpc, request, True, False, timeout, metadata,
+        return self._call_object("", request, True, False, timeout, metadata,
                                  credentials, wait_for_ready, compression)
 
 
 class StreamUnary(_MultiCallable, StreamUnaryBase):
     __slots__ = ()
+    _kind = "stream_unary"
 
     def _blocking(self, conn: Any, request_iterator: Any, timeout: Optional[float],
                   metadata: Any) -> tuple[Any, _Call]:
@@ -715,7 +726,7 @@ class StreamUnary(_MultiCallable, StreamUnaryBase):
                  metadata: Any = None, credentials: Optional[grpc.CallCredentials] = None,
                  wait_for_ready: Optional[bool] = None,
                  compression: Optional[grpc.Compression] = None) -> Any:
-        conn, timeout, result = self._routed(self._grpc, request_iterator, timeout, metadata,
+        conn, timeout, result = self._routed("", request_iterator, timeout, metadata,
                                              credentials, wait_for_ready, compression)
         if conn is None:
             return result
@@ -725,7 +736,7 @@ class StreamUnary(_MultiCallable, StreamUnaryBase):
                   metadata: Any = None, credentials: Optional[grpc.CallCredentials] = None,
                   wait_for_ready: Optional[bool] = None,
                   compression: Optional[grpc.Compression] = None) -> tuple[Any, grpc.Call]:
-        conn, timeout, result = self._routed(self._grpc.with_call, request_iterator, timeout,
+        conn, timeout, result = self._routed("with_call", request_iterator, timeout,
                                              metadata, credentials, wait_for_ready, compression)
         if conn is None:
             return cast("tuple[Any, grpc.Call]", result)
@@ -735,16 +746,17 @@ class StreamUnary(_MultiCallable, StreamUnaryBase):
                metadata: Any = None, credentials: Optional[grpc.CallCredentials] = None,
                wait_for_ready: Optional[bool] = None,
                compression: Optional[grpc.Compression] = None) -> Any:
-        return self._call_object(self._grpc.future, request_iterator, False, True, timeout,
+        return self._call_object("future", request_iterator, False, True, timeout,
                                  metadata, credentials, wait_for_ready, compression)
 
 
 class StreamStream(_MultiCallable, StreamStreamBase):
     __slots__ = ()
+    _kind = "stream_stream"
 
     def __call__(self, request_iterator: Iterator[Any], timeout: Optional[float] = None,
                  metadata: Any = None, credentials: Optional[grpc.CallCredentials] = None,
                  wait_for_ready: Optional[bool] = None,
                  compression: Optional[grpc.Compression] = None) -> Any:
-        return self._call_object(self._grpc, request_iterator, False, False, timeout, metadata,
+        return self._call_object("", request_iterator, False, False, timeout, metadata,
                                  credentials, wait_for_ready, compression)

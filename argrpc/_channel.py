@@ -17,6 +17,7 @@ from typing import Any, Callable, Literal, Optional
 import grpc
 
 from . import _buffers, _config, _observe, _plain
+from ._client.model import client_model
 from ._calls import DoneWatcher, RequestFeeder, StreamStream, StreamUnary, UnaryStream, UnaryUnary
 from ._errors import local_error
 from ._routing import GRPC, Routing, encrypts
@@ -47,22 +48,29 @@ class Channel(Routing, grpc.Channel):
         self._pool_key = pool_key(target, credentials, grpc_options, self._cfg, self._max_recv)
         self._lock = threading.Lock()
         self._init_routing()
+        model = client_model(target, credentials, grpc_options, self._cfg, self._max_recv,
+                             self._secure, self._address_channel, lambda ch: ch.close())
+        self._grpc_alone, self._balancer = model.grpc_alone, model.balancer
+        self._address_options = model.address_options
         self._watcher = DoneWatcher()
         self._feeders: set[RequestFeeder] = set()  # request-iterator threads (fast path)
 
     # ------------------------------------------------------------------ routing
     def _route(self, timeout: Optional[float], wait_for_ready: Optional[bool],
-               credentials: Any = None) -> tuple[Any, Optional[float]]:
-        """Return (fast-path connection or None for grpc, the call's remaining timeout).
+               credentials: Any = None) -> tuple[Any, Optional[float], Any]:
+        """Return (fast-path connection or None for grpc, the call's remaining timeout,
+        the routing it came from: this channel, or the subchannel a balancer picked).
 
         Raises the UNAVAILABLE RpcError when a forced transport is impossible.
         """
         if credentials is not None or self._closed or self._state == GRPC:
             # Call credentials are grpc plugins: only the grpc path can apply them.
-            return None, timeout
+            return None, timeout, self
+        if self._balancer is not None:
+            return self._balanced(timeout, wait_for_ready)
         fast = self._fast
         if fast is not None and fast.alive:
-            return fast, timeout
+            return fast, timeout, self
         start = time.monotonic()
         with self._lock:
             fast = self._fast
@@ -77,7 +85,32 @@ class Channel(Routing, grpc.Channel):
             raise local_error(grpc.StatusCode.UNAVAILABLE, forced, f"UNAVAILABLE:{forced}")
         if fast is not None and timeout is not None:
             timeout = max(0.0, timeout - (time.monotonic() - start))
-        return fast, timeout
+        return fast, timeout, self
+
+    def _balanced(self, timeout: Optional[float], wait_for_ready: Optional[bool]
+                  ) -> tuple[Any, Optional[float], Any]:
+        balancer = self._balancer
+        assert balancer is not None
+        sub = balancer.pick()
+        if sub is None:
+            start = time.monotonic()
+            balancer.connect(timeout, wait_for_ready)
+            sub = balancer.pick()
+            if timeout is not None:
+                timeout = max(0.0, timeout - (time.monotonic() - start))
+        balancer.refresh()
+        if sub is None:
+            if forced := balancer.forced_error():
+                raise local_error(grpc.StatusCode.UNAVAILABLE, forced, f"UNAVAILABLE:{forced}")
+            return None, timeout, self  # no replica ready: grpc balances and waits
+        return sub._fast, timeout, sub
+
+    def _address_channel(self, address: str) -> grpc.Channel:
+        """A gRPC channel to one address of the target, with the target's :authority."""
+        _, credentials, _, compression = self._grpc_args
+        if credentials is None:
+            return _plain.insecure_channel(address, self._address_options, compression)
+        return _plain.secure_channel(address, credentials, self._address_options, compression)
 
     def _new_grpc_channel(self) -> grpc.Channel:
         target, credentials, grpc_options, compression = self._grpc_args
@@ -106,7 +139,8 @@ class Channel(Routing, grpc.Channel):
 
             neg = _bootstrap.negotiate(self._bootstrap_channel(), self._cfg, self._max_recv,
                                        timeout=neg_timeout, wait_for_ready=bool(wait_for_ready),
-                                       secure=self._secure, target=self._target)
+                                       secure=self._secure, target=self._target,
+                                       grpc_alone=self._grpc_alone)
         except Exception as e:  # noqa: BLE001 - negotiation must never break a call
             self._settle(None, e)
             return
@@ -121,8 +155,10 @@ class Channel(Routing, grpc.Channel):
     @property
     def transport(self) -> str:
         """The fast transport's name ("shm", "verbs") or "grpc" (negotiates first if needed,
-        at most 5 s)."""
+        at most 5 s). A balanced channel names the fast transport of its ready replicas."""
         self._ensure_negotiated()
+        if self._balancer is not None:
+            return self._balancer.transport()
         return self._fast_name if self._fast is not None else "grpc"
 
     @property
@@ -144,21 +180,24 @@ class Channel(Routing, grpc.Channel):
                     _registered_method: Optional[bool] = False) -> UnaryUnary:
         return UnaryUnary(self, method, request_serializer, response_deserializer,
                           self._grpc_callable(self._grpc.unary_unary, method, request_serializer,
-                                              response_deserializer, _registered_method))
+                                              response_deserializer, _registered_method),
+                          _registered_method)
 
     def unary_stream(self, method: str, request_serializer: Optional[Callable[..., Any]] = None,
                      response_deserializer: Optional[Callable[..., Any]] = None,
                      _registered_method: Optional[bool] = False) -> UnaryStream:
         return UnaryStream(self, method, request_serializer, response_deserializer,
                            self._grpc_callable(self._grpc.unary_stream, method, request_serializer,
-                                               response_deserializer, _registered_method))
+                                               response_deserializer, _registered_method),
+                           _registered_method)
 
     def stream_unary(self, method: str, request_serializer: Optional[Callable[..., Any]] = None,
                      response_deserializer: Optional[Callable[..., Any]] = None,
                      _registered_method: Optional[bool] = False) -> StreamUnary:
         return StreamUnary(self, method, request_serializer, response_deserializer,
                            self._grpc_callable(self._grpc.stream_unary, method, request_serializer,
-                                               response_deserializer, _registered_method))
+                                               response_deserializer, _registered_method),
+                           _registered_method)
 
     def stream_stream(self, method: str, request_serializer: Optional[Callable[..., Any]] = None,
                       response_deserializer: Optional[Callable[..., Any]] = None,
@@ -166,7 +205,8 @@ class Channel(Routing, grpc.Channel):
         return StreamStream(self, method, request_serializer, response_deserializer,
                             self._grpc_callable(self._grpc.stream_stream, method,
                                                 request_serializer, response_deserializer,
-                                                _registered_method))
+                                                _registered_method),
+                            _registered_method)
 
     @staticmethod
     def _grpc_callable(factory: Callable[..., Any], method: str,
@@ -189,6 +229,9 @@ class Channel(Routing, grpc.Channel):
             fast, self._fast = self._fast, None
         if fast is not None:
             self._let_go(fast, "Channel closed!")
+        if self._balancer is not None:
+            for address_channel in self._balancer.close("Channel closed!"):
+                address_channel.close()
         self._watcher.close()
         # A request-iterator thread in argrpc's code ends at once now that its call has:
         # joined, so close() leaves none behind. One inside the user's iterator is not
@@ -220,6 +263,9 @@ class Channel(Routing, grpc.Channel):
                 self._closed = True
                 self._fast = None
                 self._let_go(fast, "Channel closed!")
+            balancer = self._balancer
+            if balancer is not None and not balancer.closed:
+                balancer.close("Channel closed!")
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
 

@@ -22,13 +22,14 @@ from ._subchannels import SUBCHANNELS, Shared
 
 if TYPE_CHECKING:
     from ._bootstrap import Negotiation
+    from ._client.balancer import Balancer
 
 __all__ = ["Routing", "encrypts"]
 
 _LOGGER = logging.getLogger("argrpc")
 
 NEW, FAST, GRPC, RETRY, FORCED = "new", "fast", "grpc", "retry", "forced"
-_RETRY_INTERVAL_S = 1.0
+_RETRY_INTERVAL_S = _config.LIMITS.renegotiate_interval_s
 
 
 def encrypts(credentials: Any) -> bool:
@@ -46,8 +47,9 @@ class Routing:
     _cfg: _config.Config
     _target: str
     _pool_key: Any  # what a shared connection must match (_subchannels.pool_key)
+    _balancer: Optional["Balancer"] = None  # a channel's round-robin balancer (_client.balancer), if any
 
-    def _init_routing(self) -> None:
+    def _init_routing(self, track: bool = True) -> None:
         self._fast: Any = None
         self._fast_name = ""
         self._shared: Optional[Shared] = None  # what _fast is a handle on
@@ -57,7 +59,8 @@ class Routing:
         self._next_try = 0.0
         self._logged = False
         self._closed = False
-        _observe.track_channel(self)
+        if track:  # a channel, not one of its subchannels
+            _observe.track_channel(self)
 
     def _closing(self) -> bool:
         """close() has begun: no new fast connection."""
@@ -162,10 +165,16 @@ class Routing:
     @property
     def _on_grpc(self) -> bool:
         """Calls go over plain gRPC now (settled on it, retrying, or not negotiated yet)."""
+        balancer = self._balancer
+        if balancer is not None and self._state != GRPC:
+            return not self._closed and balancer.tried() and balancer.transport() == "grpc"
         return not self._closed and self._fast is None and self._state != NEW
 
     def _fallback_text(self) -> str:
         """Why the channel is not on a fast transport ("" when it is)."""
         if self._fast is not None:
             return ""
+        balancer = self._balancer
+        if balancer is not None and self._state != GRPC:
+            return balancer.fallback_reason()
         return self._forced_error or self._reason

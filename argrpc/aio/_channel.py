@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 import grpc
 from grpc import aio
@@ -22,6 +22,8 @@ from .._bases import (AioStreamStreamBase, AioStreamUnaryBase, AioUnaryStreamBas
 from .. import _bootstrap, _buffers, _config, _grpc_log, _observe, _plain
 from .._engine import get_engine
 from .._metadata import InvalidMetadataError, to_core
+from .._client.model import client_model
+from .._client.subchannel import Subchannel
 from .._routing import GRPC, NEW, Routing, encrypts
 from .._subchannels import pool_key
 from . import _call, _interceptors
@@ -62,6 +64,11 @@ class Channel(Routing, aio.Channel):
         self._max_send = _config.max_send_length(grpc_options)
         self._pool_key = pool_key(target, credentials, grpc_options, self._cfg, self._max_recv)
         self._init_routing()
+        self._grpc_args = (credentials, compression)
+        model = client_model(target, credentials, grpc_options, self._cfg, self._max_recv,
+                             self._secure, self._address_channel, _retire)
+        self._grpc_alone, self._balancer = model.grpc_alone, model.balancer
+        self._address_options = model.address_options
         self._negotiation: Optional[asyncio.Task[Any]] = None
         self.inflight = 0  # fast-path calls not ended (close(grace) waits for them)
         self.closing = False  # close() began: no new fast-path calls
@@ -76,6 +83,8 @@ class Channel(Routing, aio.Channel):
         """Whether a call can be routed now, without negotiating first."""
         if self.closing or self._state == GRPC:
             return True
+        if self._balancer is not None:
+            return self._balancer.settled(wait_for_ready)
         fast = self._fast
         if fast is not None:
             if fast.alive:
@@ -94,17 +103,42 @@ class Channel(Routing, aio.Channel):
 
     async def _negotiate_once(self, timeout: Optional[float],
                               wait_for_ready: Optional[bool]) -> None:
+        if self._balancer is not None:
+            await self._balancer.connect_async(timeout, wait_for_ready)
+            return
         if self._take_shared():
             return
         neg_timeout = _NEGOTIATION_TIMEOUT_S if timeout is None else timeout
         try:
             neg = await _bootstrap.negotiate_async(
                 self._grpc, self._cfg, self._max_recv, timeout=neg_timeout,
-                wait_for_ready=bool(wait_for_ready), secure=self._secure, target=self._target)
+                wait_for_ready=bool(wait_for_ready), secure=self._secure, target=self._target,
+                grpc_alone=self._grpc_alone)
         except Exception as e:  # noqa: BLE001 - negotiation must never break a call
             self._settle(None, e)
             return
         self._settle(neg)
+
+    def _address_channel(self, address: str) -> aio.Channel:
+        """A grpc.aio channel to one address of the target, with the target's :authority."""
+        credentials, compression = self._grpc_args
+        if credentials is None:
+            return _plain.aio_insecure_channel(address, self._address_options, compression)
+        return _plain.aio_secure_channel(address, credentials, self._address_options,
+                                         compression)
+
+    def pick(self) -> tuple[Any, Any]:
+        """(the fast connection a call starts on, or None for gRPC; the routing it came
+        from: this channel, or the subchannel the balancer picked)."""
+        balancer = self._balancer
+        if balancer is None:
+            return self._fast, self
+        sub = balancer.pick()
+        if _running_loop() is not None:
+            balancer.refresh_async()
+        if sub is None:
+            return None, self  # no replica ready: grpc.aio balances and waits
+        return sub._fast, sub
 
     def foreign_loop(self) -> bool:
         """Not on the loop this channel belongs to (grpc.aio's calls fail there)."""
@@ -112,8 +146,10 @@ class Channel(Routing, aio.Channel):
         return loop is not None and _running_loop() is not loop
 
     def _forced_failure(self) -> Optional[aio.AioRpcError]:
-        if self._fast is None and self._forced_error and not self.closing:
-            return _call.rpc_error(grpc.StatusCode.UNAVAILABLE, self._forced_error)
+        forced = self._forced_error if self._balancer is None else \
+            self._balancer.forced_error()
+        if self._fast is None and forced and not self.closing:
+            return _call.rpc_error(grpc.StatusCode.UNAVAILABLE, forced)
         return None
 
     @property
@@ -122,6 +158,9 @@ class Channel(Routing, aio.Channel):
         first call or ``await channel_ready()`` negotiated."""
         if self._fast is not None:
             return self._fast_name
+        balancer = self._balancer
+        if balancer is not None and balancer.tried() and not self.closing:
+            return balancer.transport()
         return "pending" if self._state == NEW and not self.closing else "grpc"
 
     @property
@@ -152,19 +191,24 @@ class Channel(Routing, aio.Channel):
         # Calls in flight on both paths get the same grace to finish, as grpc.aio's
         # close(grace) gives; then those left are cancelled. A second close() during
         # the grace cuts it short, as in grpc.aio.
+        grpc_closes = [self._grpc.close(grace)]
+        if self._balancer is not None:
+            grpc_closes += [c.close(grace) for c in self._balancer.grpc_channels()]
         try:
             if grace and self.inflight > 0:
                 if self._drained is None:
                     self._drained = asyncio.get_running_loop().create_future()
                 await asyncio.gather(asyncio.wait([self._drained], timeout=grace),
-                                     self._grpc.close(grace))
+                                     *grpc_closes)
             else:
-                await self._grpc.close(grace)
+                await asyncio.gather(*grpc_closes)
         finally:
             self._closed = True
             fast, self._closing_fast = self._closing_fast, None
             if fast is not None:
                 self._let_go(fast, _call.CHANNEL_CLOSED)
+            if self._balancer is not None:
+                self._balancer.close(_call.CHANNEL_CLOSED)  # their gRPC channels closed above
 
     def call_ended(self) -> None:
         """A fast-path call ended while close(grace) waits for them."""
@@ -214,8 +258,19 @@ class Channel(Routing, aio.Channel):
                     self.closing = self._closed = True
                     self._let_go(fast, _call.CHANNEL_CLOSED)
             self._fast = self._closing_fast = None
+            balancer = self._balancer
+            if balancer is not None and not balancer.closed:
+                balancer.close(_call.CHANNEL_CLOSED)
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+
+
+def _retire(grpc_channel: Any) -> None:
+    """Closes the grpc.aio channel of an address the target no longer names."""
+    try:
+        asyncio.get_running_loop().create_task(grpc_channel.close())
+    except RuntimeError:
+        pass  # no loop: it closes when collected
 
 
 # ---------------------------------------------------------------------- multicallables
@@ -238,6 +293,7 @@ class _MultiCallable:
         factory = getattr(channel._grpc, self._kind)
         self._grpc = factory(method, _buffers.bytes_serializer(request_serializer),
                              response_deserializer, registered)
+        self._registered = registered
         _observe.register_client_method(method, registered)
         self._intercepted = channel._interceptors.get(self._kind, ())
         # The channel's loop and its bridge, once a fast-path call was made on it.
@@ -275,14 +331,14 @@ class _MultiCallable:
     def _start(self, request: Any, timeout: Optional[float], metadata: Any, credentials: Any,
                wait_for_ready: Optional[bool], compression: Any) -> Any:
         channel = self._channel
-        fast = None if credentials is not None else channel._fast
-        if fast is None:
+        fast, via = (None, channel) if credentials is not None else channel.pick()
+        if fast is None and via is channel:
             failure = channel._forced_failure()
             if failure is not None:
                 return _call.FailedCall.make(self._kind, failure)
         b = None if fast is None else self._bridge()
         if b is not None:
-            if compression is not None and (refused := channel._refused_compression(compression)):
+            if compression is not None and (refused := via._refused_compression(compression)):
                 return _call.FailedCall.make(self._kind, _call.rpc_error(
                     grpc.StatusCode.UNIMPLEMENTED, refused))
             try:
@@ -295,8 +351,11 @@ class _MultiCallable:
                 b = None  # grpc.aio's own TypeError, raised where the call is awaited
             else:
                 return self._fast_call(b, fast, md, timeout, request)
-        call = self._grpc(request, timeout=timeout, metadata=metadata, credentials=credentials,
-                          wait_for_ready=wait_for_ready, compression=compression)
+        multicallable = self._grpc if via is channel else cast(Subchannel, via).multicallable(
+            self._kind, self._method, self._serializer, self._deserializer, self._registered)
+        call = multicallable(request, timeout=timeout, metadata=metadata,
+                             credentials=credentials, wait_for_ready=wait_for_ready,
+                             compression=compression)
         observer = _observe.sink()
         if observer is not None:
             _observe.watch_aio_call(observer, self._method, channel._target, call)
