@@ -15,6 +15,13 @@ import grpc
 from ._bases import RpcMethodHandlerBase
 
 
+def nbytes(payload: Any) -> int:
+    """A payload's size (TypeError when it is not a buffer)."""
+    if isinstance(payload, bytes):
+        return len(payload)
+    return memoryview(payload).nbytes
+
+
 def bytes_serializer(serializer: Optional[Callable[[Any], Any]]) -> Optional[Callable[[Any], bytes]]:
     if serializer is None:
         return None

@@ -23,8 +23,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, cast
 import grpc
 
 from . import _grpc_log, _observe
+from ._buffers import nbytes as _nbytes
 from ._bases import (FutureBase, StreamStreamBase, StreamUnaryBase, UnaryStreamBase,
                      UnaryUnaryBase)
+from ._client.service_config import Attempts, RetryPolicy
 from ._config import LIMITS
 from ._errors import (USER_CODE_FAILED, DoneFuture, _RpcError, code_from_int, local_error,
                       rpc_state_string, status_error, user_codec)
@@ -52,12 +54,6 @@ _LOCAL_CANCEL = "Locally cancelled by application!"
 _GC_CANCEL = "Cancelled upon garbage collection!"
 # grpc 1.85 reports an in-flight unary call of a closed channel as CANCELLED with this text.
 CHANNEL_CLOSED = "Channel closed!"
-
-
-def _nbytes(payload: Any) -> int:
-    if isinstance(payload, bytes):
-        return len(payload)
-    return memoryview(payload).nbytes
 
 
 def _too_large(n: int, limit: int) -> _RpcError:
@@ -554,7 +550,7 @@ def _consume_requests(core: Any, request_iterator: Any, serializer: Optional[Cal
 
 class _MultiCallable:
     __slots__ = ("_channel", "_method", "_ser", "_deser", "_grpc", "_max_send", "_raw_send",
-                 "_registered")
+                 "_registered", "_mc")
     _kind = ""
 
     def __init__(self, channel: "Channel", method: str, serializer: Optional[Callable[..., Any]],
@@ -566,7 +562,13 @@ class _MultiCallable:
         self._deser = deserializer
         self._grpc = grpc_callable
         self._registered = registered
+        # The method's service config; None when it has none (the common, fastest case).
+        mc = channel._service_config.method(self._method)
+        self._mc = mc or None
         self._max_send = channel._max_send
+        if mc.max_request is not None:
+            self._max_send = mc.max_request if self._max_send < 0 else \
+                min(self._max_send, mc.max_request)
         # No serializer and no send limit: the request object goes to the engine as is.
         self._raw_send = serializer is None and self._max_send < 0
 
@@ -588,6 +590,11 @@ class _MultiCallable:
         ``(None, None, result)`` with what grpc's own multicallable returned for it
         (called as is when `how` is "", else its `how` method: "with_call", "future")."""
         channel = self._channel
+        mc = self._mc
+        if mc is not None:
+            timeout = mc.timeout(timeout)
+            if wait_for_ready is None:
+                wait_for_ready = mc.wait_for_ready
         conn, timeout, via = channel._route(timeout, wait_for_ready, credentials)
         if conn is not None:
             if compression is not None and (refused := via._refused_compression(compression)):
@@ -656,7 +663,8 @@ class UnaryUnary(_MultiCallable, UnaryUnaryBase):
                  wait_for_ready: Optional[bool] = None,
                  compression: Optional[grpc.Compression] = None) -> Any:
         conn = self._channel._fast
-        if conn is None or credentials is not None or compression is not None or not conn.alive:
+        if conn is None or credentials is not None or compression is not None or \
+                not conn.alive or self._mc is not None:
             conn, timeout, result = self._routed("", request, timeout, metadata,
                                                  credentials, wait_for_ready, compression)
             if conn is None:
@@ -680,8 +688,19 @@ class UnaryUnary(_MultiCallable, UnaryUnaryBase):
         if timeout is not None and timeout < 0:
             timeout = 0.0  # grpc: already expired; the engine reads negative as "none"
         payload = request if self._raw_send else self._serialize(request)
-        code, details, imd, tmd, response = conn.unary(
-            self._method, _core_metadata(metadata) if metadata else [], timeout, payload)
+        md = _core_metadata(metadata) if metadata else []
+        mc = self._mc
+        if mc is None or mc.retry is None or \
+                not self._channel._service_config.buffers(payload):
+            code, details, imd, tmd, response = conn.unary(self._method, md, timeout, payload)
+        else:
+            code, details, imd, tmd, response = self._attempts(conn, md, timeout, payload,
+                                                               mc.retry)
+        if code == 0 and mc is not None and mc.max_response is not None and \
+                response is not None and (n := _nbytes(response)) > mc.max_response:
+            code, details = _RESOURCE_EXHAUSTED.value[0], (
+                f"Stream removed (CLIENT: Received message larger than max "
+                f"({n} vs. {mc.max_response}))")
         if code != 0:
             raise _status_exception(self._channel, code, details, imd, tmd)
         if self._deser is not None and response is not None:
@@ -689,6 +708,30 @@ class UnaryUnary(_MultiCallable, UnaryUnaryBase):
             if response is USER_CODE_FAILED:
                 raise local_error(_INTERNAL, _DESERIALIZE_FAILED)
         return response, imd, tmd, timeout
+
+    def _attempts(self, conn: Any, md: list[Any], timeout: Optional[float], payload: Any,
+                  policy: RetryPolicy) -> Any:
+        """A call under its retry policy: attempts until one's status ends the call (gRFC
+        A6); a retry goes where the channel routes it then (another replica, when the
+        channel balances, or a renegotiated connection)."""
+        channel = self._channel
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
+        attempts = Attempts(policy, channel._throttle, deadline)
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            outcome = conn.unary(self._method, attempts.metadata(md), left, payload)
+            code, _, imd, _, response = outcome
+            delay = attempts.after(code, bool(imd) or response is not None, outcome[3],
+                                   time.monotonic())
+            if delay is None:
+                return outcome
+            time.sleep(delay)
+            if channel._balancer is not None or not conn.alive:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                conn, _, _ = channel._route(left, None)
+                if conn is None:  # off the fast path now: the attempt's status stands
+                    return outcome
 
     def future(self, request: Any, timeout: Optional[float] = None, metadata: Any = None,
                credentials: Optional[grpc.CallCredentials] = None,

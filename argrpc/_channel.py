@@ -18,6 +18,7 @@ import grpc
 
 from . import _buffers, _config, _observe, _plain
 from ._client.model import client_model
+from ._client.service_config import ServiceConfig, for_grpc, throttle_for
 from ._calls import DoneWatcher, RequestFeeder, StreamStream, StreamUnary, UnaryStream, UnaryUnary
 from ._errors import local_error
 from ._routing import GRPC, Routing, encrypts
@@ -36,6 +37,9 @@ class Channel(Routing, grpc.Channel):
         # Bad configuration is the caller's error, raised before anything is created.
         self._cfg = _config.load(options)
         grpc_options, _ = _config.split_options(options)
+        self._service_config = ServiceConfig(grpc_options)
+        self._throttle = throttle_for(target, self._service_config)
+        grpc_options = for_grpc(grpc_options)
         self._secure = encrypts(credentials)
         self._grpc_args = (target, credentials, grpc_options, compression)
         self._grpc = self._new_grpc_channel()

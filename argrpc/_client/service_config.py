@@ -24,6 +24,8 @@ from typing import Any, Optional
 
 import grpc
 
+from .._buffers import nbytes
+
 __all__ = ["MethodConfig", "RetryPolicy", "ServiceConfig", "Throttle", "for_grpc"]
 
 _LOGGER = logging.getLogger("argrpc")
@@ -91,13 +93,17 @@ class MethodConfig:
     max_response: Optional[int] = None
     retry: Optional[RetryPolicy] = None
 
+    def __bool__(self) -> bool:
+        """Whether the method has any config at all."""
+        return self != _EMPTY
+
     def timeout(self, call_timeout: Optional[float]) -> Optional[float]:
         if self.timeout_s is None:
             return call_timeout
         return self.timeout_s if call_timeout is None else min(call_timeout, self.timeout_s)
 
 
-_NONE = MethodConfig()
+_NONE = _EMPTY = MethodConfig()
 
 
 class Throttle:
@@ -170,6 +176,14 @@ class ServiceConfig:
                 self._service.setdefault(service, config)
             else:
                 self._exact.setdefault((service, method), config)
+
+    def buffers(self, payload: Any) -> bool:
+        """Whether a request fits grpc.per_rpc_retry_buffer_size, so its call may be
+        retried (a request that is no buffer fails on its own)."""
+        try:
+            return nbytes(payload) <= self.buffer_limit
+        except TypeError:
+            return False
 
     def method(self, full_method: str) -> MethodConfig:
         """The config for "/package.Service/Method"."""

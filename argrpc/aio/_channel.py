@@ -23,6 +23,8 @@ from .. import _bootstrap, _buffers, _config, _grpc_log, _observe, _plain
 from .._engine import get_engine
 from .._metadata import InvalidMetadataError, to_core
 from .._client.model import client_model
+from .._client.service_config import (Attempts, RetryPolicy, ServiceConfig, for_grpc,
+                                      throttle_for)
 from .._client.subchannel import Subchannel
 from .._routing import GRPC, NEW, Routing, encrypts
 from .._subchannels import pool_key
@@ -47,6 +49,9 @@ class Channel(Routing, aio.Channel):
                  interceptors: Any = None) -> None:
         self._cfg = _config.load(options)
         grpc_options, _ = _config.split_options(options)
+        self._service_config = ServiceConfig(grpc_options)
+        self._throttle = throttle_for(target, self._service_config)
+        grpc_options = for_grpc(grpc_options)
         self._secure = encrypts(credentials)
         # The inner channel has no interceptors: they run above both paths (the bootstrap
         # RPC is not theirs to see).
@@ -294,6 +299,8 @@ class _MultiCallable:
         self._grpc = factory(method, _buffers.bytes_serializer(request_serializer),
                              response_deserializer, registered)
         self._registered = registered
+        # The method's service config (timeout, waitForReady), None when it has none.
+        self._mc = channel._service_config.method(method) or None
         _observe.register_client_method(method, registered)
         self._intercepted = channel._interceptors.get(self._kind, ())
         # The channel's loop and its bridge, once a fast-path call was made on it.
@@ -313,6 +320,11 @@ class _MultiCallable:
                wait_for_ready: Optional[bool], compression: Any) -> Any:
         """The call itself, below any interceptor."""
         channel = self._channel
+        mc = self._mc
+        if mc is not None:
+            timeout = mc.timeout(timeout)
+            if wait_for_ready is None:
+                wait_for_ready = mc.wait_for_ready
         if credentials is not None or channel.foreign_loop() or channel._settled(wait_for_ready):
             return self._start(request, timeout, metadata, credentials, wait_for_ready,
                                compression)
@@ -386,6 +398,7 @@ class UnaryUnaryMultiCallable(_MultiCallable, AioUnaryUnaryBase):
         # The common case in as few steps as possible: every Python call costs here.
         fast = self._channel._fast
         if fast is None or credentials is not None or self._intercepted or not fast.alive \
+                or self._mc is not None \
                 or metadata or compression is not None or _running_loop() is not self._loop:
             return super().__call__(request, timeout=timeout, metadata=metadata,
                                     credentials=credentials, wait_for_ready=wait_for_ready,
@@ -396,9 +409,40 @@ class UnaryUnaryMultiCallable(_MultiCallable, AioUnaryUnaryBase):
 
     def _fast_call(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
                    request: Any) -> Any:
+        payload = _call.serialize(self._serializer, request)
+        policy = None if self._mc is None else self._mc.retry
+        if policy is not None and self._channel._service_config.buffers(payload):
+            return PendingCall.make(self._kind, self._attempts(b, fast, md, timeout, payload,
+                                                               policy))
         return _call.UnaryUnaryCall(self._channel, b, fast, self._method, md, timeout,
-                                    _call.serialize(self._serializer, request),
-                                    self._deserializer)
+                                    payload, self._deserializer)
+
+    async def _attempts(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
+                        payload: Any, policy: RetryPolicy) -> Any:
+        """The call under its retry policy (gRFC A6): attempts until one's status ends
+        it, each where the channel routes it then; the last attempt is the call."""
+        channel = self._channel
+        deadline = None if timeout is None else time.monotonic() + timeout
+        attempts = Attempts(policy, channel._throttle, deadline)
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            call = _call.UnaryUnaryCall(channel, b, fast, self._method,
+                                        attempts.metadata(md), left, payload,
+                                        self._deserializer)
+            try:
+                code = (await call.code()).value[0]
+                committed = bool(await call.initial_metadata())
+                delay = attempts.after(code, committed, await call.trailing_metadata(),
+                                       time.monotonic())
+                if delay is None:
+                    return call
+                await asyncio.sleep(delay)
+            except asyncio.CancelledError:
+                call.cancel()
+                raise
+            fast, _ = channel.pick()
+            if fast is None or channel.closing:  # off the fast path: that end stands
+                return call
 
 
 class UnaryStreamMultiCallable(_MultiCallable, AioUnaryStreamBase):

@@ -1,0 +1,307 @@
+"""The service config (`grpc.service_config`, gRFC A2 and A6) on the fast path: a method's
+config found by method, then service, then default; its timeout, waitForReady and message
+limits; its retryPolicy (retryable codes, at most 5 attempts, backoff, the server's
+pushback, `grpc-previous-rpc-attempts`, throttling, `grpc.enable_retries=0`). Each
+scenario runs on grpc too and must end the same way, except where grpcio departs from the
+spec (listed in the README): it ends a call with a methodConfig timeout at once, and its
+retry backoff is the exponential value with a little jitter, not a uniform draw below it."""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from concurrent import futures
+from typing import Any, Iterator
+
+import grpc
+import pytest
+
+import argrpc
+import argrpc.aio
+from argrpc._client.service_config import ServiceConfig
+from tests.support import inproc
+
+HANG_S = 30  # a bound on a hang, for a loaded machine
+STACKS = ["grpc", "argrpc"]
+POLICY = {"maxAttempts": 4, "initialBackoff": "0.01s", "maxBackoff": "0.05s",
+          "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}
+
+
+class Service:
+    """Handlers that fail on request: "fail N" fails the first N attempts of each call
+    UNAVAILABLE, "pushback MS" fails with that pushback; every attempt's
+    `grpc-previous-rpc-attempts` is recorded."""
+
+    def __init__(self) -> None:
+        self.previous: list[Any] = []
+        self.lock = threading.Lock()
+
+    def flaky(self, request: bytes, context: Any) -> bytes:
+        previous = dict(context.invocation_metadata()).get("grpc-previous-rpc-attempts")
+        with self.lock:
+            self.previous.append(previous)
+        word, _, arg = request.decode().partition(" ")
+        if word == "fail" and int(previous or 0) < int(arg):
+            context.abort(grpc.StatusCode.UNAVAILABLE, "not yet")
+        if word == "pushback":
+            context.set_trailing_metadata((("grpc-retry-pushback-ms", arg),))
+            context.abort(grpc.StatusCode.UNAVAILABLE, "pushed back")
+        if word == "code":
+            context.abort(grpc.StatusCode.INTERNAL, "not retryable")
+        if word == "sleep":
+            time.sleep(float(arg))
+        if word == "big":
+            return b"y" * int(arg)
+        return f"ok after {previous or 0}".encode()
+
+    def handlers(self) -> Any:
+        return grpc.method_handlers_generic_handler(
+            "pkg.S", {"Flaky": grpc.unary_unary_rpc_method_handler(self.flaky),
+                      "Other": grpc.unary_unary_rpc_method_handler(self.flaky)})
+
+
+@pytest.fixture(params=STACKS)
+def served(request: pytest.FixtureRequest) -> Iterator[tuple[str, Service, int]]:
+    stack = request.param
+    service = Service()
+    server = inproc.stack_module(stack).server(futures.ThreadPoolExecutor(8))
+    server.add_generic_rpc_handlers([service.handlers()])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield stack, service, port
+    server.stop(None)
+
+
+def _channel(stack: str, port: int, config: dict[str, Any], *extra: Any) -> Any:
+    return inproc.stack_module(stack).insecure_channel(
+        f"127.0.0.1:{port}", options=[("grpc.service_config", json.dumps(config)), *extra])
+
+
+def _ends(call: Any, request: bytes) -> tuple[str, str]:
+    try:
+        return "OK", call(request, timeout=HANG_S).decode()
+    except grpc.RpcError as e:
+        return e.code().name, e.details()
+
+
+def _retrying(policy: dict[str, Any] = POLICY, **more: Any) -> dict[str, Any]:
+    return {"methodConfig": [{"name": [{"service": "pkg.S"}], "retryPolicy": policy}], **more}
+
+
+def test_retries_until_an_attempt_succeeds(served: Any) -> None:
+    stack, service, port = served
+    with _channel(stack, port, _retrying()) as ch:
+        flaky = ch.unary_unary("/pkg.S/Flaky")
+        assert [_ends(flaky, b"fail 2") for _ in range(6)] == [("OK", "ok after 2")] * 6
+        assert service.previous[:3] == [None, "1", "2"]
+        # with_call goes the same way, and its call reports the final attempt's end.
+        response, call = flaky.with_call(b"fail 1", timeout=HANG_S)
+        assert response == b"ok after 1" and call.code() == grpc.StatusCode.OK
+        if stack == "argrpc":
+            assert ch.transport == "shm"
+
+
+def test_attempts_are_capped_at_five_and_codes_must_be_retryable(served: Any) -> None:
+    stack, service, port = served
+    with _channel(stack, port, _retrying(dict(POLICY, maxAttempts=9))) as ch:
+        flaky = ch.unary_unary("/pkg.S/Flaky")
+        assert _ends(flaky, b"fail 99") == ("UNAVAILABLE", "not yet")
+        assert service.previous == [None, "1", "2", "3", "4"]
+        service.previous.clear()
+        assert _ends(flaky, b"code") == ("INTERNAL", "not retryable")
+        assert service.previous == [None]
+
+
+@pytest.mark.parametrize("pushback, attempts, waited", [("-1", 1, 0.0), ("300", 2, 0.3)])
+def test_the_servers_pushback_decides(served: Any, pushback: str, attempts: int,
+                                      waited: float) -> None:
+    stack, service, port = served
+    with _channel(stack, port, _retrying(dict(POLICY, maxAttempts=2))) as ch:
+        start = time.monotonic()
+        assert _ends(ch.unary_unary("/pkg.S/Flaky"), f"pushback {pushback}".encode())[0] == \
+            "UNAVAILABLE"
+        assert len(service.previous) == attempts
+        assert time.monotonic() - start >= waited
+
+
+def test_throttling_stops_retries_while_tokens_are_low(served: Any) -> None:
+    stack, service, port = served
+    config = _retrying(dict(POLICY, maxAttempts=3),
+                       retryThrottling={"maxTokens": 10, "tokenRatio": 0.1})
+    # A target of its own: grpc keeps the tokens per server name, process-wide.
+    with inproc.stack_module(stack).insecure_channel(
+            f"localhost:{port}", options=[("grpc.service_config", json.dumps(config))]) as ch:
+        flaky = ch.unary_unary("/pkg.S/Flaky")
+        per_call = []
+        for _ in range(3):
+            before = len(service.previous)
+            _ends(flaky, b"fail 99")
+            per_call.append(len(service.previous) - before)
+        assert per_call == [3, 2, 1]
+
+
+def test_enable_retries_zero_turns_retries_off(served: Any) -> None:
+    stack, service, port = served
+    with _channel(stack, port, _retrying(), ("grpc.enable_retries", 0)) as ch:
+        assert _ends(ch.unary_unary("/pkg.S/Flaky"), b"fail 1") == ("UNAVAILABLE", "not yet")
+        assert service.previous == [None]
+
+
+def test_message_limits_of_the_method(served: Any) -> None:
+    stack, _, port = served
+    config = {"methodConfig": [{"name": [{"service": "pkg.S", "method": "Flaky"}],
+                                "maxRequestMessageBytes": 1000,
+                                "maxResponseMessageBytes": 1500}]}
+    with _channel(stack, port, config) as ch:
+        flaky, other = ch.unary_unary("/pkg.S/Flaky"), ch.unary_unary("/pkg.S/Other")
+        assert _ends(flaky, b"big 10")[0] == "OK"
+        assert _ends(flaky, b"x" * 1200) == (
+            "RESOURCE_EXHAUSTED", "CLIENT: Sent message larger than max (1200 vs. 1000)")
+        assert _ends(flaky, b"big 2000") == (
+            "RESOURCE_EXHAUSTED",
+            "Stream removed (CLIENT: Received message larger than max (2000 vs. 1500))")
+        assert _ends(other, b"big 2000")[0] == "OK"  # another method: no limit
+
+
+def test_timeout_bounds_the_call_as_the_spec_says(served: Any) -> None:
+    stack, _, port = served
+    config = {"methodConfig": [{"name": [{"service": "pkg.S", "method": "Flaky"}],
+                                "timeout": "0.3s"}]}
+    for enabled in ("true", "false"):  # argrpc: the fast path, then plain gRPC
+        with _channel(stack, port, config, ("TF_RDMA_ENABLED", enabled)) as ch:
+            flaky = ch.unary_unary("/pkg.S/Flaky")
+            start = time.monotonic()
+            assert _ends(flaky, b"sleep 1.0")[0] == "DEADLINE_EXCEEDED"
+            took = time.monotonic() - start
+            if stack == "grpc":
+                continue  # grpcio ends it at once, whatever the timeout (README)
+            assert took >= 0.29
+            assert _ends(flaky, b"sleep 0.05")[0] == "OK"
+            # The call's own timeout wins when it is earlier.
+            start = time.monotonic()
+            with pytest.raises(grpc.RpcError) as e:
+                flaky(b"sleep 1.0", timeout=0.1)
+            assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert time.monotonic() - start < 0.29
+            assert _ends(ch.unary_unary("/pkg.S/Other"), b"sleep 0.5")[0] == "OK"
+        if stack == "grpc":
+            break
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_wait_for_ready_from_the_config(stack: str) -> None:
+    """A call to a server not up yet waits for it when the method's config says so."""
+    with socket.socket() as probe:  # a free port (a grpc server's would stay claimed)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = {"methodConfig": [{"name": [{"service": "pkg.S"}], "waitForReady": True}]}
+    service = Service()
+    server = inproc.stack_module(stack).server(futures.ThreadPoolExecutor(4))
+    server.add_generic_rpc_handlers([service.handlers()])
+
+    def start_later() -> None:
+        time.sleep(0.5)
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        server.start()
+
+    starter = threading.Thread(target=start_later)
+    with _channel(stack, port, config) as ch:
+        starter.start()
+        try:
+            assert _ends(ch.unary_unary("/pkg.S/Flaky"), b"")[0] == "OK"
+        finally:
+            starter.join()
+            server.stop(None)
+
+
+def test_the_most_specific_method_config_applies() -> None:
+    config = ServiceConfig([("grpc.service_config", json.dumps({"methodConfig": [
+        {"name": [{}], "timeout": "3s"},
+        {"name": [{"service": "pkg.S"}], "timeout": "2s"},
+        {"name": [{"service": "pkg.S", "method": "M"}], "timeout": "1s",
+         "retryPolicy": POLICY},
+    ]}))])
+    assert config.method("/pkg.S/M").timeout_s == 1.0
+    assert config.method("/pkg.S/N").timeout_s == 2.0
+    assert config.method("/pkg.T/M").timeout_s == 3.0
+    assert config.method("/pkg.S/M").retry is not None
+    assert config.method("/pkg.S/M").timeout(0.5) == 0.5
+    none = ServiceConfig([])
+    assert not none.method("/pkg.S/M")
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_aio_timeout_from_the_config(stack: str) -> None:
+    aio = argrpc.aio if stack == "argrpc" else grpc.aio
+
+    async def main() -> None:
+        async def slow(request: bytes, context: Any) -> bytes:
+            await asyncio.sleep(float(request))
+            return b"ok"
+
+        server = aio.server()
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            "pkg.S", {"Slow": grpc.unary_unary_rpc_method_handler(slow)})])
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        config = {"methodConfig": [{"name": [{"service": "pkg.S"}], "timeout": "0.3s"}]}
+        try:
+            async with aio.insecure_channel(f"127.0.0.1:{port}", options=[
+                    ("grpc.service_config", json.dumps(config))]) as ch:
+                slow_call = ch.unary_unary("/pkg.S/Slow")
+                start = time.monotonic()
+                with pytest.raises(grpc.RpcError) as e:
+                    await slow_call(b"1.0", timeout=HANG_S)
+                assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                if stack == "argrpc":
+                    assert time.monotonic() - start >= 0.29
+                    assert await slow_call(b"0.05", timeout=HANG_S) == b"ok"
+                    assert ch.transport == "shm"
+        finally:
+            await server.stop(None)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_aio_retries_until_an_attempt_succeeds(stack: str) -> None:
+    aio = argrpc.aio if stack == "argrpc" else grpc.aio
+    service = Service()
+
+    async def flaky(request: bytes, context: Any) -> bytes:
+        previous = dict(context.invocation_metadata()).get("grpc-previous-rpc-attempts")
+        service.previous.append(previous)
+        if int(previous or 0) < int(request or b"0"):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "not yet")
+        return f"ok after {previous or 0}".encode()
+
+    async def main() -> None:
+        server = aio.server()
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            "pkg.S", {"Flaky": grpc.unary_unary_rpc_method_handler(flaky)})])
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with aio.insecure_channel(f"127.0.0.1:{port}", options=[
+                    ("grpc.service_config", json.dumps(_retrying()))]) as ch:
+                call = ch.unary_unary("/pkg.S/Flaky")
+                for _ in range(4):
+                    assert await call(b"2", timeout=HANG_S) == b"ok after 2"
+                assert service.previous[:3] == [None, "1", "2"]
+                with pytest.raises(grpc.RpcError) as e:
+                    await call(b"9", timeout=HANG_S)
+                assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+                # A call cancelled between attempts ends CANCELLED, as grpc.aio's does.
+                slow = call(b"9", timeout=HANG_S)
+                await asyncio.sleep(0.005)
+                slow.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await slow
+                if stack == "argrpc":
+                    assert ch.transport == "shm"
+        finally:
+            await server.stop(None)
+
+    asyncio.run(main())
