@@ -25,6 +25,7 @@ import grpc.aio
 from argrpc import _proto
 from argrpc._config import Config
 from argrpc._engine import get_engine
+from argrpc._fd_limit import near_limit_reason
 from argrpc._host import HostIdentity, local_identity, same_host_reason, target_is_local
 from argrpc._transports import (TRANSPORTS, Caller, ServerEnv, Transport, TransportServer,
                                 Unavailable, by_name, selected)
@@ -224,6 +225,8 @@ def negotiation(cfg: Config, max_recv: int, secure: bool, target: str,
         return _fallback(cfg, "TF_RDMA_TRANSPORT=grpc", "transport_grpc")
     if grpc_alone:  # the target's scheme or balancing policy is grpc's: no server to ask
         return _fallback(cfg, grpc_alone, "grpc_alone")
+    if near_limit := near_limit_reason():  # asked again after the interval
+        return _fallback(cfg, near_limit, "fd_limit", retryable=True)
     if cfg.transport == "auto" and target and target_is_local(target):
         # Same-host transports first; the others only if this process can use them and
         # the server declines (it runs in another network namespace). Whether it can is

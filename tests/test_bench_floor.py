@@ -95,7 +95,7 @@ def test_a_silent_peer_times_out() -> None:
     ep_b = engine.new_shm_endpoint(_config.conn_config(cfg, -1))
 
     def peer(ep):  # type: ignore[no-untyped-def]
-        return {"ring_fd": os.dup(ep.ring_fd), "event_fd": os.dup(ep.event_fd),
+        return {"ring_fd": os.dup(ep.ring_fd),
                 "pool_fd": os.dup(engine.pool_fd), "ring_size": ep.ring_size,
                 "pool_size": engine.pool_size}
     pa, pb = peer(ep_b), peer(ep_a)

@@ -1,7 +1,7 @@
 """Negotiation and the shm handshake, tested without argrpc._core.
 
 Real sockets, real processes, real fds. Where an engine is needed, `FdEngine` stands in
-for `_core.Engine`: it hands out real memfds/eventfds and records what `attach_shm`
+for `_core.Engine`: it hands out real memfds and records what `attach_shm`
 received, so fd passing is checked end to end; the code under test (_bootstrap, _host,
 _transports.shm and its handshake) is never replaced.
 """
@@ -70,7 +70,6 @@ def request(boot_id: str = "boot-a", netns: int = 4026531840, uid: int = 1000,
 @dataclasses.dataclass
 class FdEndpoint:
     ring_fd: int
-    event_fd: int
     ring_size: int
 
 
@@ -82,13 +81,13 @@ class FdConnection:
     def close(self) -> None:
         if self.alive:
             self.alive = False
-            for key in ("ring_fd", "event_fd", "pool_fd"):
+            for key in ("ring_fd", "pool_fd"):
                 os.close(self.peer[key])
             os.close(self.sock_fd)
 
 
 class FdEngine:
-    """Real memfds and eventfds; attach_shm takes ownership of what it is given."""
+    """Real memfds; attach_shm takes ownership of what it is given."""
 
     def __init__(self, pool_size: int = 64 * 1024, fail_attach: str = "") -> None:
         self.pool_fd = os.memfd_create("test-pool", os.MFD_CLOEXEC)
@@ -101,7 +100,7 @@ class FdEngine:
     def new_shm_endpoint(self, conn_cfg: dict[str, int]) -> FdEndpoint:
         ring = os.memfd_create("test-ring", os.MFD_CLOEXEC)
         os.ftruncate(ring, conn_cfg["ring_size"])
-        ep = FdEndpoint(ring, os.eventfd(0, os.EFD_CLOEXEC), conn_cfg["ring_size"])
+        ep = FdEndpoint(ring, conn_cfg["ring_size"])
         self.endpoints.append(ep)
         return ep
 
@@ -120,7 +119,6 @@ class FdEngine:
             conn.close()
         for ep in self.endpoints:
             os.close(ep.ring_fd)
-            os.close(ep.event_fd)
         os.close(self.pool_fd)
 
 
@@ -299,7 +297,7 @@ def test_listener_close_stops_threads(listener_factory: Any) -> None:
 
 # --------------------------------------------------------------------------- handshake
 
-def raw_hello(name: str, secret: bytes, meta: bytes = b'{"ring_size": 65536, "pool_size": 65536}',
+def raw_hello(name: str, secret: bytes, meta: bytes = b'{"v": 2, "ring_size": 65536, "pool_size": 65536}',
               fds: tuple[int, ...] = ()) -> tuple[bytes, bytes]:
     """Speak the wire protocol by hand (a hostile or broken client)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -327,17 +325,13 @@ def test_handshake_success_passes_real_fds(listener_factory: Any) -> None:
         assert srv_conn.peer_name == f"shm:pid={os.getpid()}"
         assert lst.connections() == [srv_conn]
         # What each side received maps the other side's memory.
-        s_ep, c_ep = server_eng.endpoints[0], client_eng.endpoints[0]
+        s_ep = server_eng.endpoints[0]
         assert conn.peer["ring_size"] == MiB and conn.peer["pool_size"] == 128 * 1024
         assert srv_conn.peer["pool_size"] == 64 * 1024
         os.pwrite(s_ep.ring_fd, b"server ring", 100)
         assert os.pread(conn.peer["ring_fd"], 11, 100) == b"server ring"
         os.pwrite(client_eng.pool_fd, b"client pool", 0)
         assert os.pread(srv_conn.peer["pool_fd"], 11, 0) == b"client pool"
-        os.eventfd_write(conn.peer["event_fd"], 5)
-        assert os.eventfd_read(s_ep.event_fd) == 5
-        os.eventfd_write(srv_conn.peer["event_fd"], 3)
-        assert os.eventfd_read(c_ep.event_fd) == 3
         # The sockets the engines own are the two ends of one connection, and blocking.
         csock = socket.socket(fileno=os.dup(conn.sock_fd))
         with csock:
@@ -379,16 +373,20 @@ def test_handshake_bad_hellos(listener_factory: Any) -> None:
         before = open_fds()
         # right secret, no fds
         tag, why = raw_hello(name, lst.decide(request()).shm.secret)
-        assert (tag, why) == (b"NO", b"peer sent 0 file descriptors, expected 3")
+        assert (tag, why) == (b"NO", b"peer sent 0 file descriptors, expected 2")
         # too many fds
         tag, why = raw_hello(name, lst.decide(request()).shm.secret, fds=tuple(memfds))
         assert tag == b"NO" and b"more file descriptors" in why
         # malformed JSON / sizes
-        tag, why = raw_hello(name, lst.decide(request()).shm.secret, b"{nope", tuple(memfds[:3]))
+        tag, why = raw_hello(name, lst.decide(request()).shm.secret, b"{nope", tuple(memfds[:2]))
         assert tag == b"NO" and b"malformed" in why
         tag, why = raw_hello(name, lst.decide(request()).shm.secret,
-                             b'{"ring_size": -1, "pool_size": 1}', tuple(memfds[:3]))
+                             b'{"v": 2, "ring_size": -1, "pool_size": 1}', tuple(memfds[:2]))
         assert tag == b"NO" and b"invalid ring_size" in why
+        # another release's handshake (the version before sent a doorbell eventfd too)
+        tag, why = raw_hello(name, lst.decide(request()).shm.secret,
+                             b'{"v": 1, "ring_size": 4096, "pool_size": 4096}', tuple(memfds[:2]))
+        assert tag == b"NO" and b"shm handshake version 1, this process 2" in why
         # the server closed every fd it received
         assert wait_for(lambda: open_fds() <= before)
     finally:
@@ -519,7 +517,7 @@ def test_peer_pid_checked_across_processes(listener_factory: Any) -> None:
     out, _ = run_child(lst, bind_to_child=False)
     assert "is not the pid the secret was issued to" in out
     out, _ = run_child(lst, bind_to_child=True)  # pid matches; fails later, on the fds
-    assert out == "peer sent 0 file descriptors, expected 3"
+    assert out == "peer sent 0 file descriptors, expected 2"
 
 
 @pytest.mark.skipif(os.getuid() != 0 or not os.access(_SYSTEM_PYTHON, os.X_OK),

@@ -17,6 +17,7 @@ from typing import Any
 from argrpc import _proto
 from argrpc._config import Config, conn_config
 from argrpc._engine import get_engine
+from argrpc._fd_limit import exhausted_text, near_limit_reason
 from argrpc._host import target_is_local
 from argrpc._transports.base import Caller, Declined, ServerEnv, Transport, TransportServer, Unavailable
 from argrpc._transports.shm_handshake import (IO_TIMEOUT, SECRET_LEN, SECRET_TTL, HandshakeError,
@@ -64,7 +65,9 @@ class Shm(Transport):
                                     endpoint=endpoint)
         except HandshakeError as e:
             raise Unavailable(f"shm handshake failed: {e}") from None
-        except Exception as e:  # CoreError from new_shm_endpoint: still a fallback, not a crash
+        except (OSError, RuntimeError) as e:  # CoreError: a limit, most likely; a fallback
+            raise Unavailable(f"shm handshake failed: {exhausted_text(e)}") from None
+        except Exception as e:
             log.warning("argrpc: shm handshake failed unexpectedly", exc_info=True)
             raise Unavailable(f"shm handshake failed: {e}") from None
 
@@ -108,8 +111,9 @@ class _Prepared:
                 self._endpoint = self._engine.new_shm_endpoint(
                     conn_config(self._cfg, self._max_recv))
             except Exception as e:  # CoreError: still a fallback, not a crash
-                log.warning("argrpc: creating the shm endpoint failed", exc_info=True)
-                self._error = Unavailable(f"shm handshake failed: {e}")
+                why = exhausted_text(e)
+                log.warning("argrpc: creating the shm endpoint failed: %s", why)
+                self._error = Unavailable(f"shm handshake failed: {why}")
         finally:
             self._done.set()
 
@@ -139,6 +143,8 @@ class ShmServer(TransportServer):
         return acceptor.name if acceptor is not None else None
 
     def accept(self, request: Any, response: Any, caller: Caller) -> Declined | None:
+        if near_limit := near_limit_reason():
+            return Declined(f"server: {near_limit}")
         try:
             acceptor = self._ensure_acceptor()
         except OSError as e:

@@ -1,7 +1,7 @@
 """The shared-memory handshake on an abstract Unix socket.
 
 After the bootstrap RPC said "shm", the client connects to the server's abstract socket
-and both sides swap memfd/eventfd descriptors (SCM_RIGHTS). Abstract sockets have no
+and both sides swap their ring and pool memfds (SCM_RIGHTS). Abstract sockets have no
 file permissions, so anyone in the network namespace can connect: what keeps other
 processes out is (1) the one-time secret, only ever sent over the bootstrap RPC and
 bound to the pid the client claimed, and (2) SO_PEERCRED, which the kernel fills in and
@@ -9,13 +9,15 @@ a peer cannot forge: the server checks uid and pid, the client checks the server
 
 Frames on the socket: 2-byte tag + 4-byte big-endian length + payload; fds ride on the
 frame's first bytes.
-  client -> server  HI  secret(32) + JSON {"v", "ring_size", "pool_size"}  fds [ring, event, pool]
-  server -> client  OK  JSON {...same keys...}                           fds [ring, event, pool]
+  client -> server  HI  secret(32) + JSON {"v", "ring_size", "pool_size"}  fds [ring, pool]
+  server -> client  OK  JSON {...same keys...}                           fds [ring, pool]
                  or NO  reason (UTF-8), then close
   server -> client  AT  ""  once the server's engine attached the connection (or NO reason)
 The client attaches only after AT, so a server-side attach failure is a clean fallback
 to gRPC instead of a connection that dies on its first call.
-After AT the socket belongs to both engines: its hang-up tells each side the other died.
+After AT the socket belongs to both engines: a byte on it is a doorbell, its hang-up tells
+each side the other died. No doorbell byte can precede AT: an engine rings only after
+writing into the peer's ring, and the server's writes nothing before the client's first call.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable, NamedTuple
 
+from argrpc._fd_limit import exhausted_text, near_limit_reason
 from argrpc._transports.base import Caller, Connections, ServerEnv
 
 __all__ = [
@@ -52,14 +55,15 @@ log = logging.getLogger("argrpc")
 SECRET_LEN = 32
 SECRET_TTL = 30.0
 IO_TIMEOUT = 5.0
-HANDSHAKE_VERSION = 1
+HANDSHAKE_VERSION = 2
 _HEADER = struct.Struct("!2sI")
 _MAX_PAYLOAD = 64 * 1024
-_N_FDS = 3
+_N_FDS = 2
 # Bounds so a hostile client spamming Negotiate or connect() cannot exhaust memory/threads.
 _MAX_OUTSTANDING_SECRETS = 4096
 _MAX_HANDSHAKE_THREADS = 16
 _SLOT_POLL_S = 0.2  # how soon the accept loop, waiting for a free slot, sees close()
+_ACCEPT_WARNING_INTERVAL_S = 10.0  # a failing accept() is logged at most this often
 _UCRED = struct.Struct("3i")
 
 
@@ -186,8 +190,13 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float, max_fds: int,
                 got = array.array("i")
                 got.frombytes(cdata[: len(cdata) - len(cdata) % got.itemsize])
                 fds.extend(got)  # recorded before any check so every path can close them
-        if msg_flags & socket.MSG_CTRUNC or len(fds) > max_fds:
+        if len(fds) > max_fds:
             raise HandshakeError("peer sent more file descriptors than expected")
+        if msg_flags & socket.MSG_CTRUNC:  # the kernel could not hand them all over
+            near_limit = near_limit_reason()
+            raise HandshakeError(f"could not receive the peer's file descriptors: {near_limit}"
+                                 if near_limit else "peer sent more file descriptors than "
+                                 "expected")
         if not data:
             raise HandshakeError("peer closed the connection during the handshake")
         buf += data
@@ -220,17 +229,20 @@ def _parse_peer(meta: bytes, fds: list[int]) -> dict[str, int]:
         raise HandshakeError("peer sent malformed handshake data") from None
     if not isinstance(info, dict):
         raise HandshakeError("peer sent malformed handshake data")
+    if info.get("v") != HANDSHAKE_VERSION:
+        raise HandshakeError(f"peer speaks shm handshake version {info.get('v')!r}, this "
+                             f"process {HANDSHAKE_VERSION} (a different argrpc release)")
     sizes = {}
     for key in ("ring_size", "pool_size"):
         value = info.get(key)
         if type(value) is not int or value <= 0:
             raise HandshakeError(f"peer sent an invalid {key}: {value!r}")
         sizes[key] = value
-    return {"ring_fd": fds[0], "event_fd": fds[1], "pool_fd": fds[2], **sizes}
+    return {"ring_fd": fds[0], "pool_fd": fds[1], **sizes}
 
 
 def _local_fds(engine: Any, endpoint: Any) -> list[int]:
-    return [endpoint.ring_fd, endpoint.event_fd, engine.pool_fd]
+    return [endpoint.ring_fd, engine.pool_fd]
 
 
 def _send_nowait(sock: socket.socket, tag: bytes, payload: bytes) -> bool:
@@ -321,6 +333,7 @@ class ShmAcceptor:
         self._io_timeout = io_timeout
         self._lock = threading.Lock()
         self._closed = False
+        self._last_accept_warning = float("-inf")
         self._slots = threading.BoundedSemaphore(_MAX_HANDSHAKE_THREADS)
         self._active: set[socket.socket] = set()
         self._workers: set[threading.Thread] = set()
@@ -384,12 +397,12 @@ class ShmAcceptor:
                     return
             try:
                 conn_sock, _ = self._sock.accept()
-            except OSError:
+            except OSError as e:
                 self._slots.release()
                 if self._closed:
                     return
                 # EMFILE and friends: back off instead of spinning, keep serving.
-                log.warning("argrpc: shm socket accept failed", exc_info=True)
+                self._accept_failed(e)
                 time.sleep(0.05)
                 continue
             if self._closed:
@@ -402,6 +415,14 @@ class ShmAcceptor:
                 self._active.add(conn_sock)
                 self._workers.add(worker)
             worker.start()
+
+    def _accept_failed(self, error: OSError) -> None:
+        """Logs a failed accept() once per burst (the loop backs off and goes on)."""
+        now = time.monotonic()
+        if now - self._last_accept_warning >= _ACCEPT_WARNING_INTERVAL_S:
+            self._last_accept_warning = now
+            log.warning("argrpc: shm socket accept failed: %s; clients fall back to gRPC "
+                        "meanwhile", exhausted_text(error))
 
     def _serve(self, sock: socket.socket) -> None:
         try:

@@ -151,9 +151,11 @@ def snapshot(extra: dict[str, Any] | None = None) -> dict[str, Any]:
 # The servers' thread pools (ThreadPoolExecutor's thread_name_prefix).
 SERVER_POOL_PREFIX = "chaos-server-pool"
 
-# The fd kinds an argrpc connection holds (rings, pools, doorbells, its Unix socket);
-# a dead connection must give every one of them back.
-CONNECTION_FD_KINDS = ("memfd", "eventfd", "unix")
+# The fd kind an argrpc shm connection holds: its Unix socket (also its doorbell; the
+# rings' memfds are closed once mapped). A dead connection must give it back, and no
+# memfd or eventfd may be left either.
+CONNECTION_FD_KINDS = ("unix",)
+WATCHED_FD_KINDS = ("memfd", "eventfd", "unix")
 
 
 def leaks(base: dict[str, Any], now: dict[str, Any], keys: Sequence[str] = ()) -> list[str]:
@@ -163,7 +165,7 @@ def leaks(base: dict[str, Any], now: dict[str, Any], keys: Sequence[str] = ()) -
     for key in ("connections", "in_use", "fds", "threads", *keys):
         if now[key] > base[key] or (key in keys and now[key] != base[key]):
             out.append(f"{key} {base[key]} -> {now[key]}")
-    for kind in CONNECTION_FD_KINDS:
+    for kind in WATCHED_FD_KINDS:
         a, b = base["fd_kinds"].get(kind, 0), now["fd_kinds"].get(kind, 0)
         if b > a:
             out.append(f"{kind} fds {a} -> {b}")

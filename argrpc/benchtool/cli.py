@@ -657,6 +657,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["scale"]:
         from argrpc.benchtool.scale import main as scale_main
         return scale_main(argv[1:])
+    if argv[:1] == ["replicas"]:
+        from argrpc.benchtool.replicas import main as replicas_main
+        return replicas_main(argv[1:])
     parser = build_parser()
     a = parser.parse_args(argv)
     _check_args(parser, a)

@@ -18,7 +18,7 @@
 
 The server listens on the abstract Unix socket ``argrpc-bench-floor-<pid>`` and prints
 ``PORT <pid>`` (the runner's start-up line); the two sides exchange the fabric's memfds
-and eventfds over it with SCM_RIGHTS and keep it open as the liveness signal. Every
+over it with SCM_RIGHTS and keep it open as the doorbell and the liveness signal. Every
 process prints one JSON result line like the other measured processes
 (``argrpc.benchtool.client``), exits when its stdin closes, and bounds every wait.
 """
@@ -49,7 +49,7 @@ CALL_TIMEOUT_S = 60.0
 # How long the server waits for a client's next message (between sizes a client builds
 # its buffers); it also ends when the client's socket hangs up.
 IDLE_TIMEOUT_S = 3600.0
-_FDS = 3  # ring segment, doorbell eventfd, pool memfd
+_FDS = 2  # ring segment, pool memfd (the socket is the doorbell)
 
 
 def socket_name(pid: int) -> str:
@@ -61,7 +61,7 @@ def socket_name(pid: int) -> str:
 def _hello(engine: Any, endpoint: Any) -> tuple[bytes, list[int]]:
     doc = {"ring_size": endpoint.ring_size, "pool_size": engine.pool_size,
            "pid": os.getpid(), "env": tf_rdma_env()}
-    return json.dumps(doc).encode(), [endpoint.ring_fd, endpoint.event_fd, engine.pool_fd]
+    return json.dumps(doc).encode(), [endpoint.ring_fd, engine.pool_fd]
 
 
 def _link(sock: socket.socket) -> tuple[Any, dict[str, Any]]:
@@ -78,7 +78,7 @@ def _link(sock: socket.socket) -> tuple[Any, dict[str, Any]]:
         if len(got) != _FDS:
             raise RuntimeError(f"floor handshake: the peer sent {len(got)} fds, not {_FDS}")
         peer = json.loads(msg)
-        fabric_peer = {"ring_fd": got[0], "event_fd": got[1], "pool_fd": got[2],
+        fabric_peer = {"ring_fd": got[0], "pool_fd": got[1],
                        "ring_size": int(peer["ring_size"]), "pool_size": int(peer["pool_size"])}
     except BaseException:
         for fd in got:

@@ -74,7 +74,8 @@ void add_floor(py::module_& m, py::class_<PyEngine>& engine) {
       [](PyEngine& e, PyShmEndpoint& ep, py::dict peer, int sock_fd, int spin_us) {
         UniqueFd sock(sock_fd);
         auto fabric = std::make_unique<ShmFabric>(ep.take(), shm_peer_arg(peer), std::move(sock),
-                                                  e.engine->pool(), &e.engine->copier());
+                                                  e.engine->pool(), &e.engine->copier(),
+                                                  -1);
         return PyFloorLink{ForkLocal<std::shared_ptr<FloorLink>>(
             std::make_shared<FloorLink>(std::move(fabric), spin_us))};
       },

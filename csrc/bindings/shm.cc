@@ -23,7 +23,6 @@ using PyShmEndpoint = PyEndpoint<ShmEndpoint>;
 ShmPeer shm_peer_arg(const py::dict& peer) {
   ShmPeer p;
   p.ring_fd = UniqueFd(peer["ring_fd"].cast<int>());
-  p.event_fd = UniqueFd(peer["event_fd"].cast<int>());
   p.pool_fd = UniqueFd(peer["pool_fd"].cast<int>());
   p.ring_size = peer["ring_size"].cast<size_t>();
   p.pool_size = peer["pool_size"].cast<size_t>();
@@ -33,15 +32,14 @@ ShmPeer shm_peer_arg(const py::dict& peer) {
 void add_shm(py::module_& m, py::class_<PyEngine>& engine) {
   py::class_<PyShmEndpoint>(m, "ShmEndpoint")
       .def_property_readonly("ring_fd", [](PyShmEndpoint& e) { return e.get().ring_fd(); })
-      .def_property_readonly("event_fd", [](PyShmEndpoint& e) { return e.get().event_fd(); })
       .def_property_readonly("ring_size", [](PyShmEndpoint& e) { return e.get().ring_size(); });
 
   engine
       .def("new_shm_endpoint", [](PyEngine&, py::dict cfg) {
         PyShmEndpoint ep;
         ep.cfg = conn_config(cfg);
-        // Populating the ring's pages is most of the cost: a server's other threads and
-        // a client's bootstrap RPC go on meanwhile.
+        // A memfd and a mapping: a server's other threads and a client's bootstrap RPC
+        // go on meanwhile.
         NoGil nogil;
         ep.ep = ShmEndpoint::create(ep.cfg);
         return ep;
@@ -54,7 +52,8 @@ void add_shm(py::module_& m, py::class_<PyEngine>& engine) {
              ShmPeer p = shm_peer_arg(peer);
              std::shared_ptr<Server> srv = server_arg(server);
              auto fabric = std::make_unique<ShmFabric>(ep.take(), std::move(p), std::move(sock),
-                                                       e.engine->pool(), &e.engine->copier());
+                                                       e.engine->pool(), &e.engine->copier(),
+                                                       e.engine->wake_fd());
              auto conn = e.engine->attach(std::move(fabric), ep.cfg, srv, std::move(remote));
              return PyConnection::make(e.engine, conn);
            },

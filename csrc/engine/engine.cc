@@ -101,11 +101,14 @@ std::shared_ptr<Connection> Engine::attach(std::unique_ptr<Fabric> fabric, const
     std::lock_guard<std::mutex> g(conns_mu_);
     conn->serial = next_serial_++;
     epoll_event ev{};
-    ev.events = EPOLLIN;
+    // One descriptor may be both (shm's socket): its readability is the doorbell, its
+    // hang-up the peer's end.
+    const bool one_fd = conn->fabric().liveness_fd() == conn->fabric().wait_fd();
+    ev.events = one_fd ? EPOLLIN | EPOLLRDHUP : EPOLLIN;
     ev.data.u64 = conn->serial << 1;
     if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, conn->fabric().wait_fd(), &ev) != 0)
       throw CoreError(errno_text("epoll_ctl(connection)"));
-    if (conn->fabric().liveness_fd() >= 0) {
+    if (conn->fabric().liveness_fd() >= 0 && !one_fd) {
       ev.events = EPOLLIN | EPOLLRDHUP;
       ev.data.u64 = (conn->serial << 1) | 1;
       if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, conn->fabric().liveness_fd(), &ev) != 0) {
@@ -130,7 +133,7 @@ void Engine::detach(Connection* conn) {
     if (c.get() == conn) {
       conn->counters().connections_open.fetch_sub(1, std::memory_order_relaxed);
       ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, c->fabric().wait_fd(), nullptr);
-      if (c->fabric().liveness_fd() >= 0)
+      if (c->fabric().liveness_fd() >= 0 && c->fabric().liveness_fd() != c->fabric().wait_fd())
         ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, c->fabric().liveness_fd(), nullptr);
     } else {
       next->push_back(c);
@@ -242,7 +245,7 @@ void Engine::progress_loop() {
       if (!list) list = snapshot();
       for (auto& c : *list) {
         if (c->serial != (tag >> 1)) continue;
-        if (tag & 1) {
+        if ((tag & 1) || (evs[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
           c->drain();
           c->fail(kUnavailable, "argrpc: connection to " + c->peer_name() +
                                     " lost (the peer closed it or exited)");

@@ -57,6 +57,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void shutdown();
   // Makes the progress thread run a round (e.g. to flush queued control frames).
   void wake();
+  // The eventfd wake() writes (a fabric rings it when work of its own completes).
+  int wake_fd() const { return ctl_.get(); }
   // A stream with this deadline entered a connection's map: the progress thread, which
   // sleeps until the earliest deadline it knows of, sweeps again if this one is earlier.
   void deadline_set(const Deadline& dl);

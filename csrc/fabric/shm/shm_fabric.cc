@@ -18,7 +18,7 @@ namespace argrpc {
 
 namespace {
 constexpr uint64_t kMagic = 0x31767473616d6873ULL;  // "shmastv1"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: the doorbell is the socket
 constexpr size_t kHeaderBytes = 4096;
 }  // namespace
 
@@ -67,19 +67,19 @@ static void check_peer_memfd(int fd, size_t expect, const char* what) {
     throw CoreError(std::string("peer ") + what + " is not a memfd sealed against shrinking");
 }
 
-// A doorbell: an eventfd write (a full counter only means a wake-up is pending anyway).
-static void ring_doorbell(int event_fd) {
-  uint64_t one = 1;
-  ssize_t r = ::write(event_fd, &one, sizeof one);
+// The peer's doorbell: one byte on the connection's socket. Never blocks: a full socket
+// buffer means wake-ups are pending already.
+static void ring_peer(int sock) {
+  const char one = 1;
+  ssize_t r = ::send(sock, &one, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
   (void)r;
 }
 
-static void check_eventfd(int fd) {
-  char path[64], target[64] = {0};
-  std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-  ssize_t n = ::readlink(path, target, sizeof target - 1);
-  if (n <= 0 || std::strcmp(target, "anon_inode:[eventfd]") != 0)
-    throw CoreError("peer event fd is not an eventfd");
+// This process's progress thread's eventfd (a full counter means a wake-up is pending).
+static void ring_eventfd(int event_fd) {
+  uint64_t one = 1;
+  ssize_t r = ::write(event_fd, &one, sizeof one);
+  (void)r;
 }
 
 std::unique_ptr<ShmEndpoint> ShmEndpoint::create(const ConnConfig& cfg) {
@@ -88,8 +88,10 @@ std::unique_ptr<ShmEndpoint> ShmEndpoint::create(const ConnConfig& cfg) {
   ep->slots_ = cfg.cq_slots;
   const size_t bytes = segment_bytes(cfg.ring_size, cfg.cq_slots);
   ep->seg_fd_ = sealed_memfd("argrpc-ring", bytes);
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                   ep->seg_fd_.get(), 0);
+  // Not populated: the peer faults a ring page in when it first writes there, so an idle
+  // connection costs the pages it used, not the whole ring (the header page is touched
+  // here).
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, ep->seg_fd_.get(), 0);
   if (p == MAP_FAILED) throw CoreError(errno_text("mmap(ring)"));
   ep->seg_ = Mapping(p, bytes);
   auto* h = new (p) ShmHeader();
@@ -101,23 +103,20 @@ std::unique_ptr<ShmEndpoint> ShmEndpoint::create(const ConnConfig& cfg) {
   h->cq_offset = kHeaderBytes;
   h->ring_offset = bytes - cfg.ring_size;
   h->armed.store(1);
-  ep->event_fd_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!ep->event_fd_.valid()) throw CoreError(errno_text("eventfd"));
   return ep;
 }
 
 ShmFabric::ShmFabric(std::unique_ptr<ShmEndpoint> local, ShmPeer peer, UniqueFd sock,
-                     std::shared_ptr<Pool> pool, Copier* copier)
+                     std::shared_ptr<Pool> pool, Copier* copier, int own_wake_fd)
     : local_(std::move(local)),
       local_hdr_(reinterpret_cast<ShmHeader*>(local_->seg_.data())),
-      peer_event_fd_(std::move(peer.event_fd)),
       sock_(std::move(sock)),
+      own_wake_fd_(own_wake_fd),
       pool_(std::move(pool)),
       copier_(copier) {
   if (!in_bounds(knobs::kRingSize, int64_t(peer.ring_size)) || !power_of_two(peer.ring_size))
     throw CoreError("peer ring size " + std::to_string(peer.ring_size) + " is not a power of two in " +
                     bounds_text(knobs::kRingSize));
-  check_eventfd(peer_event_fd_.get());
   struct stat st;
   if (::fstat(peer.ring_fd.get(), &st) != 0) throw CoreError(errno_text("fstat(peer ring)"));
   const size_t seg_bytes = static_cast<size_t>(st.st_size);
@@ -154,6 +153,9 @@ ShmFabric::ShmFabric(std::unique_ptr<ShmEndpoint> local, ShmPeer peer, UniqueFd 
                     peer.pool_fd.get(), 0);
   if (pp == MAP_FAILED) throw CoreError(errno_text("mmap(peer pool)"));
   peer_pool_ = Mapping(pp, peer.pool_size);
+  // The peer has its copy (sent in the handshake) and both are mapped: the descriptors
+  // would only count against the fd limit from here on.
+  local_->seg_fd_.reset();
 }
 
 ShmFabric::~ShmFabric() { shutdown(); }
@@ -173,7 +175,7 @@ bool ShmFabric::write_imm(const void* src, uint32_t len, size_t remote_off) {
   peer_hdr_->cq_head.store(sent_batches_, std::memory_order_seq_cst);
   if (peer_hdr_->armed.load(std::memory_order_seq_cst) &&
       peer_hdr_->armed.exchange(0, std::memory_order_seq_cst)) {
-    ring_doorbell(peer_event_fd_.get());
+    ring_peer(sock_.get());
   }
   return true;
 }
@@ -202,9 +204,9 @@ const uint8_t* ShmFabric::peer_view(const RemoteRef& src, size_t len) const {
 }
 
 void ShmFabric::ring_own_doorbell_if_armed() {
-  if (local_hdr_->armed.load(std::memory_order_seq_cst) &&
+  if (own_wake_fd_ >= 0 && local_hdr_->armed.load(std::memory_order_seq_cst) &&
       local_hdr_->armed.exchange(0, std::memory_order_seq_cst)) {
-    ring_doorbell(local_->event_fd_.get());
+    ring_eventfd(own_wake_fd_);
   }
 }
 
@@ -215,7 +217,7 @@ void ShmFabric::nudge() {
   if (peer_hdr_->consumed_batches.load(std::memory_order_acquire) ==
       peer_hdr_->cq_head.load(std::memory_order_seq_cst))
     return;
-  ring_doorbell(peer_event_fd_.get());
+  ring_peer(sock_.get());
 }
 
 void ShmFabric::publish_consumed(uint64_t bytes, uint64_t batches) {
@@ -272,9 +274,11 @@ bool ShmFabric::arm() {
 void ShmFabric::disarm() { local_hdr_->armed.store(0, std::memory_order_relaxed); }
 
 void ShmFabric::ack_wakeup() {
-  uint64_t v;
-  ssize_t r = ::read(local_->event_fd_.get(), &v, sizeof v);
-  (void)r;
+  // Every doorbell byte the peer sent: each meant "look", once is enough. A bounded
+  // drain: a peer that keeps ringing cannot hold this thread here.
+  char bytes[256];
+  for (int i = 0; i < 16; ++i)
+    if (::recv(sock_.get(), bytes, sizeof bytes, MSG_DONTWAIT) < ssize_t(sizeof bytes)) break;
 }
 
 void ShmFabric::shutdown() {

@@ -1,9 +1,12 @@
 // Shared-memory fabric for two processes on one host. Each side owns a sealed memfd
 // segment holding its receive ring and a completion queue of immediates; the peer maps
-// it read-write and "RDMA-writes" by memcpy plus an eventfd doorbell that is rung only
-// when the owner announced it sleeps. Rendezvous reads copy from the peer's pool memfd,
-// mapped read-only. All fds are exchanged over an authenticated Unix socket (Python
-// side); the socket stays open and its hang-up means the peer is gone.
+// it read-write and "RDMA-writes" by memcpy, plus a doorbell rung only when the owner
+// announced it sleeps. Rendezvous reads copy from the peer's pool memfd, mapped
+// read-only. Both fds are exchanged over an authenticated Unix socket (Python side); the
+// socket stays open as the connection's only descriptor: a byte on it is the peer's
+// doorbell, its hang-up means the peer is gone. Neither memfd is kept once mapped, and
+// the ring's pages are faulted in as the peer first writes them, so an idle connection
+// holds one descriptor and the few pages it used.
 #pragma once
 #include <atomic>
 #include <memory>
@@ -27,27 +30,28 @@ class ShmEndpoint {
  public:
   static std::unique_ptr<ShmEndpoint> create(const ConnConfig& cfg);
   int ring_fd() const { return seg_fd_.get(); }
-  int event_fd() const { return event_fd_.get(); }
   size_t ring_size() const { return ring_size_; }
 
  private:
   friend class ShmFabric;
-  UniqueFd seg_fd_, event_fd_;
+  UniqueFd seg_fd_;  // sent to the peer in the handshake, closed once attached
   Mapping seg_;
   size_t ring_size_ = 0;
   uint32_t slots_ = 0;
 };
 
 struct ShmPeer {
-  UniqueFd ring_fd, event_fd, pool_fd;
+  UniqueFd ring_fd, pool_fd;
   size_t ring_size = 0, pool_size = 0;
 };
 
 class ShmFabric final : public Fabric {
  public:
   // Validates everything the peer handed over (sizes, seals, fd kinds); throws CoreError.
+  // `own_wake_fd` (not owned; -1 for none) is the eventfd that wakes this process's
+  // progress thread when a read of ours completes while it sleeps.
   ShmFabric(std::unique_ptr<ShmEndpoint> local, ShmPeer peer, UniqueFd sock,
-            std::shared_ptr<Pool> pool, Copier* copier);
+            std::shared_ptr<Pool> pool, Copier* copier, int own_wake_fd);
   ~ShmFabric() override;
 
   const char* name() const override { return "shm"; }
@@ -64,7 +68,7 @@ class ShmFabric final : public Fabric {
   void publish_consumed(uint64_t bytes, uint64_t batches) override;
   void peer_consumed(uint64_t* bytes, uint64_t* batches) const override;
   int poll(Completion* out, int max) override;
-  int wait_fd() const override { return local_->event_fd_.get(); }
+  int wait_fd() const override { return sock_.get(); }
   bool arm() override;
   void disarm() override;
   void ack_wakeup() override;
@@ -80,7 +84,8 @@ class ShmFabric final : public Fabric {
   std::unique_ptr<ShmEndpoint> local_;
   ShmHeader* local_hdr_;
   Mapping peer_seg_, peer_pool_;
-  UniqueFd peer_event_fd_, sock_;
+  UniqueFd sock_;
+  int own_wake_fd_;
   ShmHeader* peer_hdr_ = nullptr;
   uint8_t* peer_ring_ = nullptr;
   uint32_t* peer_cq_ = nullptr;
