@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
 import signal
 import subprocess
 import sys
@@ -329,3 +330,28 @@ def test_the_policy_is_chosen_as_grpc_chooses_it() -> None:
     assert lb_policy.choose([("grpc.service_config", '{"loadBalancingPolicy": "ROUND_ROBIN"}')]
                             ) == ("round_robin", "")
     assert lb_policy.choose([]) == ("pick_first", "")
+
+
+@pytest.mark.parametrize("replicas", ["argrpc"], indirect=True)
+def test_a_forked_child_balances_over_connections_of_its_own(replicas: Any) -> None:
+    _, _, ports = replicas
+    with argrpc.insecure_channel(_ipv4(ports), options=RR_OPTION) as ch:
+        who = ch.unary_unary("/r/Who")
+        _spread_ok("argrpc", _count(who, 30), ["0", "1", "2"], 30)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: the parent's connections are not its own
+            code = 1
+            try:
+                counts = _count(who, 30)
+                os.write(write, repr(dict(counts)).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        _, status = os.waitpid(pid, 0)
+        got = os.read(read, 4096).decode()
+        os.close(read)
+        assert os.waitstatus_to_exitcode(status) == 0, got
+        _spread_ok("argrpc", collections.Counter(eval(got)), ["0", "1", "2"], 30)  # noqa: S307
+        _spread_ok("argrpc", _count(who, 30), ["0", "1", "2"], 30)  # the parent's go on

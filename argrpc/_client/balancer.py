@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import threading
 import time
+import weakref
 from typing import Any, Callable, Optional
 
 from .. import _config
@@ -46,6 +48,7 @@ class Balancer:
         self._lock = threading.Lock()  # subchannel list changes; background starts
         self._counter = itertools.count()
         self._busy: set[Subchannel] = set()  # negotiating in a background thread
+        _BALANCERS.add(self)
 
     # ------------------------------------------------------------------ addresses
     def subchannels(self) -> list[Subchannel]:
@@ -219,3 +222,23 @@ class Balancer:
             if grpc_channel is not None:
                 channels.append(grpc_channel)
         return channels
+
+    def _after_fork_in_child(self) -> None:
+        # A parent thread may have held a lock at fork(), and the threads negotiating
+        # did not come along: the child starts with free locks and nothing under way.
+        self._lock = threading.Lock()
+        self._busy = set()
+        for sub in self._subs:
+            sub._lock = threading.Lock()
+            sub._task = None
+
+
+_BALANCERS: "weakref.WeakSet[Balancer]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for balancer in list(_BALANCERS):
+        balancer._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
