@@ -26,7 +26,7 @@ from . import _grpc_log, _observe
 from ._buffers import nbytes as _nbytes
 from ._bases import (FutureBase, StreamStreamBase, StreamUnaryBase, UnaryStreamBase,
                      UnaryUnaryBase)
-from ._client.service_config import Attempts, RetryPolicy
+from ._client.service_config import Attempts, HedgingPolicy, RetryPolicy, hedge_delay
 from ._config import LIMITS
 from ._errors import (USER_CODE_FAILED, DoneFuture, _RpcError, code_from_int, local_error,
                       rpc_state_string, status_error, user_codec)
@@ -669,6 +669,8 @@ class UnaryUnary(_MultiCallable, UnaryUnaryBase):
                                                  credentials, wait_for_ready, compression)
             if conn is None:
                 return result
+            if self._mc is not None and self._mc.hedging is not None:
+                return self._hedged(conn, request, timeout, metadata, self._mc.hedging).result()
         return self._blocking(conn, request, timeout, metadata)[0]
 
     def with_call(self, request: Any, timeout: Optional[float] = None, metadata: Any = None,
@@ -679,6 +681,9 @@ class UnaryUnary(_MultiCallable, UnaryUnaryBase):
                                              credentials, wait_for_ready, compression)
         if conn is None:
             return cast("tuple[Any, grpc.Call]", result)
+        if self._mc is not None and self._mc.hedging is not None:
+            call = self._hedged(conn, request, timeout, metadata, self._mc.hedging)
+            return call.result(), call
         response, imd, tmd, timeout = self._blocking(conn, request, timeout, metadata)
         return response, _CompletedCall(imd, tmd, response, _deadline(timeout))
 
@@ -732,6 +737,61 @@ class UnaryUnary(_MultiCallable, UnaryUnaryBase):
                 conn, _, _ = channel._route(left, None)
                 if conn is None:  # off the fast path now: the attempt's status stands
                     return outcome
+
+    def _hedged(self, conn: Any, request: Any, timeout: Optional[float], metadata: Any,
+                policy: HedgingPolicy) -> _Call:
+        """A call under its hedging policy (gRFC A6): an attempt now, another after each
+        hedgingDelay (or at once after a non-fatal end, or after the server's pushback),
+        at most maxAttempts, each routed anew; the first attempt that ends OK or with a
+        fatal status is the call, and the others are cancelled."""
+        channel = self._channel
+        payload = self._serialize(request)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        ended = threading.Event()
+        attempts: list[_Call] = []
+        judged: set[int] = set()
+        next_at, more, last = time.monotonic(), True, None
+        try:
+            while True:
+                now = time.monotonic()
+                if more and len(attempts) < policy.max_attempts and now >= next_at:
+                    left = None if deadline is None else max(0.0, deadline - now)
+                    if attempts:
+                        conn = channel._route(left, None)[0] or conn
+                    md = tuple(metadata or ())
+                    if attempts:
+                        md += (("grpc-previous-rpc-attempts", str(len(attempts))),)
+                    call = self._start(conn, md, left, True)
+                    call._core.send(payload)
+                    call._core.half_close()
+                    call.add_done_callback(lambda _call: ended.set())
+                    attempts.append(call)
+                    next_at = now + policy.delay_s
+                ended.clear()
+                for i, call in enumerate(attempts):
+                    if i in judged or not call.done():
+                        continue
+                    judged.add(i)
+                    last = call
+                    code = call.code().value[0]
+                    delay = hedge_delay(policy, channel._throttle, code,
+                                        call.trailing_metadata())
+                    if delay is None:
+                        if code == 0 or code not in policy.non_fatal:
+                            return call  # the call's end: OK, or a fatal status
+                        more = False
+                    else:
+                        next_at = min(next_at, time.monotonic() + delay)
+                if len(judged) == len(attempts) and (
+                        not more or len(attempts) >= policy.max_attempts):
+                    assert last is not None
+                    return last  # every attempt ended non-fatally: the last one's end
+                waiting = more and len(attempts) < policy.max_attempts
+                ended.wait(max(0.0, next_at - time.monotonic()) if waiting else 1.0)
+        finally:
+            for call in attempts:
+                if call is not last and not call.done():
+                    call.cancel()
 
     def future(self, request: Any, timeout: Optional[float] = None, metadata: Any = None,
                credentials: Optional[grpc.CallCredentials] = None,

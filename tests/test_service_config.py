@@ -305,3 +305,56 @@ def test_aio_retries_until_an_attempt_succeeds(stack: str) -> None:
             await server.stop(None)
 
     asyncio.run(main())
+
+
+def _hedging(**policy: Any) -> dict[str, Any]:
+    return {"methodConfig": [{"name": [{"service": "pkg.S"}], "hedgingPolicy": {
+        "maxAttempts": 3, "hedgingDelay": "0.2s", "nonFatalStatusCodes": ["UNAVAILABLE"],
+        **policy}}]}
+
+
+def test_hedging_sends_another_attempt_after_the_delay() -> None:
+    """gRFC A6 hedging (grpcio 1.85 ignores hedgingPolicy: README): a slow first attempt
+    is overtaken by the second, sent hedgingDelay later with grpc-previous-rpc-attempts,
+    and the slow one is cancelled."""
+    service = Service()
+    cancelled = threading.Event()
+
+    def slow_then_fast(request: bytes, context: Any) -> bytes:
+        previous = dict(context.invocation_metadata()).get("grpc-previous-rpc-attempts")
+        service.previous.append(previous)
+        if previous is None:  # the first attempt waits for its cancellation
+            context.add_callback(cancelled.set)
+            while context.is_active():
+                time.sleep(0.01)
+            return b"first"
+        return f"hedged after {previous}".encode()
+
+    server = argrpc.server(futures.ThreadPoolExecutor(8))
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+        "pkg.S", {"Slow": grpc.unary_unary_rpc_method_handler(slow_then_fast),
+                  "Flaky": grpc.unary_unary_rpc_method_handler(service.flaky)})])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with _channel("argrpc", port, _hedging()) as ch:
+            start = time.monotonic()
+            response, call = ch.unary_unary("/pkg.S/Slow").with_call(b"", timeout=HANG_S)
+            took = time.monotonic() - start
+            assert response == b"hedged after 1" and call.code() == grpc.StatusCode.OK
+            assert 0.19 <= took < HANG_S
+            assert cancelled.wait(HANG_S), "the overtaken attempt was not cancelled"
+            assert ch.transport == "shm"
+            # A fatal status ends the call at once; non-fatal ones let the next attempt go
+            # at once, until maxAttempts.
+            flaky = ch.unary_unary("/pkg.S/Flaky")
+            service.previous.clear()
+            assert _ends(flaky, b"code") == ("INTERNAL", "not retryable")
+            assert service.previous == [None]
+            service.previous.clear()
+            assert _ends(flaky, b"fail 99") == ("UNAVAILABLE", "not yet")
+            assert sorted(service.previous, key=str) == ["1", "2", None]
+            service.previous.clear()
+            assert _ends(flaky, b"fail 1") == ("OK", "ok after 1")
+    finally:
+        server.stop(None)

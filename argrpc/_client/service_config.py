@@ -26,7 +26,8 @@ import grpc
 
 from .._buffers import nbytes
 
-__all__ = ["MethodConfig", "RetryPolicy", "ServiceConfig", "Throttle", "for_grpc"]
+__all__ = ["Attempts", "HedgingPolicy", "MethodConfig", "RetryPolicy", "ServiceConfig",
+           "Throttle", "for_grpc", "hedge_delay", "throttle_for"]
 
 _LOGGER = logging.getLogger("argrpc")
 _KEY = "grpc.service_config"
@@ -86,12 +87,32 @@ class RetryPolicy:
 
 
 @dataclasses.dataclass(frozen=True)
+class HedgingPolicy:
+    max_attempts: int
+    delay_s: float           # between one attempt's start and the next's
+    non_fatal: frozenset[int]  # statuses after which the other attempts go on
+
+    @classmethod
+    def parse(cls, raw: Any) -> Optional["HedgingPolicy"]:
+        if not isinstance(raw, dict):
+            return None
+        attempts = raw.get("maxAttempts")
+        delay = _duration(raw.get("hedgingDelay", "0s"))
+        if not (isinstance(attempts, int) and attempts > 1 and delay is not None):
+            _LOGGER.warning("argrpc: ignoring an invalid hedgingPolicy in "
+                            "grpc.service_config: %s", raw)
+            return None
+        return cls(min(attempts, _MAX_ATTEMPTS), delay, _codes(raw.get("nonFatalStatusCodes")))
+
+
+@dataclasses.dataclass(frozen=True)
 class MethodConfig:
     timeout_s: Optional[float] = None
     wait_for_ready: Optional[bool] = None
     max_request: Optional[int] = None
     max_response: Optional[int] = None
     retry: Optional[RetryPolicy] = None
+    hedging: Optional[HedgingPolicy] = None  # never with retry (gRFC A6)
 
     def __bool__(self) -> bool:
         """Whether the method has any config at all."""
@@ -165,7 +186,9 @@ class ServiceConfig:
             wait_for_ready=wfr if isinstance(wfr, bool) else None,
             max_request=int(max_req) if isinstance(max_req, (int, str)) else None,
             max_response=int(max_resp) if isinstance(max_resp, (int, str)) else None,
-            retry=RetryPolicy.parse(entry["retryPolicy"]) if "retryPolicy" in entry else None)
+            retry=RetryPolicy.parse(entry["retryPolicy"]) if "retryPolicy" in entry else None,
+            hedging=HedgingPolicy.parse(entry["hedgingPolicy"])
+            if "hedgingPolicy" in entry and "retryPolicy" not in entry else None)
         for name in entry.get("name", ()):
             if not isinstance(name, dict):
                 continue
@@ -190,8 +213,8 @@ class ServiceConfig:
         service, _, method = full_method.lstrip("/").partition("/")
         found = self._exact.get((service, method)) or self._service.get(service) or \
             self._default
-        if found.retry is not None and not self.retries_enabled:
-            found = dataclasses.replace(found, retry=None)
+        if (found.retry is not None or found.hedging is not None) and not self.retries_enabled:
+            found = dataclasses.replace(found, retry=None, hedging=None)
         return found
 
 
@@ -290,3 +313,18 @@ class Attempts:
         if self.done == 1:
             return metadata
         return [*metadata, (_PREVIOUS_KEY, str(self.done - 1))]
+
+
+def hedge_delay(policy: HedgingPolicy, throttle: Optional[Throttle], code: int,
+                trailing_metadata: Any) -> Optional[float]:
+    """After a hedged attempt ended with `code`: how soon the next may start (at once,
+    or after the server's pushback), or None when no more may (gRFC A6: a fatal status
+    or a forbidding pushback ends the hedging; so does the throttle)."""
+    if code == 0 or code not in policy.non_fatal:
+        return None
+    if throttle is not None and not throttle.failed():
+        return None
+    pushback = _pushback(trailing_metadata)
+    if pushback is not None and pushback < 0:
+        return None
+    return 0.0 if pushback is None else pushback
