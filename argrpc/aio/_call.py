@@ -21,6 +21,7 @@ import grpc
 from grpc import aio
 
 from .. import _grpc_log
+from .._buffers import nbytes
 from .._errors import code_from_int
 from .._metadata import from_core
 from ._loop import LoopBridge
@@ -46,6 +47,14 @@ _CANCELLED = grpc.StatusCode.CANCELLED
 _CANCELLED_INT = _CANCELLED.value[0]
 _DEADLINE_INT = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
 _INTERNAL_INT = grpc.StatusCode.INTERNAL.value[0]
+_RESOURCE_EXHAUSTED_INT = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+_CORE_WRITE_FAILED = "Internal error from Core"  # what grpc.aio's write() raises then
+
+
+def too_large_details(n: int, limit: int) -> str:
+    """grpc's words for a request over grpc.max_send_message_length (or the method's
+    maxRequestMessageBytes)."""
+    return f"CLIENT: Sent message larger than max ({n} vs. {limit})"
 _OK = grpc.StatusCode.OK
 _POOL_RETRY_FIRST_S = 0.001
 _POOL_RETRY_MAX_S = 0.010
@@ -99,6 +108,8 @@ class FastCall:
     # A request the engine could not take (not a buffer): grpc.aio raises its TypeError
     # where the call is awaited or read, not where it is made.
     _send_error: Optional[BaseException] = None
+    max_send = -1  # the request size limit of the call's method (-1: none)
+    over_limit_ends_in_core_error = False
     # A response read ahead to tell whether a streaming call has any left (read()).
     _peeked: Any = None
     # What sends for the call after it was made: the request a unary call could not
@@ -487,6 +498,8 @@ class UnaryStreamCall(FastCall, aio.UnaryStreamCall[Any, Any]):
 class StreamStreamCall(FastCall, aio.StreamStreamCall[Any, Any]):
     """``grpc.aio.StreamStreamCall``."""
 
+    over_limit_ends_in_core_error = True
+
     def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list[Any],
                  timeout: Optional[float], request_iterator: Any,
                  request_serializer: Optional[Callable[..., Any]],
@@ -609,6 +622,19 @@ async def _write_one(call: Any, request: Any) -> None:
     if call._done_writing_flag:
         raise asyncio.InvalidStateError(_HALF_CLOSED)
     payload = serialize(call._serializer, request)
+    if call.max_send >= 0:
+        try:
+            n = nbytes(payload)
+        except TypeError:
+            n = -1  # not a buffer: the send reports it
+        if n > call.max_send:
+            # As grpc.aio: the write fails with core's words; the call ends with grpc's
+            # limit, except a stream-stream call, whose pending read gets core's words.
+            if call.over_limit_ends_in_core_error:
+                call._core.cancel(_INTERNAL_INT, _CORE_WRITE_FAILED)
+            else:
+                call._core.cancel(_RESOURCE_EXHAUSTED_INT, too_large_details(n, call.max_send))
+            raise rpc_error(grpc.StatusCode.INTERNAL, _CORE_WRITE_FAILED)
     if not await call._send(payload):
         await call._raise_for_status()
 

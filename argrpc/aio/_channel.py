@@ -22,6 +22,7 @@ from .._bases import (AioStreamStreamBase, AioStreamUnaryBase, AioUnaryStreamBas
 from .. import _bootstrap, _buffers, _config, _grpc_log, _observe, _plain
 from .._engine import get_engine
 from .._metadata import InvalidMetadataError, to_core
+from .._buffers import nbytes as _nbytes
 from .._client.model import client_model
 from .._client.service_config import (Attempts, RetryPolicy, ServiceConfig, for_grpc,
                                       throttle_for)
@@ -300,7 +301,12 @@ class _MultiCallable:
                              response_deserializer, registered)
         self._registered = registered
         # The method's service config (timeout, waitForReady), None when it has none.
-        self._mc = channel._service_config.method(method) or None
+        mc = channel._service_config.method(method)
+        self._mc = mc or None
+        self._max_send = channel._max_send  # -1: no limit
+        if mc.max_request is not None:
+            self._max_send = mc.max_request if self._max_send < 0 else \
+                min(self._max_send, mc.max_request)
         _observe.register_client_method(method, registered)
         self._intercepted = channel._interceptors.get(self._kind, ())
         # The channel's loop and its bridge, once a fast-path call was made on it.
@@ -387,6 +393,23 @@ class _MultiCallable:
                    request: Any) -> Any:
         raise NotImplementedError
 
+    def _too_large(self, payload: Any) -> Optional[Any]:
+        """The failed call grpc.aio gives for a request over the send limit, or None."""
+        if self._max_send < 0:
+            return None
+        try:
+            n = _nbytes(payload)
+        except TypeError:
+            return None  # not a buffer: the call reports it
+        if n <= self._max_send:
+            return None
+        return _call.FailedCall.make(self._kind, _call.rpc_error(
+            grpc.StatusCode.RESOURCE_EXHAUSTED, _call.too_large_details(n, self._max_send)))
+
+    def _limited(self, call: Any) -> Any:
+        call.max_send = self._max_send
+        return call
+
 
 class UnaryUnaryMultiCallable(_MultiCallable, AioUnaryUnaryBase):
     _kind = "unary_unary"
@@ -398,7 +421,7 @@ class UnaryUnaryMultiCallable(_MultiCallable, AioUnaryUnaryBase):
         # The common case in as few steps as possible: every Python call costs here.
         fast = self._channel._fast
         if fast is None or credentials is not None or self._intercepted or not fast.alive \
-                or self._mc is not None \
+                or self._mc is not None or self._max_send >= 0 \
                 or metadata or compression is not None or _running_loop() is not self._loop:
             return super().__call__(request, timeout=timeout, metadata=metadata,
                                     credentials=credentials, wait_for_ready=wait_for_ready,
@@ -410,6 +433,8 @@ class UnaryUnaryMultiCallable(_MultiCallable, AioUnaryUnaryBase):
     def _fast_call(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
                    request: Any) -> Any:
         payload = _call.serialize(self._serializer, request)
+        if (failed := self._too_large(payload)) is not None:
+            return failed
         policy = None if self._mc is None else self._mc.retry
         if policy is not None and self._channel._service_config.buffers(payload):
             return PendingCall.make(self._kind, self._attempts(b, fast, md, timeout, payload,
@@ -450,9 +475,11 @@ class UnaryStreamMultiCallable(_MultiCallable, AioUnaryStreamBase):
 
     def _fast_call(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
                    request: Any) -> Any:
+        payload = _call.serialize(self._serializer, request)
+        if (failed := self._too_large(payload)) is not None:
+            return failed
         return _call.UnaryStreamCall(self._channel, b, fast, self._method, md, timeout,
-                                     _call.serialize(self._serializer, request),
-                                     self._deserializer)
+                                     payload, self._deserializer)
 
 
 class StreamUnaryMultiCallable(_MultiCallable, AioStreamUnaryBase):
@@ -463,8 +490,9 @@ class StreamUnaryMultiCallable(_MultiCallable, AioStreamUnaryBase):
 
     def _fast_call(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
                    request: Any) -> Any:
-        return _call.StreamUnaryCall(self._channel, b, fast, self._method, md, timeout,
-                                     request, self._serializer, self._deserializer)
+        return self._limited(_call.StreamUnaryCall(self._channel, b, fast, self._method, md,
+                                                   timeout, request, self._serializer,
+                                                   self._deserializer))
 
 
 class StreamStreamMultiCallable(_MultiCallable, AioStreamStreamBase):
@@ -475,8 +503,9 @@ class StreamStreamMultiCallable(_MultiCallable, AioStreamStreamBase):
 
     def _fast_call(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
                    request: Any) -> Any:
-        return _call.StreamStreamCall(self._channel, b, fast, self._method, md, timeout,
-                                      request, self._serializer, self._deserializer)
+        return self._limited(_call.StreamStreamCall(self._channel, b, fast, self._method, md,
+                                                    timeout, request, self._serializer,
+                                                    self._deserializer))
 
 
 def insecure_channel(target: str, options: Any = None,
