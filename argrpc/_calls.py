@@ -26,7 +26,7 @@ from . import _grpc_log, _observe
 from ._buffers import nbytes as _nbytes
 from ._bases import (FutureBase, StreamStreamBase, StreamUnaryBase, UnaryStreamBase,
                      UnaryUnaryBase)
-from ._client.service_config import Attempts, HedgingPolicy, RetryPolicy, hedge_delay
+from ._client.service_config import Attempts, Hedge, HedgingPolicy, RetryPolicy
 from ._config import LIMITS
 from ._errors import (USER_CODE_FAILED, DoneFuture, _RpcError, code_from_int, local_error,
                       rpc_state_string, status_error, user_codec)
@@ -740,58 +740,35 @@ class UnaryUnary(_MultiCallable, UnaryUnaryBase):
 
     def _hedged(self, conn: Any, request: Any, timeout: Optional[float], metadata: Any,
                 policy: HedgingPolicy) -> _Call:
-        """A call under its hedging policy (gRFC A6): an attempt now, another after each
-        hedgingDelay (or at once after a non-fatal end, or after the server's pushback),
-        at most maxAttempts, each routed anew; the first attempt that ends OK or with a
-        fatal status is the call, and the others are cancelled."""
+        """A call under its hedging policy (gRFC A6, `Hedge`): attempts started as they
+        fall due, each routed anew; the one whose end is the call's is returned, the
+        others are cancelled."""
         channel = self._channel
         payload = self._serialize(request)
-        deadline = None if timeout is None else time.monotonic() + timeout
+        hedge = Hedge(policy, channel._throttle,
+                      None if timeout is None else time.monotonic() + timeout)
         ended = threading.Event()
-        attempts: list[_Call] = []
-        judged: set[int] = set()
-        next_at, more, last = time.monotonic(), True, None
         try:
             while True:
                 now = time.monotonic()
-                if more and len(attempts) < policy.max_attempts and now >= next_at:
-                    left = None if deadline is None else max(0.0, deadline - now)
-                    if attempts:
-                        conn = channel._route(left, None)[0] or conn
-                    md = tuple(metadata or ())
-                    if attempts:
-                        md += (("grpc-previous-rpc-attempts", str(len(attempts))),)
-                    call = self._start(conn, md, left, True)
+                if hedge.start_now(now):
+                    if hedge.previous():  # a later attempt goes where the channel routes now
+                        conn = channel._route(hedge.left(now), None)[0] or conn
+                    header = hedge.previous()
+                    call = self._start(conn, tuple(metadata or ()) + ((header,) if header else ()),
+                                       hedge.left(now), True)
                     call._core.send(payload)
                     call._core.half_close()
                     call.add_done_callback(lambda _call: ended.set())
-                    attempts.append(call)
-                    next_at = now + policy.delay_s
+                    hedge.add(call)
                 ended.clear()
-                for i, call in enumerate(attempts):
-                    if i in judged or not call.done():
-                        continue
-                    judged.add(i)
-                    last = call
-                    code = call.code().value[0]
-                    delay = hedge_delay(policy, channel._throttle, code,
-                                        call.trailing_metadata())
-                    if delay is None:
-                        if code == 0 or code not in policy.non_fatal:
-                            return call  # the call's end: OK, or a fatal status
-                        more = False
-                    else:
-                        next_at = min(next_at, time.monotonic() + delay)
-                if len(judged) == len(attempts) and (
-                        not more or len(attempts) >= policy.max_attempts):
-                    assert last is not None
-                    return last  # every attempt ended non-fatally: the last one's end
-                waiting = more and len(attempts) < policy.max_attempts
-                ended.wait(max(0.0, next_at - time.monotonic()) if waiting else 1.0)
+                for call in hedge.newly_ended():
+                    if hedge.ended_with(call.code().value[0], call.trailing_metadata()):
+                        return cast(_Call, call)
+                wait = hedge.wait_s(time.monotonic())
+                ended.wait(1.0 if wait is None else wait)
         finally:
-            for call in attempts:
-                if call is not last and not call.done():
-                    call.cancel()
+            hedge.cancel_rest()
 
     def future(self, request: Any, timeout: Optional[float] = None, metadata: Any = None,
                credentials: Optional[grpc.CallCredentials] = None,

@@ -358,3 +358,41 @@ def test_hedging_sends_another_attempt_after_the_delay() -> None:
             assert _ends(flaky, b"fail 1") == ("OK", "ok after 1")
     finally:
         server.stop(None)
+
+
+def test_aio_hedging_sends_another_attempt_after_the_delay() -> None:
+    previous: list[Any] = []
+    cancelled = asyncio.Event()
+
+    async def slow_then_fast(request: bytes, context: Any) -> bytes:
+        seen = dict(context.invocation_metadata()).get("grpc-previous-rpc-attempts")
+        previous.append(seen)
+        if seen is None:
+            try:
+                await asyncio.sleep(HANG_S)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+        return f"hedged after {seen}".encode()
+
+    async def main() -> None:
+        server = argrpc.aio.server()
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            "pkg.S", {"Slow": grpc.unary_unary_rpc_method_handler(slow_then_fast)})])
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with argrpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[
+                    ("grpc.service_config", json.dumps(_hedging()))]) as ch:
+                start = time.monotonic()
+                call = ch.unary_unary("/pkg.S/Slow")(b"", timeout=HANG_S)
+                assert await call == b"hedged after 1"
+                assert await call.code() == grpc.StatusCode.OK
+                assert 0.19 <= time.monotonic() - start < HANG_S
+                await asyncio.wait_for(cancelled.wait(), HANG_S)  # the overtaken attempt
+                assert previous == [None, "1"]
+                assert ch.transport == "shm"
+        finally:
+            await server.stop(None)
+
+    asyncio.run(main())

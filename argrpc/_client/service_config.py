@@ -20,6 +20,7 @@ import logging
 import random
 import re
 import threading
+import time
 from typing import Any, Optional
 
 import grpc
@@ -27,7 +28,7 @@ import grpc
 from .._buffers import nbytes
 
 __all__ = ["Attempts", "HedgingPolicy", "MethodConfig", "RetryPolicy", "ServiceConfig",
-           "Throttle", "for_grpc", "hedge_delay", "throttle_for"]
+           "Hedge", "Throttle", "for_grpc", "throttle_for"]
 
 _LOGGER = logging.getLogger("argrpc")
 _KEY = "grpc.service_config"
@@ -328,3 +329,78 @@ def hedge_delay(policy: HedgingPolicy, throttle: Optional[Throttle], code: int,
     if pushback is not None and pushback < 0:
         return None
     return 0.0 if pushback is None else pushback
+
+
+class Hedge:
+    """One call's hedged attempts (gRFC A6), for both front ends, which start and watch the
+    attempts themselves: when the next one is due, what its metadata adds, and whether an
+    attempt that ended is the call's end."""
+
+    def __init__(self, policy: HedgingPolicy, throttle: Optional[Throttle],
+                 deadline: Optional[float]) -> None:
+        self._policy = policy
+        self._throttle = throttle
+        self._deadline = deadline
+        self._started = self._ended = 0
+        self._more = True  # no fatal end or forbidding pushback yet
+        self._next_at = time.monotonic()
+        self._attempts: list[Any] = []  # the front end's call objects
+        self._judged: set[int] = set()
+        self.last: Any = None  # the attempt that ended last
+
+    def add(self, call: Any) -> None:
+        self._attempts.append(call)
+
+    def newly_ended(self) -> list[Any]:
+        """The attempts that ended since the last look (each is then given to
+        ended_with)."""
+        out = []
+        for i, call in enumerate(self._attempts):
+            if i not in self._judged and call.done():
+                self._judged.add(i)
+                self.last = call
+                out.append(call)
+        return out
+
+    def cancel_rest(self) -> None:
+        """Cancels every attempt still running (all but the call's)."""
+        for call in self._attempts:
+            if call is not self.last and not call.done():
+                call.cancel()
+
+    def start_now(self, now: float) -> bool:
+        """Whether an attempt is due now (counted as started when it is)."""
+        if self._more and self._started < self._policy.max_attempts and now >= self._next_at:
+            self._started += 1
+            self._next_at = now + self._policy.delay_s
+            return True
+        return False
+
+    def left(self, now: float) -> Optional[float]:
+        """The call's time left, for the attempt starting now."""
+        return None if self._deadline is None else max(0.0, self._deadline - now)
+
+    def previous(self) -> Optional[tuple[str, str]]:
+        """The metadata that tells the server how many attempts came before this one."""
+        return None if self._started <= 1 else (_PREVIOUS_KEY, str(self._started - 1))
+
+    def ended_with(self, code: int, trailing_metadata: Any) -> bool:
+        """An attempt ended: True when its end is the call's (OK, a fatal status, or the
+        last attempt that can be made)."""
+        self._ended += 1
+        delay = hedge_delay(self._policy, self._throttle, code, trailing_metadata)
+        if delay is None:
+            if code == 0 or code not in self._policy.non_fatal:
+                return True
+            self._more = False
+        else:
+            self._next_at = min(self._next_at, time.monotonic() + delay)
+        return self._ended == self._started and (
+            not self._more or self._started >= self._policy.max_attempts)
+
+    def wait_s(self, now: float) -> Optional[float]:
+        """How long to wait for an attempt to end before the next is due (None: until
+        one ends)."""
+        if self._more and self._started < self._policy.max_attempts:
+            return max(0.0, self._next_at - now)
+        return None

@@ -24,8 +24,8 @@ from .._engine import get_engine
 from .._metadata import InvalidMetadataError, to_core
 from .._buffers import nbytes as _nbytes
 from .._client.model import client_model
-from .._client.service_config import (Attempts, RetryPolicy, ServiceConfig, for_grpc,
-                                      throttle_for)
+from .._client.service_config import (Attempts, Hedge, HedgingPolicy, RetryPolicy,
+                                      ServiceConfig, for_grpc, throttle_for)
 from .._client.subchannel import Subchannel
 from .._routing import GRPC, NEW, Routing, encrypts
 from .._subchannels import pool_key
@@ -439,6 +439,10 @@ class UnaryUnaryMultiCallable(_MultiCallable, AioUnaryUnaryBase):
         if policy is not None and self._channel._service_config.buffers(payload):
             return PendingCall.make(self._kind, self._attempts(b, fast, md, timeout, payload,
                                                                policy))
+        hedging = None if self._mc is None else self._mc.hedging
+        if hedging is not None and self._channel._service_config.buffers(payload):
+            return PendingCall.make(self._kind, self._hedged(b, fast, md, timeout, payload,
+                                                             hedging))
         return _call.UnaryUnaryCall(self._channel, b, fast, self._method, md, timeout,
                                     payload, self._deserializer)
 
@@ -468,6 +472,38 @@ class UnaryUnaryMultiCallable(_MultiCallable, AioUnaryUnaryBase):
             fast, _ = channel.pick()
             if fast is None or channel.closing:  # off the fast path: that end stands
                 return call
+
+    async def _hedged(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
+                      payload: Any, policy: HedgingPolicy) -> Any:
+        """The call under its hedging policy (gRFC A6, `Hedge`), as the threaded channel
+        hedges: the attempt whose end is the call's is the call."""
+        channel = self._channel
+        hedge = Hedge(policy, channel._throttle,
+                      None if timeout is None else time.monotonic() + timeout)
+        ended = asyncio.Event()
+        try:
+            while True:
+                now = time.monotonic()
+                if hedge.start_now(now):
+                    if hedge.previous():  # a later attempt goes where the channel routes now
+                        fast = channel.pick()[0] or fast
+                    header = hedge.previous()
+                    call = _call.UnaryUnaryCall(channel, b, fast, self._method,
+                                                md + [header] if header else md,
+                                                hedge.left(now), payload, self._deserializer)
+                    call.add_done_callback(lambda _call: ended.set())
+                    hedge.add(call)
+                ended.clear()
+                for call in hedge.newly_ended():
+                    if hedge.ended_with((await call.code()).value[0],
+                                        await call.trailing_metadata()):
+                        return call
+                try:
+                    await asyncio.wait_for(ended.wait(), hedge.wait_s(time.monotonic()))
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            hedge.cancel_rest()
 
 
 class UnaryStreamMultiCallable(_MultiCallable, AioUnaryStreamBase):
