@@ -27,6 +27,7 @@ from ._buffers import nbytes as _nbytes
 from ._bases import (FutureBase, StreamStreamBase, StreamUnaryBase, UnaryStreamBase,
                      UnaryUnaryBase)
 from ._client.service_config import Attempts, Hedge, HedgingPolicy, RetryPolicy
+from ._policy_call import PolicyCore
 from ._config import LIMITS
 from ._errors import (USER_CODE_FAILED, DoneFuture, _RpcError, code_from_int, local_error,
                       rpc_state_string, status_error, user_codec)
@@ -774,8 +775,47 @@ class UnaryUnary(_MultiCallable, UnaryUnaryBase):
                credentials: Optional[grpc.CallCredentials] = None,
                wait_for_ready: Optional[bool] = None,
                compression: Optional[grpc.Compression] = None) -> Any:
-        return self._call_object("future", request, True, True, timeout, metadata,
-                                 credentials, wait_for_ready, compression)
+        mc = self._mc
+        if mc is None or (mc.retry is None and mc.hedging is None):
+            return self._call_object("future", request, True, True, timeout, metadata,
+                                     credentials, wait_for_ready, compression)
+        try:
+            conn, timeout, result = self._routed("future", request, timeout, metadata,
+                                                 credentials, wait_for_ready, compression)
+        except _RpcError as e:
+            return e
+        if conn is None:
+            return result
+        payload = self._serialize(request)
+        if not self._channel._service_config.buffers(payload):  # too big to retry
+            call = self._start(conn, metadata, timeout, True)
+            call._core.send(payload)
+            call._core.half_close()
+            return call
+        return _Call(self._channel, self._policy_core(conn, payload, metadata, timeout, mc),
+                     self._deser, True, _deadline(timeout))
+
+    def _policy_core(self, conn: Any, payload: Any, metadata: Any, timeout: Optional[float],
+                     mc: Any) -> PolicyCore:
+        """The stand-in engine call that makes a future()'s attempts under its policy."""
+        channel = self._channel
+        md = _core_metadata(metadata)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        route = {"conn": conn, "attempts": 0}
+
+        def start(extra: Optional[tuple[str, str]], left: Optional[float]) -> Any:
+            if route["attempts"]:  # a later attempt goes where the channel routes now
+                route["conn"] = channel._route(left, None)[0] or route["conn"]
+            route["attempts"] += 1
+            core = route["conn"].start_call(self._method, md + [extra] if extra else md, left)
+            core.send(payload)
+            core.half_close()
+            return core
+
+        throttle = channel._throttle
+        return PolicyCore(start, deadline,
+                          Attempts(mc.retry, throttle, deadline) if mc.retry else None,
+                          Hedge(mc.hedging, throttle, deadline) if mc.hedging else None)
 
 
 class UnaryStream(_MultiCallable, UnaryStreamBase):

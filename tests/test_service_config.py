@@ -396,3 +396,48 @@ def test_aio_hedging_sends_another_attempt_after_the_delay() -> None:
             await server.stop(None)
 
     asyncio.run(main())
+
+
+def test_future_retries_and_cancels_as_grpc_does(served: Any) -> None:
+    stack, service, port = served
+    policy = dict(POLICY, initialBackoff="0.2s", maxBackoff="0.5s")
+    with _channel(stack, port, _retrying(policy)) as ch:
+        flaky = ch.unary_unary("/pkg.S/Flaky")
+        f = flaky.future(b"fail 2", timeout=HANG_S)
+        assert f.result(timeout=HANG_S) == b"ok after 2" and f.code() == grpc.StatusCode.OK
+        assert service.previous == [None, "1", "2"], service.previous
+        f = flaky.future(b"fail 99", timeout=HANG_S)
+        assert f.exception(timeout=HANG_S).code() == grpc.StatusCode.UNAVAILABLE
+        # Cancelled between attempts: CANCELLED as grpc words it, no attempt after.
+        service.previous.clear()
+        f = flaky.future(b"fail 99", timeout=HANG_S)
+        time.sleep(0.05)
+        assert f.cancel() and f.cancelled()
+        made = len(service.previous)
+        assert (f.code(), f.details()) == (grpc.StatusCode.CANCELLED,
+                                           "Locally cancelled by application!")
+        with pytest.raises(grpc.FutureCancelledError):
+            f.result(timeout=HANG_S)
+        time.sleep(0.6)
+        assert len(service.previous) == made
+        done = threading.Event()
+        f = flaky.future(b"fail 1", timeout=HANG_S)
+        f.add_done_callback(lambda _f: done.set())
+        assert done.wait(HANG_S) and f.result() == b"ok after 1"
+        if stack == "argrpc":
+            assert ch.transport == "shm"
+
+
+def test_future_is_hedged() -> None:
+    service = Service()
+    server = argrpc.server(futures.ThreadPoolExecutor(8))
+    server.add_generic_rpc_handlers([service.handlers()])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with _channel("argrpc", port, _hedging(hedgingDelay="0.05s")) as ch:
+            f = ch.unary_unary("/pkg.S/Flaky").future(b"fail 2", timeout=HANG_S)
+            assert f.result(timeout=HANG_S) == b"ok after 2"
+            assert sorted(service.previous, key=str) == ["1", "2", None]
+    finally:
+        server.stop(None)

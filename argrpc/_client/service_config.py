@@ -362,11 +362,12 @@ class Hedge:
                 out.append(call)
         return out
 
-    def cancel_rest(self) -> None:
-        """Cancels every attempt still running (all but the call's)."""
+    def cancel_rest(self, cancel: Any = None) -> None:
+        """Cancels every attempt still running (all but the call's), with `cancel(call)`
+        when given (an engine call takes a status), else `call.cancel()`."""
         for call in self._attempts:
             if call is not self.last and not call.done():
-                call.cancel()
+                cancel(call) if cancel is not None else call.cancel()
 
     def start_now(self, now: float) -> bool:
         """Whether an attempt is due now (counted as started when it is)."""

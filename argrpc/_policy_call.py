@@ -1,0 +1,137 @@
+"""The engine call a threaded ``future()`` of a unary call gets when its method has a
+retry or hedging policy: a stand-in with the engine call's interface (``status``,
+``done``, ``recv``, ``initial_metadata``, ``cancel``) under the usual call object, whose
+attempts a thread of argrpc's makes (gRFC A6, the rules in ``_client.service_config``).
+The call's end is its final attempt's; cancelling it cancels the attempts running and
+starts no more."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Optional
+
+import grpc
+
+from ._client.service_config import Attempts, Hedge
+
+__all__ = ["PolicyCore"]
+
+_CANCELLED = grpc.StatusCode.CANCELLED.value[0]
+_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
+_POLL_S = 0.002  # how often hedged attempts are looked at (no engine wake-up here)
+
+# start(extra metadata or None, timeout) -> an engine call with the request sent and the
+# requests closed, or None when there is no fast connection to start it on.
+Start = Callable[[Optional[tuple[str, str]], Optional[float]], Any]
+
+
+class PolicyCore:
+    def __init__(self, start: Start, deadline: Optional[float],
+                 attempts: Optional[Attempts], hedge: Optional[Hedge]) -> None:
+        self._start = start
+        self._deadline = deadline
+        self._lock = threading.Lock()
+        self._ended = threading.Event()
+        self._wake = threading.Event()  # a cancel: stop waiting between attempts
+        self._live: list[Any] = []
+        self._final: Any = None  # the engine call whose end is this call's
+        self._cancel: Optional[tuple[int, str]] = None
+        self._error = ""
+        drive = (lambda: self._retry(attempts)) if attempts is not None else \
+            (lambda: self._hedge(hedge))
+        threading.Thread(target=self._run, args=(drive,), daemon=True,
+                         name="argrpc-attempts").start()
+
+    # ------------------------------------------------------------------ attempts
+    def _left(self) -> Optional[float]:
+        return None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
+
+    def _launch(self, extra: Optional[tuple[str, str]]) -> Any:
+        """The next attempt's engine call, or None (cancelled, or it cannot start: the
+        attempt before it is then the call's end)."""
+        with self._lock:
+            if self._cancel is not None:
+                return None
+            try:
+                core = self._start(extra, self._left())
+            except Exception:  # noqa: BLE001 - e.g. a forced transport now impossible
+                return None
+            if core is not None:
+                self._live.append(core)
+            return core
+
+    def _run(self, drive: Callable[[], Any]) -> None:
+        final = None
+        try:
+            final = drive()
+        except Exception as e:  # noqa: BLE001 - the call ends with it, not the thread
+            self._error = f"argrpc: retrying the call failed: {e}"
+        finally:
+            self._final = final
+            self._ended.set()
+
+    def _retry(self, attempts: Any) -> Any:
+        core = None
+        while True:
+            extra = attempts.metadata([])
+            nxt = self._launch(extra[0] if extra else None)
+            if nxt is None:
+                return core
+            core = nxt
+            code, _, trailing = core.status(None)
+            committed = bool(core.initial_metadata())
+            delay = attempts.after(code, committed, trailing, time.monotonic())
+            if delay is None or self._wake.wait(delay):
+                return core
+
+    def _hedge(self, hedge: Any) -> Any:
+        try:
+            while True:
+                if hedge.start_now(time.monotonic()):
+                    core = self._launch(hedge.previous())
+                    if core is None:
+                        return hedge.last
+                    hedge.add(core)
+                for core in hedge.newly_ended():
+                    code, _, trailing = core.status(0)
+                    if hedge.ended_with(code, trailing):
+                        return core
+                wait = hedge.wait_s(time.monotonic())
+                if self._wake.wait(_POLL_S if wait is None else min(wait, _POLL_S)):
+                    return hedge.last
+        finally:
+            hedge.cancel_rest(lambda core: core.cancel(_CANCELLED, "attempt overtaken"))
+
+    # ------------------------------------------------------------------ the engine call's face
+    def done(self) -> bool:
+        return self._ended.is_set()
+
+    def status(self, timeout: Optional[float]) -> Optional[tuple[Any, ...]]:
+        if not self._ended.wait(timeout):
+            return None
+        if self._cancel is not None:  # the call object recorded this end already
+            return (self._cancel[0], self._cancel[1], [])
+        if self._final is None:
+            return (_UNAVAILABLE, self._error or "argrpc: no attempt could start", [])
+        return tuple(self._final.status(None))
+
+    def recv(self) -> Any:
+        self._ended.wait()
+        return self._final.recv() if self._final is not None else None
+
+    def initial_metadata(self) -> Any:
+        self._ended.wait()
+        return self._final.initial_metadata() if self._final is not None else []
+
+    def cancel(self, code: int, details: str) -> bool:
+        with self._lock:
+            if self._ended.is_set() or self._cancel is not None:
+                return False
+            self._cancel = (code, details)
+            live = list(self._live)
+        self._wake.set()
+        for core in live:
+            if not core.done():
+                core.cancel(code, details)
+        return True
