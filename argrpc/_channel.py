@@ -17,6 +17,7 @@ from typing import Any, Callable, Literal, Optional
 import grpc
 
 from . import _buffers, _config, _observe, _plain
+from ._client.balancer import Balancer
 from ._client.model import client_model
 from ._client.service_config import ServiceConfig, for_grpc, throttle_for
 from ._calls import DoneWatcher, RequestFeeder, StreamStream, StreamUnary, UnaryStream, UnaryUnary
@@ -31,6 +32,8 @@ _NEGOTIATION_TIMEOUT_S = _config.LIMITS.negotiation_timeout_s
 
 class Channel(Routing, grpc.Channel):
     """Drop-in for the channel ``grpc.insecure_channel``/``grpc.secure_channel`` return."""
+
+    _balancer: Optional[Balancer]
 
     def __init__(self, target: str, credentials: Optional[grpc.ChannelCredentials] = None,
                  options: Any = None, compression: Optional[grpc.Compression] = None) -> None:

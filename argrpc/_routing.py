@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 import grpc
 
@@ -22,7 +22,6 @@ from ._subchannels import SUBCHANNELS, Shared
 
 if TYPE_CHECKING:
     from ._bootstrap import Negotiation
-    from ._client.balancer import Balancer
 
 __all__ = ["Routing", "encrypts"]
 
@@ -43,11 +42,19 @@ def encrypts(credentials: Any) -> bool:
     return type(inner).__name__ != "LocalChannelCredentials"
 
 
+class Balanced(Protocol):
+    """What a channel's routing reads of its balancer (``_client.balancer``)."""
+
+    def tried(self) -> bool: ...
+    def transport(self) -> str: ...
+    def fallback_reason(self) -> str: ...
+
+
 class Routing:
     _cfg: _config.Config
     _target: str
     _pool_key: Any  # what a shared connection must match (_subchannels.pool_key)
-    _balancer: Optional["Balancer"] = None  # a channel's round-robin balancer (_client.balancer), if any
+    _balancer: Optional["Balanced"] = None  # a channel's round-robin balancer, if any
 
     def _init_routing(self, track: bool = True) -> None:
         self._fast: Any = None

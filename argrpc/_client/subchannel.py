@@ -14,22 +14,32 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 from .. import _buffers, _config
 from .._routing import FAST, FORCED, GRPC, Routing
 from .._subchannels import pool_key
-
-if TYPE_CHECKING:
-    from .balancer import Balancer
 
 __all__ = ["Subchannel"]
 
 _NEGOTIATION_TIMEOUT_S = _config.LIMITS.negotiation_timeout_s
 
 
+class Owner(Protocol):
+    """What a subchannel reads of the balancer that holds it."""
+
+    cfg: _config.Config
+    credentials: Any
+    grpc_options: Any
+    max_recv: int
+    secure: bool
+    closed: bool
+
+    def make_grpc(self, address: str) -> Any: ...
+
+
 class Subchannel(Routing):
-    def __init__(self, owner: "Balancer", address: str) -> None:
+    def __init__(self, owner: Owner, address: str) -> None:
         self._owner = owner
         self.address = address
         self._cfg = owner.cfg

@@ -23,6 +23,7 @@ from .. import _bootstrap, _buffers, _config, _grpc_log, _observe, _plain
 from .._engine import get_engine
 from .._metadata import InvalidMetadataError, to_core
 from .._buffers import nbytes as _nbytes
+from .._client.balancer import Balancer
 from .._client.model import client_model
 from .._client.service_config import (Attempts, Hedge, HedgingPolicy, RetryPolicy,
                                       ServiceConfig, for_grpc, throttle_for)
@@ -44,6 +45,8 @@ _NEGOTIATION_TIMEOUT_S = _config.LIMITS.negotiation_timeout_s
 
 class Channel(Routing, aio.Channel):
     """Drop-in for what ``grpc.aio.insecure_channel``/``secure_channel`` return."""
+
+    _balancer: Optional[Balancer]
 
     def __init__(self, target: str, credentials: Optional[grpc.ChannelCredentials] = None,
                  options: Any = None, compression: Optional[grpc.Compression] = None,
