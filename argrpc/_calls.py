@@ -207,6 +207,8 @@ class DoneWatcher:
 class _Call(grpc.RpcError, grpc.Call, FutureBase):
     """A fast-path call in progress: iterator + ``grpc.Call`` + ``grpc.Future``."""
 
+    max_response = -1  # the method's maxResponseMessageBytes (-1: the connection's limit)
+
     def __init__(self, channel: "Channel", core: Any, deserializer: Optional[Callable[..., Any]],
                  unary_response: bool, deadline: Optional[float]) -> None:
         super().__init__()
@@ -251,6 +253,9 @@ class _Call(grpc.RpcError, grpc.Call, FutureBase):
                 self._tmd = from_core(tmd)
             if code is _OK and self._unary:
                 message = self._core.recv()  # buffered: the call has ended
+                if message is not None and (too_large := self._too_large(message)):
+                    code, details, self._debug, message = _RESOURCE_EXHAUSTED, too_large, \
+                        None, None
                 if message is not None and self._deser is not None:
                     message = user_codec(self._deser, message, "deserializing")
                     if message is USER_CODE_FAILED:
@@ -448,6 +453,10 @@ class _Call(grpc.RpcError, grpc.Call, FutureBase):
             if self._code is _OK:
                 raise StopIteration()
             raise self
+        if too_large := self._too_large(message):
+            self._core.cancel(_RESOURCE_EXHAUSTED.value[0], too_large)
+            self._complete_locally(_RESOURCE_EXHAUSTED, too_large, cancelled=False, force=True)
+            raise self
         if self._deser is None:
             return message
         message = user_codec(self._deser, message, "deserializing")
@@ -456,6 +465,13 @@ class _Call(grpc.RpcError, grpc.Call, FutureBase):
         self._core.cancel(_INTERNAL.value[0], _DESERIALIZE_FAILED)
         self._complete_locally(_INTERNAL, _DESERIALIZE_FAILED, cancelled=False, force=True)
         raise self
+
+    def _too_large(self, message: Any) -> str:
+        """grpc's words for a response over the method's limit ("" when within)."""
+        limit = self.max_response
+        if limit < 0 or (n := _nbytes(message)) <= limit:
+            return ""
+        return f"Stream removed (CLIENT: Received message larger than max ({n} vs. {limit}))"
 
     # ------------------------------------------------------------------ misc
     def __repr__(self) -> str:
@@ -637,7 +653,15 @@ class _MultiCallable:
         if timeout is not None and timeout < 0:
             timeout = 0.0  # grpc: already expired; the engine reads negative as "none"
         core = conn.start_call(self._method, _core_metadata(metadata), timeout)
-        return _Call(self._channel, core, self._deser, unary_response, _deadline(timeout))
+        return self._limited(_Call(self._channel, core, self._deser, unary_response,
+                                   _deadline(timeout)))
+
+    def _limited(self, call: _Call) -> _Call:
+        """The call with its method's response limit, if it has one."""
+        mc = self._mc
+        if mc is not None and mc.max_response is not None:
+            call.max_response = mc.max_response
+        return call
 
     def _start_unary_request(self, conn: Any, request: Any, metadata: Any,
                              timeout: Optional[float], unary_response: bool) -> _Call:
@@ -792,8 +816,9 @@ class UnaryUnary(_MultiCallable, UnaryUnaryBase):
             call._core.send(payload)
             call._core.half_close()
             return call
-        return _Call(self._channel, self._policy_core(conn, payload, metadata, timeout, mc),
-                     self._deser, True, _deadline(timeout))
+        return self._limited(_Call(self._channel,
+                                   self._policy_core(conn, payload, metadata, timeout, mc),
+                                   self._deser, True, _deadline(timeout)))
 
     def _policy_core(self, conn: Any, payload: Any, metadata: Any, timeout: Optional[float],
                      mc: Any) -> PolicyCore:

@@ -441,3 +441,34 @@ def test_future_is_hedged() -> None:
             assert sorted(service.previous, key=str) == ["1", "2", None]
     finally:
         server.stop(None)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_response_limit_of_the_method_on_streams_and_futures(stack: str) -> None:
+    def stream(request: bytes, context: Any) -> Any:
+        yield b"a" * 10
+        yield b"b" * 2000
+        yield b"c"
+
+    server = inproc.stack_module(stack).server(futures.ThreadPoolExecutor(4))
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("pkg.S", {
+        "Stream": grpc.unary_stream_rpc_method_handler(stream),
+        "Big": grpc.unary_unary_rpc_method_handler(lambda r, c: b"y" * 2000)})])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    config = {"methodConfig": [{"name": [{"service": "pkg.S"}],
+                                "maxResponseMessageBytes": 1500}]}
+    too_large = ("RESOURCE_EXHAUSTED",
+                 "Stream removed (CLIENT: Received message larger than max (2000 vs. 1500))")
+    try:
+        with _channel(stack, port, config) as ch:
+            got = []
+            with pytest.raises(grpc.RpcError) as e:
+                for message in ch.unary_stream("/pkg.S/Stream")(b"", timeout=HANG_S):
+                    got.append(len(message))
+            assert got == [10] and (e.value.code().name, e.value.details()) == too_large
+            f = ch.unary_unary("/pkg.S/Big").future(b"", timeout=HANG_S)
+            error = f.exception(timeout=HANG_S)
+            assert (error.code().name, error.details()) == too_large
+    finally:
+        server.stop(None)
