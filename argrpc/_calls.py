@@ -663,6 +663,52 @@ class _MultiCallable:
             call.max_response = mc.max_response
         return call
 
+    def _with_policy(self, how: str, request: Any, timeout: Optional[float], metadata: Any,
+                     credentials: Optional[grpc.CallCredentials],
+                     wait_for_ready: Optional[bool], compression: Optional[grpc.Compression],
+                     mc: Any, streaming: bool) -> Any:
+        """A unary-request call object whose attempts follow the method's retry or
+        hedging policy (a request too big to buffer makes one attempt)."""
+        try:
+            conn, timeout, result = self._routed(how, request, timeout, metadata,
+                                                 credentials, wait_for_ready, compression)
+        except _RpcError as e:
+            return e
+        if conn is None:
+            return result
+        payload = self._serialize(request)
+        if not self._channel._service_config.buffers(payload):
+            call = self._start(conn, metadata, timeout, not streaming)
+            call._core.send(payload)
+            call._core.half_close()
+            return call
+        core = self._policy_core(conn, payload, metadata, timeout, mc, streaming)
+        return self._limited(_Call(self._channel, core, self._deser, not streaming,
+                                   _deadline(timeout)))
+
+    def _policy_core(self, conn: Any, payload: Any, metadata: Any, timeout: Optional[float],
+                     mc: Any, streaming: bool) -> PolicyCore:
+        """The stand-in engine call that makes the call's attempts under its policy."""
+        channel = self._channel
+        md = _core_metadata(metadata)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        route = {"conn": conn, "attempts": 0}
+
+        def start(extra: Optional[tuple[str, str]], left: Optional[float]) -> Any:
+            if route["attempts"]:  # a later attempt goes where the channel routes now
+                route["conn"] = channel._route(left, None)[0] or route["conn"]
+            route["attempts"] += 1
+            core = route["conn"].start_call(self._method, md + [extra] if extra else md, left)
+            core.send(payload)
+            core.half_close()
+            return core
+
+        throttle = channel._throttle
+        return PolicyCore(start, deadline,
+                          Attempts(mc.retry, throttle, deadline) if mc.retry else None,
+                          Hedge(mc.hedging, throttle, deadline) if mc.hedging else None,
+                          streaming)
+
     def _start_unary_request(self, conn: Any, request: Any, metadata: Any,
                              timeout: Optional[float], unary_response: bool) -> _Call:
         payload = self._serialize(request)
@@ -803,45 +849,8 @@ class UnaryUnary(_MultiCallable, UnaryUnaryBase):
         if mc is None or (mc.retry is None and mc.hedging is None):
             return self._call_object("future", request, True, True, timeout, metadata,
                                      credentials, wait_for_ready, compression)
-        try:
-            conn, timeout, result = self._routed("future", request, timeout, metadata,
-                                                 credentials, wait_for_ready, compression)
-        except _RpcError as e:
-            return e
-        if conn is None:
-            return result
-        payload = self._serialize(request)
-        if not self._channel._service_config.buffers(payload):  # too big to retry
-            call = self._start(conn, metadata, timeout, True)
-            call._core.send(payload)
-            call._core.half_close()
-            return call
-        return self._limited(_Call(self._channel,
-                                   self._policy_core(conn, payload, metadata, timeout, mc),
-                                   self._deser, True, _deadline(timeout)))
-
-    def _policy_core(self, conn: Any, payload: Any, metadata: Any, timeout: Optional[float],
-                     mc: Any) -> PolicyCore:
-        """The stand-in engine call that makes a future()'s attempts under its policy."""
-        channel = self._channel
-        md = _core_metadata(metadata)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        route = {"conn": conn, "attempts": 0}
-
-        def start(extra: Optional[tuple[str, str]], left: Optional[float]) -> Any:
-            if route["attempts"]:  # a later attempt goes where the channel routes now
-                route["conn"] = channel._route(left, None)[0] or route["conn"]
-            route["attempts"] += 1
-            core = route["conn"].start_call(self._method, md + [extra] if extra else md, left)
-            core.send(payload)
-            core.half_close()
-            return core
-
-        throttle = channel._throttle
-        return PolicyCore(start, deadline,
-                          Attempts(mc.retry, throttle, deadline) if mc.retry else None,
-                          Hedge(mc.hedging, throttle, deadline) if mc.hedging else None)
-
+        return self._with_policy("future", request, timeout, metadata, credentials,
+                                 wait_for_ready, compression, mc, streaming=False)
 
 class UnaryStream(_MultiCallable, UnaryStreamBase):
     __slots__ = ()
@@ -851,8 +860,12 @@ class UnaryStream(_MultiCallable, UnaryStreamBase):
                  credentials: Optional[grpc.CallCredentials] = None,
                  wait_for_ready: Optional[bool] = None,
                  compression: Optional[grpc.Compression] = None) -> Any:
-        return self._call_object("", request, True, False, timeout, metadata,
-                                 credentials, wait_for_ready, compression)
+        mc = self._mc
+        if mc is None or mc.retry is None:
+            return self._call_object("", request, True, False, timeout, metadata,
+                                     credentials, wait_for_ready, compression)
+        return self._with_policy("", request, timeout, metadata, credentials,
+                                 wait_for_ready, compression, mc, streaming=True)
 
 
 class StreamUnary(_MultiCallable, StreamUnaryBase):

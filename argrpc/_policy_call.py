@@ -1,9 +1,11 @@
-"""The engine call a threaded ``future()`` of a unary call gets when its method has a
-retry or hedging policy: a stand-in with the engine call's interface (``status``,
-``done``, ``recv``, ``initial_metadata``, ``cancel``) under the usual call object, whose
-attempts a thread of argrpc's makes (gRFC A6, the rules in ``_client.service_config``).
-The call's end is its final attempt's; cancelling it cancels the attempts running and
-starts no more."""
+"""The engine call a threaded call gets when its method has a retry or hedging policy
+and the call is not a blocking unary one (a unary ``future()``, a response stream): a
+stand-in with the engine call's interface (``status``, ``done``, ``recv``,
+``initial_metadata``, ``cancel``) under the usual call object, whose attempts a thread of
+argrpc's makes (gRFC A6, the rules in ``_client.service_config``). An attempt decides the
+call when it ends in a way that is not retried, or, for a response stream, when its first
+message arrives (the call is committed then, and that attempt's stream is the call's).
+Cancelling the call cancels the attempts running and starts no more."""
 
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ Start = Callable[[Optional[tuple[str, str]], Optional[float]], Any]
 
 class PolicyCore:
     def __init__(self, start: Start, deadline: Optional[float],
-                 attempts: Optional[Attempts], hedge: Optional[Hedge]) -> None:
+                 attempts: Optional[Attempts], hedge: Optional[Hedge],
+                 streaming: bool = False) -> None:
         self._start = start
         self._deadline = deadline
         self._lock = threading.Lock()
@@ -38,6 +41,8 @@ class PolicyCore:
         self._final: Any = None  # the engine call whose end is this call's
         self._cancel: Optional[tuple[int, str]] = None
         self._error = ""
+        self._streaming = streaming
+        self._first: Any = None  # a response stream's first message, read to commit
         drive = (lambda: self._retry(attempts)) if attempts is not None else \
             (lambda: self._hedge(hedge))
         threading.Thread(target=self._run, args=(drive,), daemon=True,
@@ -79,6 +84,11 @@ class PolicyCore:
             if nxt is None:
                 return core
             core = nxt
+            if self._streaming:
+                first = core.recv()  # a message commits the call to this attempt
+                if first is not None:
+                    self._first = first
+                    return core
             code, _, trailing = core.status(None)
             committed = bool(core.initial_metadata())
             delay = attempts.after(code, committed, trailing, time.monotonic())
@@ -104,20 +114,31 @@ class PolicyCore:
             hedge.cancel_rest(lambda core: core.cancel(_CANCELLED, "attempt overtaken"))
 
     # ------------------------------------------------------------------ the engine call's face
+    # `_ended` says the call is decided: its final attempt is chosen (and, but for a
+    # committed response stream, over).
     def done(self) -> bool:
-        return self._ended.is_set()
+        if not self._ended.is_set():
+            return False
+        final = self._final
+        return self._cancel is not None or final is None or final.done()
 
     def status(self, timeout: Optional[float]) -> Optional[tuple[Any, ...]]:
+        start = time.monotonic()
         if not self._ended.wait(timeout):
             return None
         if self._cancel is not None:  # the call object recorded this end already
             return (self._cancel[0], self._cancel[1], [])
         if self._final is None:
             return (_UNAVAILABLE, self._error or "argrpc: no attempt could start", [])
-        return tuple(self._final.status(None))
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
+        status = self._final.status(left)
+        return None if status is None else tuple(status)
 
     def recv(self) -> Any:
         self._ended.wait()
+        first, self._first = self._first, None
+        if first is not None:
+            return first
         return self._final.recv() if self._final is not None else None
 
     def initial_metadata(self) -> Any:
@@ -126,7 +147,7 @@ class PolicyCore:
 
     def cancel(self, code: int, details: str) -> bool:
         with self._lock:
-            if self._ended.is_set() or self._cancel is not None:
+            if self.done() or self._cancel is not None:
                 return False
             self._cancel = (code, details)
             live = list(self._live)

@@ -472,3 +472,45 @@ def test_response_limit_of_the_method_on_streams_and_futures(stack: str) -> None
             assert (error.code().name, error.details()) == too_large
     finally:
         server.stop(None)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_a_response_stream_is_retried_until_its_first_message(stack: str) -> None:
+    previous: list[Any] = []
+
+    def stream(request: bytes, context: Any) -> Any:
+        seen = dict(context.invocation_metadata()).get("grpc-previous-rpc-attempts")
+        previous.append(seen)
+        word, _, arg = request.decode().partition(" ")
+        if word == "fail" and int(seen or 0) < int(arg):
+            context.abort(grpc.StatusCode.UNAVAILABLE, "not yet")
+        yield f"first {seen or 0}".encode()
+        if word == "late":  # after a message the call is committed: not retried
+            context.abort(grpc.StatusCode.UNAVAILABLE, "after a message")
+        yield b"second"
+
+    server = inproc.stack_module(stack).server(futures.ThreadPoolExecutor(8))
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+        "pkg.S", {"Stream": grpc.unary_stream_rpc_method_handler(stream)})])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+
+    def run(request: bytes) -> tuple[str, list[bytes], list[Any]]:
+        previous.clear()
+        got: list[bytes] = []
+        try:
+            for message in ch.unary_stream("/pkg.S/Stream")(request, timeout=HANG_S):
+                got.append(message)
+            return "OK", got, list(previous)
+        except grpc.RpcError as e:
+            return e.code().name, got, list(previous)
+
+    try:
+        with _channel(stack, port, _retrying()) as ch:
+            assert run(b"fail 2") == ("OK", [b"first 2", b"second"], [None, "1", "2"])
+            assert run(b"fail 9") == ("UNAVAILABLE", [], [None, "1", "2", "3"])
+            assert run(b"late 0") == ("UNAVAILABLE", [b"first 0"], [None])
+            if stack == "argrpc":
+                assert ch.transport == "shm"
+    finally:
+        server.stop(None)
