@@ -514,3 +514,54 @@ def test_a_response_stream_is_retried_until_its_first_message(stack: str) -> Non
                 assert ch.transport == "shm"
     finally:
         server.stop(None)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_aio_response_stream_is_retried_until_its_first_message(stack: str) -> None:
+    aio = argrpc.aio if stack == "argrpc" else grpc.aio
+    previous: list[Any] = []
+
+    async def stream(request: bytes, context: Any) -> Any:
+        seen = dict(context.invocation_metadata()).get("grpc-previous-rpc-attempts")
+        previous.append(seen)
+        word, _, arg = request.decode().partition(" ")
+        if word == "fail" and int(seen or 0) < int(arg):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "not yet")
+        yield f"first {seen or 0}".encode()
+        if word == "late":
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "after a message")
+        yield b"second"
+
+    async def main() -> None:
+        server = aio.server()
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            "pkg.S", {"Stream": grpc.unary_stream_rpc_method_handler(stream)})])
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+
+        async def run(ch: Any, request: bytes) -> tuple[str, list[bytes], list[Any]]:
+            previous.clear()
+            got: list[bytes] = []
+            try:
+                async for message in ch.unary_stream("/pkg.S/Stream")(request, timeout=HANG_S):
+                    got.append(message)
+                return "OK", got, list(previous)
+            except grpc.RpcError as e:
+                return e.code().name, got, list(previous)
+
+        try:
+            async with aio.insecure_channel(f"127.0.0.1:{port}", options=[
+                    ("grpc.service_config", json.dumps(_retrying()))]) as ch:
+                assert await run(ch, b"fail 2") == ("OK", [b"first 2", b"second"],
+                                                    [None, "1", "2"])
+                assert await run(ch, b"fail 9") == ("UNAVAILABLE", [], [None, "1", "2", "3"])
+                assert await run(ch, b"late 0") == ("UNAVAILABLE", [b"first 0"], [None])
+                call = ch.unary_stream("/pkg.S/Stream")(b"fail 1", timeout=HANG_S)
+                assert await call.read() == b"first 1" and await call.read() == b"second"
+                assert await call.read() is grpc.aio.EOF
+                if stack == "argrpc":
+                    assert ch.transport == "shm"
+        finally:
+            await server.stop(None)
+
+    asyncio.run(main())

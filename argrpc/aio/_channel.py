@@ -409,6 +409,38 @@ class _MultiCallable:
         return _call.FailedCall.make(self._kind, _call.rpc_error(
             grpc.StatusCode.RESOURCE_EXHAUSTED, _call.too_large_details(n, self._max_send)))
 
+    async def _attempts(self, fast: Any, md: list[Any], timeout: Optional[float],
+                        policy: RetryPolicy, start: Callable[[Any, list[Any], Optional[float]], Any],
+                        streaming: bool) -> Any:
+        """The call under its retry policy (gRFC A6): attempts, each `start(fast, md,
+        timeout)` where the channel routes it then, until one's status ends the call or,
+        for a response stream, its first message commits it; that attempt is the call."""
+        channel = self._channel
+        deadline = None if timeout is None else time.monotonic() + timeout
+        attempts = Attempts(policy, channel._throttle, deadline)
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            call = start(fast, attempts.metadata(md), left)
+            try:
+                if streaming:
+                    first = await call._read_raw()
+                    if first is not aio.EOF:
+                        call._peeked = first  # read again by the caller, first
+                        return call
+                code = (await call.code()).value[0]
+                committed = bool(await call.initial_metadata())
+                delay = attempts.after(code, committed, await call.trailing_metadata(),
+                                       time.monotonic())
+                if delay is None:
+                    return call
+                await asyncio.sleep(delay)
+            except asyncio.CancelledError:
+                call.cancel()
+                raise
+            fast, _ = channel.pick()
+            if fast is None or channel.closing:  # off the fast path: that end stands
+                return call
+
     def _limited(self, call: Any) -> Any:
         call.max_send = self._max_send
         return call
@@ -440,41 +472,16 @@ class UnaryUnaryMultiCallable(_MultiCallable, AioUnaryUnaryBase):
             return failed
         policy = None if self._mc is None else self._mc.retry
         if policy is not None and self._channel._service_config.buffers(payload):
-            return PendingCall.make(self._kind, self._attempts(b, fast, md, timeout, payload,
-                                                               policy))
+            return PendingCall.make(self._kind, self._attempts(
+                fast, md, timeout, policy,
+                lambda f, m, t: _call.UnaryUnaryCall(self._channel, b, f, self._method, m, t,
+                                                     payload, self._deserializer), False))
         hedging = None if self._mc is None else self._mc.hedging
         if hedging is not None and self._channel._service_config.buffers(payload):
             return PendingCall.make(self._kind, self._hedged(b, fast, md, timeout, payload,
                                                              hedging))
         return _call.UnaryUnaryCall(self._channel, b, fast, self._method, md, timeout,
                                     payload, self._deserializer)
-
-    async def _attempts(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
-                        payload: Any, policy: RetryPolicy) -> Any:
-        """The call under its retry policy (gRFC A6): attempts until one's status ends
-        it, each where the channel routes it then; the last attempt is the call."""
-        channel = self._channel
-        deadline = None if timeout is None else time.monotonic() + timeout
-        attempts = Attempts(policy, channel._throttle, deadline)
-        while True:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            call = _call.UnaryUnaryCall(channel, b, fast, self._method,
-                                        attempts.metadata(md), left, payload,
-                                        self._deserializer)
-            try:
-                code = (await call.code()).value[0]
-                committed = bool(await call.initial_metadata())
-                delay = attempts.after(code, committed, await call.trailing_metadata(),
-                                       time.monotonic())
-                if delay is None:
-                    return call
-                await asyncio.sleep(delay)
-            except asyncio.CancelledError:
-                call.cancel()
-                raise
-            fast, _ = channel.pick()
-            if fast is None or channel.closing:  # off the fast path: that end stands
-                return call
 
     async def _hedged(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
                       payload: Any, policy: HedgingPolicy) -> Any:
@@ -517,6 +524,12 @@ class UnaryStreamMultiCallable(_MultiCallable, AioUnaryStreamBase):
         payload = _call.serialize(self._serializer, request)
         if (failed := self._too_large(payload)) is not None:
             return failed
+        policy = None if self._mc is None else self._mc.retry
+        if policy is not None and self._channel._service_config.buffers(payload):
+            return PendingCall.make(self._kind, self._attempts(
+                fast, md, timeout, policy,
+                lambda f, m, t: _call.UnaryStreamCall(self._channel, b, f, self._method, m, t,
+                                                      payload, self._deserializer), True))
         return _call.UnaryStreamCall(self._channel, b, fast, self._method, md, timeout,
                                      payload, self._deserializer)
 
