@@ -27,14 +27,14 @@ LOCAL_POOL = '[("grpc.use_local_subchannel_pool", 1)]'
 CLIENT = r"""
 import collections, resource, sys, time
 import grpc, argrpc
-target, n, limit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+target, n, limit, timeout = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 if limit:
     resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 channels = [argrpc.insecure_channel(target, options=%s) for _ in range(n)]
 ends, reasons = collections.Counter(), collections.Counter()
 for ch in channels:
     try:
-        ch.unary_unary("/c/Echo")(b"x" * 100, timeout=5)
+        ch.unary_unary("/c/Echo")(b"x" * 100, timeout=timeout)
         ends[ch.transport] += 1
     except grpc.RpcError as e:
         ends["rpc error"] += 1
@@ -71,9 +71,13 @@ def _echo_server() -> tuple[Any, int]:
     return server, port
 
 
-def _clients(port: int, processes: int, channels: int, limit: int = 0) -> list[Any]:
+def _clients(port: int, processes: int, channels: int, limit: int = 0,
+             timeout: float = 60.0) -> list[Any]:
+    """Client processes, each calling once on `channels` channels of their own. A server at
+    its fd limit cannot take gRPC connections either: those calls wait for their deadline,
+    so the limit tests give them a short one."""
     return [subprocess.Popen([sys.executable, "-c", CLIENT, f"127.0.0.1:{port}",
-                              str(channels), str(limit)], stdin=subprocess.PIPE,
+                              str(channels), str(limit), str(timeout)], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(processes)]
 
@@ -127,7 +131,7 @@ def test_a_thousand_connections_cost_the_server_little() -> None:
 def test_a_client_near_its_fd_limit_stays_on_grpc_with_the_reason() -> None:
     server, port = _echo_server()
     try:
-        clients = _clients(port, 1, 150, limit=200)
+        clients = _clients(port, 1, 150, limit=200, timeout=5.0)
         ends, reasons = _results(clients[0])
         err = _finish(clients)[0]
         assert "Traceback" not in err, err
@@ -143,7 +147,7 @@ def test_a_server_near_its_fd_limit_declines_and_goes_on() -> None:
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         port = int(server.stdout.readline())  # type: ignore[union-attr]
-        clients = _clients(port, 1, 120)
+        clients = _clients(port, 1, 120, timeout=5.0)
         ends, reasons = _results(clients[0])
         assert ends.get("shm", 0) > 0 and ends.get("grpc", 0) > 0, ends
         assert not [k for k in ends if k.startswith("raised")], ends
@@ -152,7 +156,7 @@ def test_a_server_near_its_fd_limit_declines_and_goes_on() -> None:
         _finish(clients)  # the descriptors come back
         deadline = time.monotonic() + HANG_S
         while True:  # the server notices the connections' ends, then serves again
-            again = _clients(port, 1, 1)
+            again = _clients(port, 1, 1, timeout=5.0)
             ends, _ = _results(again[0])
             _finish(again)
             if ends == {"shm": 1}:
