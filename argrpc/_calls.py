@@ -26,7 +26,7 @@ from . import _grpc_log, _observe
 from ._buffers import nbytes as _nbytes
 from ._bases import (FutureBase, StreamStreamBase, StreamUnaryBase, UnaryStreamBase,
                      UnaryUnaryBase)
-from ._client.service_config import Attempts, Hedge, HedgingPolicy, RetryPolicy
+from ._client.service_config import Attempts, Hedge
 from ._policy_call import PolicyCore
 from ._config import LIMITS
 from ._errors import (USER_CODE_FAILED, DoneFuture, _RpcError, code_from_int, local_error,
@@ -55,6 +55,11 @@ _LOCAL_CANCEL = "Locally cancelled by application!"
 _GC_CANCEL = "Cancelled upon garbage collection!"
 # grpc 1.85 reports an in-flight unary call of a closed channel as CANCELLED with this text.
 CHANNEL_CLOSED = "Channel closed!"
+
+
+def _received_too_large(n: int, limit: int) -> str:
+    """grpc's words for a response over the method's maxResponseMessageBytes."""
+    return f"Stream removed (CLIENT: Received message larger than max ({n} vs. {limit}))"
 
 
 def _too_large(n: int, limit: int) -> _RpcError:
@@ -471,7 +476,7 @@ class _Call(grpc.RpcError, grpc.Call, FutureBase):
         limit = self.max_response
         if limit < 0 or (n := _nbytes(message)) <= limit:
             return ""
-        return f"Stream removed (CLIENT: Received message larger than max ({n} vs. {limit}))"
+        return _received_too_large(n, limit)
 
     # ------------------------------------------------------------------ misc
     def __repr__(self) -> str:
@@ -676,6 +681,11 @@ class _MultiCallable:
             return e
         if conn is None:
             return result
+        return self._policy_call(conn, request, timeout, metadata, mc, streaming)
+
+    def _policy_call(self, conn: Any, request: Any, timeout: Optional[float], metadata: Any,
+                     mc: Any, streaming: bool) -> _Call:
+        """The call object of a routed call under its method's retry or hedging policy."""
         payload = self._serialize(request)
         if not self._channel._service_config.buffers(payload):
             call = self._start(conn, metadata, timeout, not streaming)
@@ -725,6 +735,18 @@ class _MultiCallable:
         return call
 
 
+def _has_policy(mc: Any) -> bool:
+    """Whether a method's config retries or hedges its calls."""
+    return mc is not None and (mc.retry is not None or mc.hedging is not None)
+
+
+def _ended(call: _Call) -> Any:
+    """A blocking call's answer: the response, or the error grpc's blocking call raises."""
+    if call.exception() is None:
+        return call.result()
+    raise call._error()
+
+
 class UnaryUnary(_MultiCallable, UnaryUnaryBase):
     __slots__ = ()
     _kind = "unary_unary"
@@ -740,8 +762,9 @@ class UnaryUnary(_MultiCallable, UnaryUnaryBase):
                                                  credentials, wait_for_ready, compression)
             if conn is None:
                 return result
-            if self._mc is not None and self._mc.hedging is not None:
-                return self._hedged(conn, request, timeout, metadata, self._mc.hedging).result()
+            if _has_policy(self._mc):
+                return _ended(self._policy_call(conn, request, timeout, metadata, self._mc,
+                                                 False))
         return self._blocking(conn, request, timeout, metadata)[0]
 
     def with_call(self, request: Any, timeout: Optional[float] = None, metadata: Any = None,
@@ -752,9 +775,9 @@ class UnaryUnary(_MultiCallable, UnaryUnaryBase):
                                              credentials, wait_for_ready, compression)
         if conn is None:
             return cast("tuple[Any, grpc.Call]", result)
-        if self._mc is not None and self._mc.hedging is not None:
-            call = self._hedged(conn, request, timeout, metadata, self._mc.hedging)
-            return call.result(), call
+        if _has_policy(self._mc):
+            call = self._policy_call(conn, request, timeout, metadata, self._mc, False)
+            return _ended(call), call
         response, imd, tmd, timeout = self._blocking(conn, request, timeout, metadata)
         return response, _CompletedCall(imd, tmd, response, _deadline(timeout))
 
@@ -765,18 +788,11 @@ class UnaryUnary(_MultiCallable, UnaryUnaryBase):
             timeout = 0.0  # grpc: already expired; the engine reads negative as "none"
         payload = request if self._raw_send else self._serialize(request)
         md = _core_metadata(metadata) if metadata else []
+        code, details, imd, tmd, response = conn.unary(self._method, md, timeout, payload)
         mc = self._mc
-        if mc is None or mc.retry is None or \
-                not self._channel._service_config.buffers(payload):
-            code, details, imd, tmd, response = conn.unary(self._method, md, timeout, payload)
-        else:
-            code, details, imd, tmd, response = self._attempts(conn, md, timeout, payload,
-                                                               mc.retry)
         if code == 0 and mc is not None and mc.max_response is not None and \
                 response is not None and (n := _nbytes(response)) > mc.max_response:
-            code, details = _RESOURCE_EXHAUSTED.value[0], (
-                f"Stream removed (CLIENT: Received message larger than max "
-                f"({n} vs. {mc.max_response}))")
+            code, details = _RESOURCE_EXHAUSTED.value[0], _received_too_large(n, mc.max_response)
         if code != 0:
             raise _status_exception(self._channel, code, details, imd, tmd)
         if self._deser is not None and response is not None:
@@ -785,68 +801,12 @@ class UnaryUnary(_MultiCallable, UnaryUnaryBase):
                 raise local_error(_INTERNAL, _DESERIALIZE_FAILED)
         return response, imd, tmd, timeout
 
-    def _attempts(self, conn: Any, md: list[Any], timeout: Optional[float], payload: Any,
-                  policy: RetryPolicy) -> Any:
-        """A call under its retry policy: attempts until one's status ends the call (gRFC
-        A6); a retry goes where the channel routes it then (another replica, when the
-        channel balances, or a renegotiated connection)."""
-        channel = self._channel
-        start = time.monotonic()
-        deadline = None if timeout is None else start + timeout
-        attempts = Attempts(policy, channel._throttle, deadline)
-        while True:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            outcome = conn.unary(self._method, attempts.metadata(md), left, payload)
-            code, _, imd, _, response = outcome
-            delay = attempts.after(code, bool(imd) or response is not None, outcome[3],
-                                   time.monotonic())
-            if delay is None:
-                return outcome
-            time.sleep(delay)
-            if channel._balancer is not None or not conn.alive:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                conn, _, _ = channel._route(left, None)
-                if conn is None:  # off the fast path now: the attempt's status stands
-                    return outcome
-
-    def _hedged(self, conn: Any, request: Any, timeout: Optional[float], metadata: Any,
-                policy: HedgingPolicy) -> _Call:
-        """A call under its hedging policy (gRFC A6, `Hedge`): attempts started as they
-        fall due, each routed anew; the one whose end is the call's is returned, the
-        others are cancelled."""
-        channel = self._channel
-        payload = self._serialize(request)
-        hedge = Hedge(policy, channel._throttle,
-                      None if timeout is None else time.monotonic() + timeout)
-        ended = threading.Event()
-        try:
-            while True:
-                now = time.monotonic()
-                if hedge.start_now(now):
-                    if hedge.previous():  # a later attempt goes where the channel routes now
-                        conn = channel._route(hedge.left(now), None)[0] or conn
-                    header = hedge.previous()
-                    call = self._start(conn, tuple(metadata or ()) + ((header,) if header else ()),
-                                       hedge.left(now), True)
-                    call._core.send(payload)
-                    call._core.half_close()
-                    call.add_done_callback(lambda _call: ended.set())
-                    hedge.add(call)
-                ended.clear()
-                for call in hedge.newly_ended():
-                    if hedge.ended_with(call.code().value[0], call.trailing_metadata()):
-                        return cast(_Call, call)
-                wait = hedge.wait_s(time.monotonic())
-                ended.wait(1.0 if wait is None else wait)
-        finally:
-            hedge.cancel_rest()
-
     def future(self, request: Any, timeout: Optional[float] = None, metadata: Any = None,
                credentials: Optional[grpc.CallCredentials] = None,
                wait_for_ready: Optional[bool] = None,
                compression: Optional[grpc.Compression] = None) -> Any:
         mc = self._mc
-        if mc is None or (mc.retry is None and mc.hedging is None):
+        if not _has_policy(mc):
             return self._call_object("future", request, True, True, timeout, metadata,
                                      credentials, wait_for_ready, compression)
         return self._with_policy("future", request, timeout, metadata, credentials,

@@ -10,6 +10,7 @@ call (or ``await channel_ready()``); calls made while that runs wait for it
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import Any, Callable, Optional, cast
@@ -35,6 +36,9 @@ from ._loop import bridge
 from ._pending import PendingCall
 
 __all__ = ["Channel", "insecure_channel", "secure_channel"]
+
+# One attempt of a unary-request call: start(connection, metadata, timeout) -> call object.
+Start = Callable[[Any, list[Any], Optional[float]], Any]
 
 _LOGGER = logging.getLogger("argrpc")
 _running_loop = asyncio._get_running_loop  # None outside a loop, and cheap
@@ -409,9 +413,30 @@ class _MultiCallable:
         return _call.FailedCall.make(self._kind, _call.rpc_error(
             grpc.StatusCode.RESOURCE_EXHAUSTED, _call.too_large_details(n, self._max_send)))
 
+    def _unary_request(self, fast: Any, md: list[Any], timeout: Optional[float],
+                       request: Any, make: Callable[..., Any], streaming: bool) -> Any:
+        """A unary-request call on the fast path: `make(conn, method, metadata, timeout,
+        payload, deserializer)` builds one attempt; the method's retry policy (or, for a
+        unary response, its hedging policy) decides how many."""
+        payload = _call.serialize(self._serializer, request)
+        if (failed := self._too_large(payload)) is not None:
+            return failed
+
+        def start(conn: Any, metadata: list[Any], left: Optional[float]) -> Any:
+            return make(conn, self._method, metadata, left, payload, self._deserializer)
+
+        mc = self._mc
+        if mc is not None and self._channel._service_config.buffers(payload):
+            if mc.retry is not None:
+                return PendingCall.make(self._kind, self._attempts(
+                    fast, md, timeout, mc.retry, start, streaming))
+            if mc.hedging is not None and not streaming:
+                return PendingCall.make(self._kind, self._hedged(
+                    fast, md, timeout, mc.hedging, start))
+        return start(fast, md, timeout)
+
     async def _attempts(self, fast: Any, md: list[Any], timeout: Optional[float],
-                        policy: RetryPolicy, start: Callable[[Any, list[Any], Optional[float]], Any],
-                        streaming: bool) -> Any:
+                        policy: RetryPolicy, start: Start, streaming: bool) -> Any:
         """The call under its retry policy (gRFC A6): attempts, each `start(fast, md,
         timeout)` where the channel routes it then, until one's status ends the call or,
         for a response stream, its first message commits it; that attempt is the call."""
@@ -441,6 +466,36 @@ class _MultiCallable:
             if fast is None or channel.closing:  # off the fast path: that end stands
                 return call
 
+    async def _hedged(self, fast: Any, md: list[Any], timeout: Optional[float],
+                      policy: HedgingPolicy, start: Start) -> Any:
+        """The call under its hedging policy (gRFC A6, `Hedge`), as the threaded channel
+        hedges: the attempt whose end is the call's is the call."""
+        channel = self._channel
+        hedge = Hedge(policy, channel._throttle,
+                      None if timeout is None else time.monotonic() + timeout)
+        ended = asyncio.Event()
+        try:
+            while True:
+                now = time.monotonic()
+                if hedge.start_now(now):
+                    if hedge.previous():  # a later attempt goes where the channel routes now
+                        fast = channel.pick()[0] or fast
+                    header = hedge.previous()
+                    call = start(fast, md + [header] if header else md, hedge.left(now))
+                    call.add_done_callback(lambda _call: ended.set())
+                    hedge.add(call)
+                ended.clear()
+                for call in hedge.newly_ended():
+                    if hedge.ended_with((await call.code()).value[0],
+                                        await call.trailing_metadata()):
+                        return call
+                try:
+                    await asyncio.wait_for(ended.wait(), hedge.wait_s(time.monotonic()))
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            hedge.cancel_rest()
+
     def _limited(self, call: Any) -> Any:
         call.max_send = self._max_send
         return call
@@ -467,53 +522,8 @@ class UnaryUnaryMultiCallable(_MultiCallable, AioUnaryUnaryBase):
 
     def _fast_call(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
                    request: Any) -> Any:
-        payload = _call.serialize(self._serializer, request)
-        if (failed := self._too_large(payload)) is not None:
-            return failed
-        policy = None if self._mc is None else self._mc.retry
-        if policy is not None and self._channel._service_config.buffers(payload):
-            return PendingCall.make(self._kind, self._attempts(
-                fast, md, timeout, policy,
-                lambda f, m, t: _call.UnaryUnaryCall(self._channel, b, f, self._method, m, t,
-                                                     payload, self._deserializer), False))
-        hedging = None if self._mc is None else self._mc.hedging
-        if hedging is not None and self._channel._service_config.buffers(payload):
-            return PendingCall.make(self._kind, self._hedged(b, fast, md, timeout, payload,
-                                                             hedging))
-        return _call.UnaryUnaryCall(self._channel, b, fast, self._method, md, timeout,
-                                    payload, self._deserializer)
-
-    async def _hedged(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
-                      payload: Any, policy: HedgingPolicy) -> Any:
-        """The call under its hedging policy (gRFC A6, `Hedge`), as the threaded channel
-        hedges: the attempt whose end is the call's is the call."""
-        channel = self._channel
-        hedge = Hedge(policy, channel._throttle,
-                      None if timeout is None else time.monotonic() + timeout)
-        ended = asyncio.Event()
-        try:
-            while True:
-                now = time.monotonic()
-                if hedge.start_now(now):
-                    if hedge.previous():  # a later attempt goes where the channel routes now
-                        fast = channel.pick()[0] or fast
-                    header = hedge.previous()
-                    call = _call.UnaryUnaryCall(channel, b, fast, self._method,
-                                                md + [header] if header else md,
-                                                hedge.left(now), payload, self._deserializer)
-                    call.add_done_callback(lambda _call: ended.set())
-                    hedge.add(call)
-                ended.clear()
-                for call in hedge.newly_ended():
-                    if hedge.ended_with((await call.code()).value[0],
-                                        await call.trailing_metadata()):
-                        return call
-                try:
-                    await asyncio.wait_for(ended.wait(), hedge.wait_s(time.monotonic()))
-                except asyncio.TimeoutError:
-                    pass
-        finally:
-            hedge.cancel_rest()
+        return self._unary_request(fast, md, timeout, request, functools.partial(
+            _call.UnaryUnaryCall, self._channel, b), streaming=False)
 
 
 class UnaryStreamMultiCallable(_MultiCallable, AioUnaryStreamBase):
@@ -521,17 +531,8 @@ class UnaryStreamMultiCallable(_MultiCallable, AioUnaryStreamBase):
 
     def _fast_call(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
                    request: Any) -> Any:
-        payload = _call.serialize(self._serializer, request)
-        if (failed := self._too_large(payload)) is not None:
-            return failed
-        policy = None if self._mc is None else self._mc.retry
-        if policy is not None and self._channel._service_config.buffers(payload):
-            return PendingCall.make(self._kind, self._attempts(
-                fast, md, timeout, policy,
-                lambda f, m, t: _call.UnaryStreamCall(self._channel, b, f, self._method, m, t,
-                                                      payload, self._deserializer), True))
-        return _call.UnaryStreamCall(self._channel, b, fast, self._method, md, timeout,
-                                     payload, self._deserializer)
+        return self._unary_request(fast, md, timeout, request, functools.partial(
+            _call.UnaryStreamCall, self._channel, b), streaming=True)
 
 
 class StreamUnaryMultiCallable(_MultiCallable, AioStreamUnaryBase):
