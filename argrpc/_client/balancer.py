@@ -84,9 +84,6 @@ class Balancer:
                 else await asyncio.get_running_loop().run_in_executor(None, self.resolver.resolve)
             self._update(addresses)
 
-    def _resolve_again(self) -> Optional[list[str]]:
-        return self.resolver.again()
-
     # ------------------------------------------------------------------ picking
     def pick(self) -> Optional[Subchannel]:
         """The next ready subchannel, or None when none is."""
@@ -155,7 +152,7 @@ class Balancer:
 
     def refresh(self) -> None:
         """Negotiates in the background every subchannel that is due and not yet being
-        negotiated; resolves the target again when one is not ready."""
+        negotiated (a call's thread only starts them)."""
         subs = self._subs
         if all(s.ready() for s in subs):
             return
@@ -167,14 +164,16 @@ class Balancer:
         for s in start:
             threading.Thread(target=self._reconnect, args=(s,), daemon=True,
                              name="argrpc-negotiate").start()
-        if start:
-            addresses = self._resolve_again()
-            if addresses is not None:
-                self._update(addresses)
 
     def _reconnect(self, sub: Subchannel) -> None:
+        """A subchannel negotiated again off the calls' path; if it is still not ready,
+        the target is resolved again there too (the lookup may block)."""
         try:
             sub.connect(None, False)
+            if not sub.ready():
+                addresses = self.resolver.again()
+                if addresses is not None:
+                    self._update(addresses)
         finally:
             with self._lock:
                 self._busy.discard(sub)
@@ -201,7 +200,8 @@ class Balancer:
                 started = True
         if started and self.resolver.resolution.scheme == "dns":
             loop = asyncio.get_running_loop()
-            loop.run_in_executor(None, self._resolve_again).add_done_callback(self._resolved_again)
+            loop.run_in_executor(None, self.resolver.again).add_done_callback(
+                self._resolved_again)
 
     def _resolved_again(self, done: "asyncio.Future[Optional[list[str]]]") -> None:
         if not done.cancelled() and done.exception() is None:

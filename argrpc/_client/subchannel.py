@@ -164,5 +164,5 @@ class Subchannel(Routing):
         fast, self._fast = self._fast, None
         if fast is not None:
             self._let_go(fast, why)
-        got, self._grpc_of = self._grpc_of, None
-        return got[1] if got is not None and got[0] == os.getpid() else None
+        grpc_channel, self._grpc_of = self.made_grpc_channel(), None
+        return grpc_channel
