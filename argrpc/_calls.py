@@ -27,7 +27,7 @@ from ._buffers import nbytes as _nbytes
 from ._bases import (FutureBase, StreamStreamBase, StreamUnaryBase, UnaryStreamBase,
                      UnaryUnaryBase)
 from ._client.service_config import Attempts, Hedge
-from ._policy_call import PolicyCore
+from ._policy_call import PolicyCore, RequestBuffer
 from ._config import LIMITS
 from ._errors import (USER_CODE_FAILED, DoneFuture, _RpcError, code_from_int, local_error,
                       rpc_state_string, status_error, user_codec)
@@ -649,17 +649,73 @@ class _MultiCallable:
             return e
         if conn is None:
             return result
+        payload = self._serialize(arg) if unary_request else None
+        try:
+            call, result = self._started(how, conn, arg, timeout, metadata, credentials,
+                                         wait_for_ready, compression, unary_response)
+        except _RpcError as e:
+            return e
+        if call is None:
+            return result
         if unary_request:
-            return self._start_unary_request(conn, arg, metadata, timeout, unary_response)
-        return self._start_stream_request(conn, arg, metadata, timeout, unary_response)
+            call._core.send(payload)  # False means it already ended: the status says why
+            call._core.half_close()
+            return call
+        return self._feed(call, arg)
 
     def _start(self, conn: Any, metadata: Any, timeout: Optional[float],
                unary_response: bool) -> _Call:
+        call = self._try_start(conn, metadata, timeout, unary_response, False)
+        assert call is not None
+        return call
+
+    def _try_start(self, conn: Any, metadata: Any, timeout: Optional[float],
+                   unary_response: bool, retry_unsent: bool) -> Optional[_Call]:
+        """The call started on `conn`; None if it never left the process and may start
+        again elsewhere (`retry_unsent`)."""
         if timeout is not None and timeout < 0:
             timeout = 0.0  # grpc: already expired; the engine reads negative as "none"
-        core = conn.start_call(self._method, _core_metadata(metadata), timeout)
+        core = conn.start_call(self._method, _core_metadata(metadata), timeout, retry_unsent)
+        if core is None:
+            return None
         return self._limited(_Call(self._channel, core, self._deser, unary_response,
                                    _deadline(timeout)))
+
+    def _started(self, how: str, conn: Any, arg: Any, timeout: Optional[float],
+                 metadata: Any, credentials: Optional[grpc.CallCredentials],
+                 wait_for_ready: Optional[bool], compression: Optional[grpc.Compression],
+                 unary_response: bool) -> tuple[Optional[_Call], Any]:
+        """The call started on the routed `conn`: ``(call, None)``. One that ended
+        UNAVAILABLE without leaving the process (its connection failed after the channel
+        chose it) starts again where the channel routes it now, as gRFC A6's transparent
+        retries do; routed to grpc, it is ``(None, what grpc returned)``."""
+        mc = self._mc
+        if mc is not None and mc.retry is not None and self._kind.startswith("stream"):
+            core = self._policy_core(conn, None, metadata, timeout, mc, not unary_response)
+            return self._limited(_Call(self._channel, core, self._deser, unary_response,
+                                       _deadline(timeout))), None
+        return self._sent(how, conn, arg, timeout, metadata, credentials, wait_for_ready,
+                          compression, lambda c, t, retry: self._try_start(
+                              c, metadata, t, unary_response, retry))
+
+    def _sent(self, how: str, conn: Any, arg: Any, timeout: Optional[float], metadata: Any,
+              credentials: Optional[grpc.CallCredentials], wait_for_ready: Optional[bool],
+              compression: Optional[grpc.Compression],
+              attempt: Callable[[Any, Optional[float], bool], Any]) -> tuple[Any, Any]:
+        """``(attempt(conn, timeout, retry_unsent), None)`` on the routed `conn`. An attempt
+        that never left the process (None) starts again where the channel routes it now,
+        as gRFC A6's transparent retries do, while the channel allows; routed to grpc, it
+        is ``(None, what grpc returned)``."""
+        tries = self._channel._service_config.unsent_retries
+        while True:
+            done = attempt(conn, timeout, tries > 0)
+            if done is not None:
+                return done, None
+            tries -= 1
+            conn, timeout, result = self._routed(how, arg, timeout, metadata, credentials,
+                                                 wait_for_ready, compression)
+            if conn is None:
+                return None, result
 
     def _limited(self, call: _Call) -> _Call:
         """The call with its method's response limit, if it has one."""
@@ -698,7 +754,8 @@ class _MultiCallable:
 
     def _policy_core(self, conn: Any, payload: Any, metadata: Any, timeout: Optional[float],
                      mc: Any, streaming: bool) -> PolicyCore:
-        """The stand-in engine call that makes the call's attempts under its policy."""
+        """The stand-in engine call that makes the call's attempts under its policy; with
+        `payload` None, a request stream's, fed as an engine call is (retries only)."""
         channel = self._channel
         md = _core_metadata(metadata)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -709,27 +766,22 @@ class _MultiCallable:
                 route["conn"] = channel._route(left, None)[0] or route["conn"]
             route["attempts"] += 1
             core = route["conn"].start_call(self._method, md + [extra] if extra else md, left)
-            core.send(payload)
-            core.half_close()
+            if payload is not None:
+                core.send(payload)
+                core.half_close()
             return core
 
         throttle = channel._throttle
+        if payload is None:
+            return PolicyCore(start, deadline, Attempts(mc.retry, throttle, deadline), None,
+                              streaming, RequestBuffer(channel._service_config.buffer_limit))
         return PolicyCore(start, deadline,
                           Attempts(mc.retry, throttle, deadline) if mc.retry else None,
                           Hedge(mc.hedging, throttle, deadline) if mc.hedging else None,
                           streaming)
 
-    def _start_unary_request(self, conn: Any, request: Any, metadata: Any,
-                             timeout: Optional[float], unary_response: bool) -> _Call:
-        payload = self._serialize(request)
-        call = self._start(conn, metadata, timeout, unary_response)
-        call._core.send(payload)  # False means it already ended: the status says why
-        call._core.half_close()
-        return call
-
-    def _start_stream_request(self, conn: Any, request_iterator: Any, metadata: Any,
-                              timeout: Optional[float], unary_response: bool) -> _Call:
-        call = self._start(conn, metadata, timeout, unary_response)
+    def _feed(self, call: _Call, request_iterator: Any) -> _Call:
+        """Sends the requests of a started call from `request_iterator`."""
         _consume_requests(call._core, request_iterator, self._ser, self._max_send,
                           call.override, self._channel._feeders)
         return call
@@ -765,7 +817,9 @@ class UnaryUnary(_MultiCallable, UnaryUnaryBase):
             if _has_policy(self._mc):
                 return _ended(self._policy_call(conn, request, timeout, metadata, self._mc,
                                                  False))
-        return self._blocking(conn, request, timeout, metadata)[0]
+        answer, result = self._answered("", conn, request, timeout, metadata, credentials,
+                                        wait_for_ready, compression)
+        return result if answer is None else answer[0]
 
     def with_call(self, request: Any, timeout: Optional[float] = None, metadata: Any = None,
                   credentials: Optional[grpc.CallCredentials] = None,
@@ -778,17 +832,36 @@ class UnaryUnary(_MultiCallable, UnaryUnaryBase):
         if _has_policy(self._mc):
             call = self._policy_call(conn, request, timeout, metadata, self._mc, False)
             return _ended(call), call
-        response, imd, tmd, timeout = self._blocking(conn, request, timeout, metadata)
+        answer, result = self._answered("with_call", conn, request, timeout, metadata,
+                                        credentials, wait_for_ready, compression)
+        if answer is None:
+            return cast("tuple[Any, grpc.Call]", result)
+        response, imd, tmd, timeout = answer
         return response, _CompletedCall(imd, tmd, response, _deadline(timeout))
 
-    def _blocking(self, conn: Any, request: Any, timeout: Optional[float],
-                  metadata: Any) -> tuple[Any, Any, Any, Optional[float]]:
-        """One blocking call in the engine: (response, initial md, trailing md, timeout)."""
+    def _answered(self, how: str, conn: Any, request: Any, timeout: Optional[float],
+                  metadata: Any, credentials: Optional[grpc.CallCredentials],
+                  wait_for_ready: Optional[bool], compression: Optional[grpc.Compression]
+                  ) -> tuple[Optional[tuple[Any, Any, Any, Optional[float]]], Any]:
+        """The blocking call on the routed `conn`: ``(answer, None)``; started again where
+        the channel routes it now if it never left the process (as _started), and
+        ``(None, what grpc returned)`` once that is grpc."""
+        payload = request if self._raw_send else self._serialize(request)
+        return self._sent(how, conn, request, timeout, metadata, credentials, wait_for_ready,
+                          compression, lambda c, t, retry: self._blocking(
+                              c, payload, t, metadata, retry))
+
+    def _blocking(self, conn: Any, payload: Any, timeout: Optional[float], metadata: Any,
+                  retry_unsent: bool = False) -> Optional[tuple[Any, Any, Any, Optional[float]]]:
+        """One blocking call in the engine: (response, initial md, trailing md, timeout);
+        None if it never left the process and may start again elsewhere (`retry_unsent`)."""
         if timeout is not None and timeout < 0:
             timeout = 0.0  # grpc: already expired; the engine reads negative as "none"
-        payload = request if self._raw_send else self._serialize(request)
         md = _core_metadata(metadata) if metadata else []
-        code, details, imd, tmd, response = conn.unary(self._method, md, timeout, payload)
+        ended = conn.unary(self._method, md, timeout, payload, retry_unsent)
+        if ended is None:
+            return None
+        code, details, imd, tmd, response = ended
         mc = self._mc
         if code == 0 and mc is not None and mc.max_response is not None and \
                 response is not None and (n := _nbytes(response)) > mc.max_response:
@@ -832,33 +905,40 @@ class StreamUnary(_MultiCallable, StreamUnaryBase):
     __slots__ = ()
     _kind = "stream_unary"
 
-    def _blocking(self, conn: Any, request_iterator: Any, timeout: Optional[float],
-                  metadata: Any) -> tuple[Any, _Call]:
-        call = self._start_stream_request(conn, request_iterator, metadata, timeout, True)
+    def _blocking(self, how: str, request_iterator: Any, timeout: Optional[float],
+                  metadata: Any, credentials: Optional[grpc.CallCredentials],
+                  wait_for_ready: Optional[bool], compression: Optional[grpc.Compression]
+                  ) -> tuple[Optional[tuple[Any, _Call]], Any]:
+        """``((response, call), None)`` on the fast path, ``(None, what grpc returned)``."""
+        conn, timeout, result = self._routed(how, request_iterator, timeout, metadata,
+                                             credentials, wait_for_ready, compression)
+        if conn is None:
+            return None, result
+        call, result = self._started(how, conn, request_iterator, timeout, metadata,
+                                     credentials, wait_for_ready, compression, True)
+        if call is None:
+            return None, result
+        self._feed(call, request_iterator)
         call._wait(None)
         if call._code is _OK:
-            return call._response, call
+            return (call._response, call), None
         raise call._error()
 
     def __call__(self, request_iterator: Iterator[Any], timeout: Optional[float] = None,
                  metadata: Any = None, credentials: Optional[grpc.CallCredentials] = None,
                  wait_for_ready: Optional[bool] = None,
                  compression: Optional[grpc.Compression] = None) -> Any:
-        conn, timeout, result = self._routed("", request_iterator, timeout, metadata,
-                                             credentials, wait_for_ready, compression)
-        if conn is None:
-            return result
-        return self._blocking(conn, request_iterator, timeout, metadata)[0]
+        answer, result = self._blocking("", request_iterator, timeout, metadata, credentials,
+                                        wait_for_ready, compression)
+        return result if answer is None else answer[0]
 
     def with_call(self, request_iterator: Iterator[Any], timeout: Optional[float] = None,
                   metadata: Any = None, credentials: Optional[grpc.CallCredentials] = None,
                   wait_for_ready: Optional[bool] = None,
                   compression: Optional[grpc.Compression] = None) -> tuple[Any, grpc.Call]:
-        conn, timeout, result = self._routed("with_call", request_iterator, timeout,
-                                             metadata, credentials, wait_for_ready, compression)
-        if conn is None:
-            return cast("tuple[Any, grpc.Call]", result)
-        return self._blocking(conn, request_iterator, timeout, metadata)
+        answer, result = self._blocking("with_call", request_iterator, timeout, metadata,
+                                        credentials, wait_for_ready, compression)
+        return cast("tuple[Any, grpc.Call]", result) if answer is None else answer
 
     def future(self, request_iterator: Iterator[Any], timeout: Optional[float] = None,
                metadata: Any = None, credentials: Optional[grpc.CallCredentials] = None,

@@ -414,6 +414,11 @@ class Limits:
         0.05, "an idle server worker beyond the first gives its pool thread back after this")
     last_worker_idle_s: float = _fixed(
         1.0, "the last idle server worker gives its pool thread back after this")
+    transparent_retries: int = _fixed(
+        3, "a call that ended UNAVAILABLE before it left the process (its connection failed "
+        "between the channel's choice and the call's start) starts again where the channel "
+        "routes it next, up to this many times (gRFC A6's transparent retries; "
+        "grpc.enable_retries=0 turns them off)")
     call_thread_idle_s: float = _fixed(
         10.0, "a client's thread that runs done-callbacks of fast-path calls exits after "
         "this long with none to watch")
@@ -467,10 +472,20 @@ class Limits:
         4, "rounds in which the last thread to stop polling reads what came in before it "
         "could ask the peers to ring again, and asks again, before it leaves the rest to the "
         "progress thread (a fabric that already holds work cannot be armed)", engine=True)
+    cool_ms: int = _fixed(
+        5, "a connection neither heard from nor called on for this long is left to its "
+        "doorbell: armed, and no longer read by every polling thread, so a poll pass costs "
+        "what the busy connections cost, not every connection of the process", engine=True)
     poll_hold_ms: int = _fixed(
         5, "longest stretch one thread reads a connection while completions keep coming "
         "(a long pull on a slow fabric) before it lets go, so the sweep and PING answers "
         "are not held back", engine=True)
+    verbs_ring_budget: int = _fixed(
+        64 * MiB, "verbs: receive-ring bytes a process registers (pins) across its "
+        "connections before new connections get smaller rings, halved down to 64K (and no "
+        "lower than four times TF_RDMA_ACC_SIZE); a connection uses the smaller of its two "
+        "sides' rings both ways, so a server with many clients pins little per connection",
+        engine=True)
     pull_ahead: int = _fixed(
         2, "large messages pulled ahead of the reader per stream", engine=True)
     slab_size: int = _fixed(

@@ -5,7 +5,12 @@ stand-in with the engine call's interface (``status``, ``done``, ``recv``,
 argrpc's makes (gRFC A6, the rules in ``_client.service_config``). An attempt decides the
 call when it ends in a way that is not retried, or, for a response stream, when its first
 message arrives (the call is committed then, and that attempt's stream is the call's).
-Cancelling the call cancels the attempts running and starts no more."""
+Cancelling the call cancels the attempts running and starts no more.
+
+A call with a request stream under a retry policy is fed like an engine call (``send``,
+``half_close``): each request goes to the attempt running and into a buffer that a retry
+replays, in order, before anything newer. Requests beyond
+``grpc.per_rpc_retry_buffer_size`` commit the call to the attempt running (gRFC A6)."""
 
 from __future__ import annotations
 
@@ -15,24 +20,60 @@ from typing import Any, Callable, Optional
 
 import grpc
 
+from ._buffers import nbytes
 from ._client.service_config import Attempts, Hedge
 
-__all__ = ["PolicyCore"]
+__all__ = ["PolicyCore", "RequestBuffer"]
 
 _CANCELLED = grpc.StatusCode.CANCELLED.value[0]
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 _POLL_S = 0.002  # how often hedged attempts are looked at (no engine wake-up here)
 
-# start(extra metadata or None, timeout) -> an engine call with the request sent and the
-# requests closed, or None when there is no fast connection to start it on.
+# start(extra metadata or None, timeout) -> an engine call (for a unary request, with the
+# request sent and the requests closed), or None when there is no fast connection to
+# start it on.
 Start = Callable[[Optional[tuple[str, str]], Optional[float]], Any]
+
+
+class RequestBuffer:
+    """The requests of a call with a request stream, kept for its next attempt while they
+    fit `limit` bytes; past it, the call is committed and they are kept no more."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._messages: list[Any] = []
+        self._size = 0
+        self.closed = False
+        self.overflowed = False
+
+    def add(self, payload: Any) -> None:
+        if self.overflowed:
+            return
+        self._size += nbytes(payload)
+        if self._size > self._limit:
+            self.overflowed = True
+            self._messages = []
+        else:
+            self._messages.append(payload)
+
+    def replay(self, core: Any) -> None:
+        """What the call sent so far, to a new attempt."""
+        for payload in self._messages:
+            if not core.send(payload):
+                return
+        if self.closed:
+            core.half_close()
 
 
 class PolicyCore:
     def __init__(self, start: Start, deadline: Optional[float],
                  attempts: Optional[Attempts], hedge: Optional[Hedge],
-                 streaming: bool = False) -> None:
+                 streaming: bool = False, requests: Optional[RequestBuffer] = None) -> None:
         self._start = start
+        # A request stream's: sends and a new attempt's replay take turns under it, so
+        # every attempt gets the requests in order; never held by cancel().
+        self._requests = requests
+        self._send_lock = threading.Lock()
         self._deadline = deadline
         self._lock = threading.Lock()
         self._ended = threading.Event()
@@ -55,15 +96,21 @@ class PolicyCore:
     def _launch(self, extra: Optional[tuple[str, str]]) -> Any:
         """The next attempt's engine call, or None (cancelled, or it cannot start: the
         attempt before it is then the call's end)."""
-        with self._lock:
-            if self._cancel is not None:
-                return None
-            try:
-                core = self._start(extra, self._left())
-            except Exception:  # noqa: BLE001 - e.g. a forced transport now impossible
-                return None
-            if core is not None:
-                self._live.append(core)
+        with self._send_lock:
+            with self._lock:
+                if self._cancel is not None:
+                    return None
+                requests = self._requests
+                if requests is not None and requests.overflowed and self._live:
+                    return None  # committed while it waited: what it sent is not kept
+                try:
+                    core = self._start(extra, self._left())
+                except Exception:  # noqa: BLE001 - e.g. a forced transport now impossible
+                    return None
+                if core is not None:
+                    self._live.append(core)
+            if core is not None and self._requests is not None:
+                self._requests.replay(core)
             return core
 
     def _run(self, drive: Callable[[], Any]) -> None:
@@ -90,7 +137,8 @@ class PolicyCore:
                     self._first = first
                     return core
             code, _, trailing = core.status(None)
-            committed = bool(core.initial_metadata())
+            committed = bool(core.initial_metadata()) or (
+                self._requests is not None and self._requests.overflowed)
             delay = attempts.after(code, committed, trailing, time.monotonic())
             if delay is None or self._wake.wait(delay):
                 return core
@@ -133,6 +181,29 @@ class PolicyCore:
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
         status = self._final.status(left)
         return None if status is None else tuple(status)
+
+    def send(self, payload: Any) -> bool:
+        """A request of the stream, to the attempt running and to the next one's."""
+        requests = self._requests
+        assert requests is not None
+        with self._send_lock:
+            requests.add(payload)
+            with self._lock:
+                live = [core for core in self._live if not core.done()]
+            for core in live:
+                core.send(payload)
+        return not self.done()
+
+    def half_close(self) -> bool:
+        requests = self._requests
+        assert requests is not None
+        with self._send_lock:
+            requests.closed = True
+            with self._lock:
+                live = [core for core in self._live if not core.done()]
+            for core in live:
+                core.half_close()
+        return not self.done()
 
     def recv(self) -> Any:
         self._ended.wait()

@@ -137,10 +137,21 @@ inline constexpr int64_t kLeaseCheckMs = 1;
 // thread (a fabric that already holds work cannot be armed)
 inline constexpr int64_t kArmTries = 4;
 
+// a connection neither heard from nor called on for this long is left to its doorbell:
+// armed, and no longer read by every polling thread, so a poll pass costs what the busy
+// connections cost, not every connection of the process
+inline constexpr int64_t kCoolMs = 5;
+
 // longest stretch one thread reads a connection while completions keep coming (a long
 // pull on a slow fabric) before it lets go, so the sweep and PING answers are not held
 // back
 inline constexpr int64_t kPollHoldMs = 5;
+
+// verbs: receive-ring bytes a process registers (pins) across its connections before new
+// connections get smaller rings, halved down to 64K (and no lower than four times
+// TF_RDMA_ACC_SIZE); a connection uses the smaller of its two sides' rings both ways, so
+// a server with many clients pins little per connection
+inline constexpr int64_t kVerbsRingBudget = 67108864;
 
 // large messages pulled ahead of the reader per stream
 inline constexpr int64_t kPullAhead = 2;

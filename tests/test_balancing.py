@@ -269,6 +269,64 @@ def test_aio_round_robin_and_a_replica_that_comes_back(stack: str) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("retries", ["transparent", "off"])
+@pytest.mark.parametrize("api", ["threaded", "asyncio"])
+def test_a_call_that_never_left_is_started_on_another_replica(api: str, retries: str) -> None:
+    """One replica's connection fails between the balancer's pick and the call's start
+    (the fail point `route`): the call never left, so it starts again on the next replica,
+    as gRFC A6's transparent retries do (grpc's own calls cannot be stopped at that
+    point: its outcome is that every call succeeds). grpc.enable_retries=0 turns them
+    off: that one call ends UNAVAILABLE, as on a channel of its own."""
+    options = RR_OPTION + ([("grpc.enable_retries", 0)] if retries == "off" else [])
+    started = [_serve("argrpc", str(i)) for i in range(3)]
+    target = _ipv4([p for _, p in started])
+
+    def arm(ch: Any) -> None:
+        subs = ch._balancer.subchannels()
+        assert [s.transport() for s in subs] == ["shm"] * 3
+        subs[1]._fast._probe_fail_at("route")
+
+    def outcome(calls: list[Any]) -> collections.Counter[str]:
+        return collections.Counter(c if isinstance(c, str) else c.split(":")[0]
+                                   for c in calls)
+
+    try:
+        if api == "threaded":
+            with argrpc.insecure_channel(target, options=options) as ch:
+                who = ch.unary_unary("/r/Who")
+                _count(who, 6)
+                arm(ch)
+                ends: list[Any] = []
+                for _ in range(6):
+                    try:
+                        ends.append(who(b"", timeout=HANG_S).decode())
+                    except grpc.RpcError as e:
+                        ends.append(e.code().name)
+        else:
+            async def main() -> list[Any]:
+                async with argrpc.aio.insecure_channel(target, options=options) as ch:
+                    who = ch.unary_unary("/r/Who")
+                    for _ in range(6):
+                        await who(b"", timeout=HANG_S)
+                    arm(ch)
+                    out: list[Any] = []
+                    for _ in range(6):
+                        try:
+                            out.append((await who(b"", timeout=HANG_S)).decode())
+                        except grpc.aio.AioRpcError as e:
+                            out.append(e.code().name)
+                    return out
+            ends = asyncio.run(main())
+    finally:
+        for s, _ in started:
+            s.stop(None)
+    counts = outcome(ends)
+    if retries == "transparent":
+        assert sum(counts.values()) == 6 and "UNAVAILABLE" not in counts, ends
+    else:
+        assert counts["UNAVAILABLE"] == 1 and sum(counts.values()) == 6, ends
+
+
 # ---------------------------------------------------------------------- resolution, policy
 
 @pytest.mark.parametrize("target, scheme, found, authority", [

@@ -92,6 +92,27 @@ def test_sim_call_on_a_connection_failed_and_dropped_after_the_route(
     assert _start(sim.client, how) == (code, details)
 
 
+def test_sim_a_call_that_never_left_is_handed_back(sim: SimpleNamespace) -> None:
+    """Asked to (retry_unsent), the engine hands back a call that ended UNAVAILABLE before
+    its HEADERS were written, for the channel to start again elsewhere; a closed
+    connection's calls end CANCELLED as before: a close is no reason to retry."""
+    code, _, _, _, _ = sim.client.unary(ECHO, [], 10.0, b"warm", True)
+    assert code == 0
+    sim.client._probe_fail_at("route")
+    assert sim.client.unary(ECHO, [], 10.0, b"x", True) is None
+    assert sim.client.start_call(ECHO, [], 10.0, True) is None
+    # Without the ask, the same end as before.
+    assert sim.client.unary(ECHO, [], 10.0, b"x")[0] == UNAVAILABLE
+
+
+def test_sim_a_closed_connections_calls_are_not_handed_back(sim: SimpleNamespace) -> None:
+    sim.client.close()
+    code, details, _, _, _ = sim.client.unary(ECHO, [], 10.0, b"x", True)
+    assert (code, details) == (CANCELLED, "Channel closed!")
+    call = sim.client.start_call(ECHO, [], 10.0, True)
+    assert call is not None and call.done()
+
+
 @pytest.mark.parametrize("how", STARTS)
 def test_sim_call_on_a_connection_closed_by_another_thread(sim: SimpleNamespace,
                                                             how: str) -> None:
@@ -137,19 +158,28 @@ THREADED = ("unary", "unary.with_call", "unary.future", "server_stream", "client
             "client_stream.with_call", "client_stream.future", "bidi")
 
 
+# A call that never left is started again where the channel routes it next (gRFC A6's
+# transparent retry); with grpc.enable_retries=0 it ends with the connection's end.
+RETRIES = {"transparent": UNLIMITED, "off": UNLIMITED + [("grpc.enable_retries", 0)]}
+
+
+@pytest.mark.parametrize("retries", RETRIES)
 @pytest.mark.parametrize("api", THREADED)
 def test_threaded_call_on_a_connection_dropped_after_the_route(
-        api: str, server: ServerProcess, pb: SimpleNamespace) -> None:
-    channel = make_channel("argrpc", server.target, UNLIMITED)
+        api: str, retries: str, server: ServerProcess, pb: SimpleNamespace) -> None:
+    channel = make_channel("argrpc", server.target, RETRIES[retries])
     try:
         stub = pb.pb2_grpc.EchoStub(channel)
         stub.Unary(_request(pb.pb2), timeout=HANG_S, wait_for_ready=True)
         assert channel.transport == "shm", channel.fallback_reason
         channel._fast._probe_fail_at("route")
-        with pytest.raises(grpc.RpcError) as info:
-            _threaded_calls(stub, pb.pb2)[api]()
-        assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value
-        assert FAIL_POINT in info.value.details(), info.value.details()
+        if retries == "transparent":
+            assert _threaded_calls(stub, pb.pb2)[api]()
+        else:
+            with pytest.raises(grpc.RpcError) as info:
+                _threaded_calls(stub, pb.pb2)[api]()
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value
+            assert FAIL_POINT in info.value.details(), info.value.details()
         # The next call renegotiates and is on the fast path again.
         _threaded_calls(stub, pb.pb2)[api]()
         assert channel.transport == "shm", channel.fallback_reason
@@ -171,21 +201,25 @@ async def _aio_call(stub: Any, pb2: Any, arity: str) -> Any:
     return [r async for r in stub.Bidi(iter([req, req]), timeout=HANG_S)]
 
 
+@pytest.mark.parametrize("retries", RETRIES)
 @pytest.mark.parametrize("arity", AIO)
 def test_aio_call_on_a_connection_dropped_after_the_route(
-        arity: str, server: ServerProcess, pb: SimpleNamespace) -> None:
+        arity: str, retries: str, server: ServerProcess, pb: SimpleNamespace) -> None:
     from argrpc import aio
 
     async def main() -> None:
-        async with aio.insecure_channel(server.target, options=UNLIMITED) as channel:
+        async with aio.insecure_channel(server.target, options=RETRIES[retries]) as channel:
             stub = pb.pb2_grpc.EchoStub(channel)
             await stub.Unary(_request(pb.pb2), timeout=HANG_S, wait_for_ready=True)
             assert channel._fast is not None and channel._fast.alive
             channel._fast._probe_fail_at("route")
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                await asyncio.wait_for(_aio_call(stub, pb.pb2, arity), HANG_S)
-            assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value
-            assert FAIL_POINT in info.value.details(), info.value.details()
+            if retries == "transparent":
+                assert await asyncio.wait_for(_aio_call(stub, pb.pb2, arity), HANG_S)
+            else:
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await asyncio.wait_for(_aio_call(stub, pb.pb2, arity), HANG_S)
+                assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value
+                assert FAIL_POINT in info.value.details(), info.value.details()
             await asyncio.wait_for(_aio_call(stub, pb.pb2, arity), HANG_S)
             assert channel._fast is not None and channel._fast.alive
 

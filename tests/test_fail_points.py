@@ -80,10 +80,34 @@ def _engine() -> Any:
     return _engine.peek_engine()
 
 
+# Where the call has not left yet: its HEADERS were not encoded (a unary call's go with
+# its request).
+NOT_LEFT = [("submit", a) for a in POINTS["submit"]] + [("copy_in", "unary")]
+
+
+@pytest.mark.parametrize("point,arity", NOT_LEFT, ids=[f"{p}-{a}" for p, a in NOT_LEFT])
+def test_a_call_that_never_left_starts_again(point: str, arity: str, server: ServerProcess,
+                                             pb: SimpleNamespace) -> None:
+    """The connection fails before the call's HEADERS went out: the call starts again
+    where the channel routes it now (gRFC A6's transparent retry) and succeeds."""
+    client = ShmClient(server.target, pb)
+    try:
+        client.echo(10, 1)
+        conn = client.connection()
+        conn._probe_fail_at(point)
+        _call(client.stub, pb.pb2, arity, BIG)()
+        assert not conn.alive and "test fail point" in conn.error
+        client.echo(BIG, 2, both_ways=True)
+    finally:
+        client.channel.close()
+
+
 @pytest.mark.parametrize("point,arity", CASES, ids=[f"{p}-{a}" for p, a in CASES])
 def test_failure_at_point_ends_the_call_and_frees_the_connection(
         point: str, arity: str, server: ServerProcess, pb: SimpleNamespace) -> None:
-    client = ShmClient(server.target, pb)
+    # Transparent retries off: a call that never left would start again elsewhere
+    # (test_a_call_that_never_left_starts_again).
+    client = ShmClient(server.target, pb, [("grpc.enable_retries", 0)])
     try:
         client.echo(10, 1)
         engine = _engine()

@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 from concurrent import futures
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import grpc
 import pytest
@@ -565,3 +565,181 @@ def test_aio_response_stream_is_retried_until_its_first_message(stack: str) -> N
             await server.stop(None)
 
     asyncio.run(main())
+
+
+class _Streams:
+    """Request-stream handlers: the first request says how the call goes ("fail N": the
+    first N attempts fail UNAVAILABLE, after reading every request; "late": a response
+    first, then UNAVAILABLE); every attempt's requests and its
+    `grpc-previous-rpc-attempts` are recorded."""
+
+    def __init__(self) -> None:
+        self.attempts: list[tuple[Any, list[bytes]]] = []
+
+    def _attempt(self, context: Any) -> Any:
+        return dict(context.invocation_metadata()).get("grpc-previous-rpc-attempts")
+
+    def collect(self, requests: Any, context: Any) -> bytes:
+        seen = self._attempt(context)
+        got = list(requests)
+        self.attempts.append((seen, got))
+        word, _, arg = got[0].decode().partition(" ")
+        if word == "fail" and int(seen or 0) < int(arg):
+            context.abort(grpc.StatusCode.UNAVAILABLE, "not yet")
+        return b"|".join(got) + f" after {seen or 0}".encode()
+
+    def echo(self, requests: Any, context: Any) -> Any:
+        seen = self._attempt(context)
+        got: list[bytes] = []
+        self.attempts.append((seen, got))
+        for request in requests:
+            got.append(request)
+            word, _, arg = got[0].decode().partition(" ")
+            if word == "fail" and int(seen or 0) < int(arg):
+                context.abort(grpc.StatusCode.UNAVAILABLE, "not yet")
+            yield request
+            if word == "late":
+                context.abort(grpc.StatusCode.UNAVAILABLE, "after a message")
+
+    def handlers(self) -> Any:
+        return grpc.method_handlers_generic_handler("pkg.S", {
+            "Collect": grpc.stream_unary_rpc_method_handler(self.collect),
+            "Echo": grpc.stream_stream_rpc_method_handler(self.echo)})
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_request_streams_are_retried_with_their_requests_replayed(stack: str) -> None:
+    """A client stream or bidi call under a retry policy: a retry sends every request the
+    call sent so far again, in order, then the rest; requests beyond
+    grpc.per_rpc_retry_buffer_size commit the call (not retried); a bidi call is
+    committed by its first response, as grpcio does."""
+    service = _Streams()
+    server = inproc.stack_module(stack).server(futures.ThreadPoolExecutor(8))
+    server.add_generic_rpc_handlers([service.handlers()])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+
+    def requests(first: bytes, n: int, size: int = 3) -> Iterator[bytes]:
+        yield first
+        for i in range(n):
+            time.sleep(0.002)  # some arrive while an attempt already runs
+            yield b"%d" % i * size
+
+    def ends(call: Callable[[], Any]) -> tuple[str, Any, list[Any]]:
+        service.attempts.clear()
+        try:
+            result = call()
+            return "OK", result, [a for a, _ in service.attempts]
+        except grpc.RpcError as e:
+            return e.code().name, None, [a for a, _ in service.attempts]
+
+    body = b"fail 2|000|111|222|333"
+    try:
+        with _channel(stack, port, _retrying()) as ch:
+            collect = ch.stream_unary("/pkg.S/Collect")
+            assert ends(lambda: collect(requests(b"fail 2", 4), timeout=HANG_S)) == \
+                ("OK", body + b" after 2", [None, "1", "2"])
+            # Every attempt got every request, in order.
+            assert all(b"|".join(got) == body for _, got in service.attempts)
+            assert ends(lambda: collect.with_call(requests(b"fail 1", 4),
+                                                  timeout=HANG_S)[0]) == \
+                ("OK", b"fail 1|000|111|222|333 after 1", [None, "1"])
+            assert ends(lambda: collect.future(requests(b"fail 3", 2),
+                                               timeout=HANG_S).result()) == \
+                ("OK", b"fail 3|000|111 after 3", [None, "1", "2", "3"])
+            assert ends(lambda: collect(requests(b"fail 9", 1), timeout=HANG_S))[::2] == \
+                ("UNAVAILABLE", [None, "1", "2", "3"])
+            echo = ch.stream_stream("/pkg.S/Echo")
+            assert ends(lambda: list(echo(requests(b"fail 1", 2), timeout=HANG_S))) == \
+                ("OK", [b"fail 1", b"000", b"111"], [None, "1"])
+            assert ends(lambda: list(echo(requests(b"late", 2), timeout=HANG_S)))[::2] == \
+                ("UNAVAILABLE", [None])
+            if stack == "argrpc":
+                assert ch.transport == "shm"
+        small = ("grpc.per_rpc_retry_buffer_size", 1024)
+        with _channel(stack, port, _retrying(), small) as ch:
+            collect = ch.stream_unary("/pkg.S/Collect")
+            assert ends(lambda: collect(requests(b"fail 1", 4), timeout=HANG_S)) == \
+                ("OK", b"fail 1|000|111|222|333 after 1", [None, "1"])
+            # 4 × 400 bytes do not fit: the call is committed to its first attempt.
+            assert ends(lambda: collect(requests(b"fail 1", 4, 400), timeout=HANG_S))[::2] == \
+                ("UNAVAILABLE", [None])
+    finally:
+        server.stop(None)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_aio_response_limit_of_the_method(stack: str) -> None:
+    """A method's maxResponseMessageBytes on argrpc.aio, every arity that reads a
+    response: the call ends RESOURCE_EXHAUSTED with grpc.aio's words; what came before
+    the big message was read."""
+    aio = inproc.stack_module(stack).aio
+
+    async def stream(request: bytes, context: Any) -> Any:
+        yield b"a" * 10
+        yield b"b" * 2000
+        yield b"c"
+
+    async def big(request: Any, context: Any) -> bytes:
+        if not isinstance(request, bytes):
+            async for _ in request:
+                pass
+        return b"y" * 2000
+
+    async def bidi(requests: Any, context: Any) -> Any:
+        async for r in requests:
+            yield r
+
+    config = {"methodConfig": [{"name": [{"service": "pkg.S"}],
+                                "maxResponseMessageBytes": 1500}]}
+
+    async def main() -> list[Any]:
+        server = aio.server()
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("pkg.S", {
+            "Stream": grpc.unary_stream_rpc_method_handler(stream),
+            "Big": grpc.unary_unary_rpc_method_handler(big),
+            "BigFromStream": grpc.stream_unary_rpc_method_handler(big),
+            "Bidi": grpc.stream_stream_rpc_method_handler(bidi)})])
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        ends: list[Any] = []
+        try:
+            async with aio.insecure_channel(
+                    f"127.0.0.1:{port}",
+                    options=[("grpc.service_config", json.dumps(config))]) as ch:
+                got: list[int] = []
+                call = ch.unary_stream("/pkg.S/Stream")(b"", timeout=HANG_S)
+                try:
+                    async for message in call:
+                        got.append(len(message))
+                except grpc.aio.AioRpcError as e:
+                    ends.append((got, e.code().name, e.details()))
+                ends.append(((await call.code()).name, await call.details()))
+                for method, arg in (("/pkg.S/Big", b""),
+                                    ("/pkg.S/BigFromStream", iter([b"x"]))):
+                    mc = ch.unary_unary(method) if method == "/pkg.S/Big" else \
+                        ch.stream_unary(method)
+                    call = mc(arg, timeout=HANG_S)
+                    try:
+                        await call
+                    except grpc.aio.AioRpcError as e:
+                        ends.append((e.code().name, e.details()))
+                    ends.append(((await call.code()).name, await call.details()))
+                got = []
+                call = ch.stream_stream("/pkg.S/Bidi")(iter([b"s", b"L" * 2000, b"t"]),
+                                                       timeout=HANG_S)
+                try:
+                    async for message in call:
+                        got.append(len(message))
+                except grpc.aio.AioRpcError as e:
+                    ends.append((got, e.code().name, e.details()))
+                if stack == "argrpc":
+                    assert ch.transport == "shm"
+        finally:
+            await server.stop(None)
+        return ends
+
+    too_large = ("RESOURCE_EXHAUSTED",
+                 "Stream removed (CLIENT: Received message larger than max (2000 vs. 1500))")
+    assert asyncio.run(main()) == [([10], *too_large), too_large, too_large, too_large,
+                                   too_large, too_large, ([1], *too_large)]

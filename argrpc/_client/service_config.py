@@ -26,6 +26,7 @@ from typing import Any, Optional
 import grpc
 
 from .._buffers import nbytes
+from .._config import LIMITS
 
 __all__ = ["Attempts", "HedgingPolicy", "MethodConfig", "RetryPolicy", "ServiceConfig",
            "Hedge", "Throttle", "for_grpc", "throttle_for"]
@@ -164,6 +165,8 @@ class ServiceConfig:
                 self.retries_enabled = bool(value)
             elif key == _BUFFER_KEY and isinstance(value, int):
                 self.buffer_limit = value
+        # How often a call that never left the process starts again (0: never).
+        self.unsent_retries = LIMITS.transparent_retries if self.retries_enabled else 0
         self._exact: dict[tuple[str, str], MethodConfig] = {}
         self._service: dict[str, MethodConfig] = {}
         self._default = _NONE

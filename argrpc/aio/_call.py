@@ -51,6 +51,11 @@ _RESOURCE_EXHAUSTED_INT = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
 _CORE_WRITE_FAILED = "Internal error from Core"  # what grpc.aio's write() raises then
 
 
+def received_too_large(n: int, limit: int) -> str:
+    """grpc's words for a response over the method's maxResponseMessageBytes."""
+    return f"Stream removed (CLIENT: Received message larger than max ({n} vs. {limit}))"
+
+
 def too_large_details(n: int, limit: int) -> str:
     """grpc's words for a request over grpc.max_send_message_length (or the method's
     maxRequestMessageBytes)."""
@@ -101,6 +106,22 @@ def _deserialize(raw: Any, deserializer: Optional[Callable[..., Any]]) -> Any:
         return None
 
 
+class Unsent(Exception):
+    """A call that ended UNAVAILABLE without leaving the process (its connection failed
+    after the channel chose it): the channel starts it again where it routes it now."""
+
+
+def _watched(conn: Any, bridge: LoopBridge, token: int, retry_unsent: bool, method: str,
+             metadata: list[Any], timeout: Optional[float], send_headers_now: bool) -> Any:
+    """An engine call watched with `token`; raises Unsent as the constructors below do."""
+    core = conn.start_watched(method, metadata, timeout, bridge.notifier, token,
+                              send_headers_now, retry_unsent)
+    if core is None:
+        bridge.unregister(token)
+        raise Unsent
+    return core
+
+
 class FastCall:
     """What every fast-path call shares: its engine call, its watch, its waiters, its
     status and done callbacks (``grpc.aio.Call``'s part)."""
@@ -109,6 +130,7 @@ class FastCall:
     # where the call is awaited or read, not where it is made.
     _send_error: Optional[BaseException] = None
     max_send = -1  # the request size limit of the call's method (-1: none)
+    max_response = -1  # its maxResponseMessageBytes, beyond the channel's (-1: none)
     over_limit_ends_in_core_error = False
     # A response read ahead to tell whether a streaming call has any left (read()).
     _peeked: Any = None
@@ -370,7 +392,19 @@ class FastCall:
                 continue
             if msg is False:
                 return aio.EOF
+            if self.max_response >= 0 and (n := nbytes(msg)) > self.max_response:
+                await self._refuse_response(n)
             return msg
+
+    async def _refuse_response(self, n: int) -> None:
+        """A response over the method's limit ends the call as grpc.aio's does, whatever
+        the server said after it."""
+        ended = self._core.try_status()
+        status = (grpc.StatusCode.RESOURCE_EXHAUSTED, received_too_large(n, self.max_response),
+                  ended[2] if ended is not None else [])
+        self._status = status
+        self._core.cancel(_RESOURCE_EXHAUSTED_INT, status[1])
+        await self._raise_for_status()
 
     def _drained(self) -> bool:
         """The call ended and every response was read: what grpc.aio's done() means for
@@ -413,6 +447,11 @@ class _UnaryResponse(FastCall):
             if self._send_error is not None:
                 raise self._send_error
             code, details, imd, tmd, response = outcome
+            if not code and response is not None and self.max_response >= 0 and \
+                    (n := nbytes(response)) > self.max_response:
+                self._status = (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                received_too_large(n, self.max_response), tmd)
+                raise rpc_error(*self._status[:2], imd, tmd)
             # OK needs no status object; initial metadata is made on demand.
             if code or self._locally_cancelled:
                 status = self._final_status()  # may find the channel's close() did it
@@ -440,16 +479,21 @@ class UnaryUnaryCall(_UnaryResponse, aio.UnaryUnaryCall[Any, Any]):
 
     def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list[Any],
                  timeout: Optional[float], request: Any,
-                 response_deserializer: Optional[Callable[..., Any]]) -> None:
+                 response_deserializer: Optional[Callable[..., Any]],
+                 retry_unsent: bool = False) -> None:
         token = bridge.register(self._on_change)  # alive until it ends: see _UnaryResponse
         try:
-            core, sent = conn.start_unary_watched(method, metadata, timeout, bridge.notifier,
-                                                  token, request)
+            started = conn.start_unary_watched(method, metadata, timeout, bridge.notifier,
+                                               token, request, retry_unsent)
         except TypeError:  # not a buffer: _send_request reports it as grpc.aio does
-            core = conn.start_watched(method, metadata, timeout, bridge.notifier, token, False)
+            core = _watched(conn, bridge, token, retry_unsent, method, metadata, timeout, False)
             super().__init__(channel, bridge, core, token, timeout, response_deserializer)
             _send_request(self, core, request)
             return
+        if started is None:
+            bridge.unregister(token)
+            raise Unsent
+        core, sent = started
         super().__init__(channel, bridge, core, token, timeout, response_deserializer)
         if sent < 0:
             self._sender = self._loop.create_task(self._send(request, True))
@@ -461,9 +505,10 @@ class StreamUnaryCall(_UnaryResponse, aio.StreamUnaryCall[Any, Any]):
     def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list[Any],
                  timeout: Optional[float], request_iterator: Any,
                  request_serializer: Optional[Callable[..., Any]],
-                 response_deserializer: Optional[Callable[..., Any]]) -> None:
+                 response_deserializer: Optional[Callable[..., Any]],
+                 retry_unsent: bool = False) -> None:
         token = bridge.register(self._on_change)  # alive until it ends: see _UnaryResponse
-        core = conn.start_watched(method, metadata, timeout, bridge.notifier, token, True)
+        core = _watched(conn, bridge, token, retry_unsent, method, metadata, timeout, True)
         super().__init__(channel, bridge, core, token, timeout, response_deserializer)
         _init_requests(self, request_iterator, request_serializer)
 
@@ -480,9 +525,10 @@ class UnaryStreamCall(FastCall, aio.UnaryStreamCall[Any, Any]):
 
     def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list[Any],
                  timeout: Optional[float], request: Any,
-                 response_deserializer: Optional[Callable[..., Any]]) -> None:
+                 response_deserializer: Optional[Callable[..., Any]],
+                 retry_unsent: bool = False) -> None:
         token = bridge.register(_weak_callback(self))
-        core = conn.start_watched(method, metadata, timeout, bridge.notifier, token, False)
+        core = _watched(conn, bridge, token, retry_unsent, method, metadata, timeout, False)
         super().__init__(channel, bridge, core, token, timeout, response_deserializer)
         _init_responses(self)
         _send_request(self, core, request)
@@ -503,9 +549,10 @@ class StreamStreamCall(FastCall, aio.StreamStreamCall[Any, Any]):
     def __init__(self, channel: Any, bridge: LoopBridge, conn: Any, method: str, metadata: list[Any],
                  timeout: Optional[float], request_iterator: Any,
                  request_serializer: Optional[Callable[..., Any]],
-                 response_deserializer: Optional[Callable[..., Any]]) -> None:
+                 response_deserializer: Optional[Callable[..., Any]],
+                 retry_unsent: bool = False) -> None:
         token = bridge.register(_weak_callback(self))
-        core = conn.start_watched(method, metadata, timeout, bridge.notifier, token, True)
+        core = _watched(conn, bridge, token, retry_unsent, method, metadata, timeout, True)
         super().__init__(channel, bridge, core, token, timeout, response_deserializer)
         _init_responses(self)
         _init_requests(self, request_iterator, request_serializer)

@@ -338,9 +338,16 @@ class _MultiCallable:
             timeout = mc.timeout(timeout)
             if wait_for_ready is None:
                 wait_for_ready = mc.wait_for_ready
+        return self._route(request, timeout, metadata, credentials, wait_for_ready,
+                           compression, channel._service_config.unsent_retries)
+
+    def _route(self, request: Any, timeout: Optional[float], metadata: Any, credentials: Any,
+               wait_for_ready: Optional[bool], compression: Any, tries: int) -> Any:
+        """The call where the channel routes it, once it is negotiated."""
+        channel = self._channel
         if credentials is not None or channel.foreign_loop() or channel._settled(wait_for_ready):
             return self._start(request, timeout, metadata, credentials, wait_for_ready,
-                               compression)
+                               compression, tries)
         start = time.monotonic()
 
         async def routed() -> Any:
@@ -349,12 +356,25 @@ class _MultiCallable:
                 return _call.FailedCall.cancelled_call(self._kind)
             left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
             return self._start(request, left, metadata, credentials, wait_for_ready,
-                               compression)
+                               compression, tries)
 
         return PendingCall.make(self._kind, routed())
 
     def _start(self, request: Any, timeout: Optional[float], metadata: Any, credentials: Any,
-               wait_for_ready: Optional[bool], compression: Any) -> Any:
+               wait_for_ready: Optional[bool], compression: Any, tries: int) -> Any:
+        """The call on the route chosen now. One that ended UNAVAILABLE without leaving
+        the process (its connection failed after the channel chose it) is routed again,
+        as gRFC A6's transparent retries are, up to `tries` times."""
+        try:
+            return self._start_once(request, timeout, metadata, credentials, wait_for_ready,
+                                    compression, tries > 0)
+        except _call.Unsent:
+            return self._route(request, timeout, metadata, credentials, wait_for_ready,
+                               compression, tries - 1)
+
+    def _start_once(self, request: Any, timeout: Optional[float], metadata: Any,
+                    credentials: Any, wait_for_ready: Optional[bool], compression: Any,
+                    retry_unsent: bool) -> Any:
         channel = self._channel
         fast, via = (None, channel) if credentials is not None else channel.pick()
         if fast is None and via is channel:
@@ -375,7 +395,7 @@ class _MultiCallable:
             except TypeError:
                 b = None  # grpc.aio's own TypeError, raised where the call is awaited
             else:
-                return self._fast_call(b, fast, md, timeout, request)
+                return self._fast_call(b, fast, md, timeout, request, retry_unsent)
         multicallable = self._grpc if via is channel else cast(Subchannel, via).multicallable(
             self._kind, self._method, self._serializer, self._deserializer, self._registered)
         call = multicallable(request, timeout=timeout, metadata=metadata,
@@ -397,7 +417,9 @@ class _MultiCallable:
         return self._loop_bridge
 
     def _fast_call(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
-                   request: Any) -> Any:
+                   request: Any, retry_unsent: bool) -> Any:
+        """The call on the fast path; raises _call.Unsent (`retry_unsent`) if it never
+        left the process."""
         raise NotImplementedError
 
     def _too_large(self, payload: Any) -> Optional[Any]:
@@ -414,7 +436,8 @@ class _MultiCallable:
             grpc.StatusCode.RESOURCE_EXHAUSTED, _call.too_large_details(n, self._max_send)))
 
     def _unary_request(self, fast: Any, md: list[Any], timeout: Optional[float],
-                       request: Any, make: Callable[..., Any], streaming: bool) -> Any:
+                       request: Any, make: Callable[..., Any], streaming: bool,
+                       retry_unsent: bool) -> Any:
         """A unary-request call on the fast path: `make(conn, method, metadata, timeout,
         payload, deserializer)` builds one attempt; the method's retry policy (or, for a
         unary response, its hedging policy) decides how many."""
@@ -423,7 +446,8 @@ class _MultiCallable:
             return failed
 
         def start(conn: Any, metadata: list[Any], left: Optional[float]) -> Any:
-            return make(conn, self._method, metadata, left, payload, self._deserializer)
+            return self._limited(make(conn, self._method, metadata, left, payload,
+                                      self._deserializer))
 
         mc = self._mc
         if mc is not None and self._channel._service_config.buffers(payload):
@@ -433,7 +457,8 @@ class _MultiCallable:
             if mc.hedging is not None and not streaming:
                 return PendingCall.make(self._kind, self._hedged(
                     fast, md, timeout, mc.hedging, start))
-        return start(fast, md, timeout)
+        return self._limited(make(fast, self._method, md, timeout, payload,
+                                  self._deserializer, retry_unsent))
 
     async def _attempts(self, fast: Any, md: list[Any], timeout: Optional[float],
                         policy: RetryPolicy, start: Start, streaming: bool) -> Any:
@@ -497,7 +522,11 @@ class _MultiCallable:
             hedge.cancel_rest()
 
     def _limited(self, call: Any) -> Any:
+        """The call with its method's message limits."""
         call.max_send = self._max_send
+        mc = self._mc
+        if mc is not None and mc.max_response is not None:
+            call.max_response = mc.max_response
         return call
 
 
@@ -516,23 +545,27 @@ class UnaryUnaryMultiCallable(_MultiCallable, AioUnaryUnaryBase):
             return super().__call__(request, timeout=timeout, metadata=metadata,
                                     credentials=credentials, wait_for_ready=wait_for_ready,
                                     compression=compression)
-        return _call.UnaryUnaryCall(self._channel, self._loop_bridge, fast, self._method, [],
-                                    timeout, _call.serialize(self._serializer, request),
-                                    self._deserializer)
+        try:
+            return _call.UnaryUnaryCall(self._channel, self._loop_bridge, fast, self._method,
+                                        [], timeout, _call.serialize(self._serializer, request),
+                                        self._deserializer,
+                                        self._channel._service_config.unsent_retries > 0)
+        except _call.Unsent:  # routed again, as any call
+            return super().__call__(request, timeout=timeout, wait_for_ready=wait_for_ready)
 
     def _fast_call(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
-                   request: Any) -> Any:
+                   request: Any, retry_unsent: bool) -> Any:
         return self._unary_request(fast, md, timeout, request, functools.partial(
-            _call.UnaryUnaryCall, self._channel, b), streaming=False)
+            _call.UnaryUnaryCall, self._channel, b), False, retry_unsent)
 
 
 class UnaryStreamMultiCallable(_MultiCallable, AioUnaryStreamBase):
     _kind = "unary_stream"
 
     def _fast_call(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
-                   request: Any) -> Any:
+                   request: Any, retry_unsent: bool) -> Any:
         return self._unary_request(fast, md, timeout, request, functools.partial(
-            _call.UnaryStreamCall, self._channel, b), streaming=True)
+            _call.UnaryStreamCall, self._channel, b), True, retry_unsent)
 
 
 class StreamUnaryMultiCallable(_MultiCallable, AioStreamUnaryBase):
@@ -542,10 +575,10 @@ class StreamUnaryMultiCallable(_MultiCallable, AioStreamUnaryBase):
         return super().__call__(request_iterator, **kwargs)
 
     def _fast_call(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
-                   request: Any) -> Any:
+                   request: Any, retry_unsent: bool) -> Any:
         return self._limited(_call.StreamUnaryCall(self._channel, b, fast, self._method, md,
                                                    timeout, request, self._serializer,
-                                                   self._deserializer))
+                                                   self._deserializer, retry_unsent))
 
 
 class StreamStreamMultiCallable(_MultiCallable, AioStreamStreamBase):
@@ -555,10 +588,10 @@ class StreamStreamMultiCallable(_MultiCallable, AioStreamStreamBase):
         return super().__call__(request_iterator, **kwargs)
 
     def _fast_call(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
-                   request: Any) -> Any:
+                   request: Any, retry_unsent: bool) -> Any:
         return self._limited(_call.StreamStreamCall(self._channel, b, fast, self._method, md,
                                                     timeout, request, self._serializer,
-                                                    self._deserializer))
+                                                    self._deserializer, retry_unsent))
 
 
 def insecure_channel(target: str, options: Any = None,

@@ -107,21 +107,27 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
   connection.def(
       "start_watched",
       [](PyConnection& c, const std::string& method, py::object md, py::object timeout,
-         PyNotifier& n, uint64_t token, bool send_headers_now) {
+         PyNotifier& n, uint64_t token, bool send_headers_now, bool retry_unsent) -> py::object {
         Metadata meta = to_metadata(md);
         const double t = timeout_arg(timeout);
         auto conn = c.for_call();
-        if (!conn) return ended_at_birth(c, n, token);
+        if (!conn) {
+          if (retry_unsent && c.gone_end().code == kUnavailable) return py::none();
+          return py::cast(ended_at_birth(c, n, token));
+        }
         std::shared_ptr<Stream> s;
         {
           NoGil nogil;
           s = conn->start_call(method, meta, t, send_headers_now, c.group_id());
+          // Unwatched yet: nothing was told of it.
+          if (retry_unsent && conn->never_sent(s)) s.reset();
         }
+        if (!s) return py::none();
         watch_stream(s, n, token);
-        return std::make_unique<PyClientCall>(c.engine, s);
+        return py::cast(std::make_unique<PyClientCall>(c.engine, s));
       },
       py::arg("method"), py::arg("metadata"), py::arg("timeout"), py::arg("notifier"),
-      py::arg("token"), py::arg("send_headers_now") = true);
+      py::arg("token"), py::arg("send_headers_now") = true, py::arg("retry_unsent") = false);
 
   // A unary call in one step: started, watched and its request sent with its headers
   // and half-close, or queued to be (the result says which, as try_send's). A request
@@ -129,12 +135,15 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
   connection.def(
       "start_unary_watched",
       [](PyConnection& c, const std::string& method, py::object md, py::object timeout,
-         PyNotifier& n, uint64_t token, py::object request) {
+         PyNotifier& n, uint64_t token, py::object request, bool retry_unsent) -> py::object {
         BufferView b(request);
         Metadata meta = to_metadata(md);
         const double t = timeout_arg(timeout);
         auto conn = c.for_call();
-        if (!conn) return py::make_tuple(ended_at_birth(c, n, token), send_result(SendResult::kEnded));
+        if (!conn) {
+          if (retry_unsent && c.gone_end().code == kUnavailable) return py::none();
+          return py::make_tuple(ended_at_birth(c, n, token), send_result(SendResult::kEnded));
+        }
         std::shared_ptr<Stream> s;
         SendResult r;
         {
@@ -146,11 +155,14 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
             if (s->ended) s->watch->fire();  // born on a dead connection
           }
           r = conn->try_send(s, b.data(), b.size(), true);
+          // Its token may have been posted: the caller ignores a token it let go of.
+          if (r == SendResult::kEnded && retry_unsent && conn->never_sent(s)) s.reset();
         }
+        if (!s) return py::none();
         return py::make_tuple(std::make_unique<PyClientCall>(c.engine, s), send_result(r));
       },
       py::arg("method"), py::arg("metadata"), py::arg("timeout"), py::arg("notifier"),
-      py::arg("token"), py::arg("request"));
+      py::arg("token"), py::arg("request"), py::arg("retry_unsent") = false);
 
   client_call
       .def("try_send", [](PyClientCall& c, py::object msg, bool half_close, bool give_up) {

@@ -364,6 +364,7 @@ PYBIND11_MODULE(_core, m) {
         return out;
       })
       .def_property_readonly("connection_count", [](PyEngine& e) { return e.engine->connection_count(); })
+      .def_property_readonly("hot_connection_count", [](PyEngine& e) { return e.engine->hot_count(); })
       .def("shutdown", [](PyEngine& e) {
         NoGil nogil;
         e.engine->shutdown();
@@ -385,6 +386,11 @@ PYBIND11_MODULE(_core, m) {
         return why.empty() && !c.get() ? std::string("argrpc: connection is closed") : why;
       })
       .def_property_readonly("peer", [](PyConnection& c) { return c.peer; })
+      // The receive ring its batches use (0 once gone).
+      .def_property_readonly("ring_size", [](PyConnection& c) -> size_t {
+        auto conn = c.get();
+        return conn ? conn->fabric().ring_size() : 0;
+      })
       .def("close", [](PyConnection& c) {
         auto conn = c.get();
         if (!conn) return;
@@ -441,14 +447,20 @@ PYBIND11_MODULE(_core, m) {
         throw py::value_error("unknown fail point '" + point +
                               "' (route, submit, copy_in, register, flush, pull, finished)");
       }, py::arg("point"))
+      // retry_unsent: None instead of the UNAVAILABLE end of a call that never left this
+      // process (PyConnection::unsent), which the caller starts again elsewhere.
       .def("unary",
            [](PyConnection& c, const std::string& method, py::object md, py::object timeout,
-              py::object request) -> py::tuple {
+              py::object request, bool retry_unsent) -> py::object {
              Metadata meta = to_metadata(md);
              const double t = timeout_arg(timeout);
              BufferView req(request);
              auto conn = c.for_call();
-             if (!conn) return unary_tuple(c.gone_end());
+             if (!conn) {
+               CallEnd end = c.gone_end();
+               if (retry_unsent && end.code == kUnavailable) return py::none();
+               return unary_tuple(end);
+             }
              std::shared_ptr<Stream> s;
              Payload resp;
              bool got = false;
@@ -457,6 +469,7 @@ PYBIND11_MODULE(_core, m) {
                if (conn->send(s, req.data(), req.size(), true)) got = conn->recv(s, &resp);
                return conn->wait_end(s, Deadline::never());
              });
+             if (retry_unsent && !got && conn->never_sent(s)) return py::none();
              py::object response = got ? to_python(std::move(resp)) : py::none();
              Metadata initial, trailing;
              uint32_t code;
@@ -471,21 +484,30 @@ PYBIND11_MODULE(_core, m) {
              return py::make_tuple(code, py::str(details), from_metadata(initial),
                                    from_metadata(trailing), response);
            },
-           py::arg("method"), py::arg("metadata"), py::arg("timeout"), py::arg("request"))
+           py::arg("method"), py::arg("metadata"), py::arg("timeout"), py::arg("request"),
+           py::arg("retry_unsent") = false)
       .def("start_call",
-           [](PyConnection& c, const std::string& method, py::object md, py::object timeout) {
+           [](PyConnection& c, const std::string& method, py::object md, py::object timeout,
+              bool retry_unsent) -> py::object {
              Metadata meta = to_metadata(md);
              const double t = timeout_arg(timeout);
              auto conn = c.for_call();
-             if (!conn) return std::make_unique<PyClientCall>(c.engine, c.gone_end());
+             if (!conn) {
+               CallEnd end = c.gone_end();
+               if (retry_unsent && end.code == kUnavailable) return py::none();
+               return py::cast(std::make_unique<PyClientCall>(c.engine, std::move(end)));
+             }
              std::shared_ptr<Stream> s;
              {
                NoGil nogil;
                s = conn->start_call(method, meta, t, true, c.group_id());
+               if (retry_unsent && conn->never_sent(s)) s.reset();
              }
-             return std::make_unique<PyClientCall>(c.engine, s);
+             if (!s) return py::none();
+             return py::cast(std::make_unique<PyClientCall>(c.engine, s));
            },
-           py::arg("method"), py::arg("metadata"), py::arg("timeout"));
+           py::arg("method"), py::arg("metadata"), py::arg("timeout"),
+           py::arg("retry_unsent") = false);
 
   // A call object the child inherited through fork() is the parent's: every method
   // answers as for a call that ended UNAVAILABLE, without touching it (its locks may be

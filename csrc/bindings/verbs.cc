@@ -65,6 +65,8 @@ struct PyVerbsEndpoint : PyEndpoint<verbs::VerbsEndpoint> {
 void add_verbs(py::module_& m, py::class_<PyEngine>& engine) {
   m.def("verbs_status", [] { return verbs::status(); });
   m.def("verbs_devices", [] { return devices_list(); });
+  // Receive-ring bytes this process's verbs endpoints hold (RingShare).
+  m.def("verbs_ring_bytes", [] { return verbs::RingShare::in_use(); });
   m.def("verbs_select",
         [](py::object dev, py::object port, py::object gid_index, py::object peer, py::object gid_type) {
           return selection_dict(verbs::select(opt_str(dev), port.is_none() ? 0 : port.cast<int>(),
@@ -77,6 +79,7 @@ void add_verbs(py::module_& m, py::class_<PyEngine>& engine) {
   py::class_<PyVerbsEndpoint>(m, "VerbsEndpoint")
       .def_property_readonly("blob", [](PyVerbsEndpoint& e) { return py::bytes(e.blob); })
       .def_property_readonly("qps", [](PyVerbsEndpoint& e) { return e.get().qps(); })
+      .def_property_readonly("ring_size", [](PyVerbsEndpoint& e) { return e.get().ring_size(); })
       .def_property_readonly("selection", [](PyVerbsEndpoint& e) { return selection_dict(e.get().selection()); });
 
   engine

@@ -3,6 +3,7 @@
 // per-stream windows, deadlines and cancellation. Any thread may drive it (progress());
 // the engine's progress thread does when nobody else is.
 #pragma once
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -78,6 +79,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::string error() const { return epitaph_->text(); }
   const std::shared_ptr<Epitaph>& epitaph() const { return epitaph_; }
   uint64_t serial = 0;  // the engine's id for it
+  // The engine's hot set (engine/engine.h): whether this is in it, and when a call last
+  // started here or a doorbell rang for it.
+  std::atomic<bool> hot{false};
+  std::atomic<uint64_t> heated_us{0};
+  // Whether it may leave the hot set: no READ of it is under way (a fabric whose reads
+  // complete locally announces them only to a poller of hot connections).
+  bool may_cool() const { return reads_out_.load(std::memory_order_relaxed) == 0; }
+  // When this connection last had anything to do: heard from, or heated.
+  uint64_t last_active_us() const {
+    return std::max(last_heard_us_.load(std::memory_order_relaxed),
+                    heated_us.load(std::memory_order_relaxed));
+  }
   // The engine's counters of this connection's transport (engine/transport_stats.h).
   TransportCounters& counters() { return counters_; }
   // Client side: the label its calls' records carry (common/call_stats.h); calls that
@@ -134,6 +147,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Client side. Headers go out now, or with the first message when !send_headers_now.
   std::shared_ptr<Stream> start_call(const std::string& method, const Metadata& md, double timeout,
                                      bool send_headers_now, uint64_t group = 0);
+  // Client: the call ended UNAVAILABLE before its HEADERS were encoded for the wire, so
+  // the peer never heard of it and it may be started again elsewhere (a transparent
+  // retry).
+  bool never_sent(const std::shared_ptr<Stream>& s);
   // Server side.
   bool send_initial_metadata(const std::shared_ptr<Stream>& s, const Metadata& md);
   bool finish(const std::shared_ptr<Stream>& s, uint32_t code, const std::string& details,
@@ -350,6 +367,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     size_t len;
   };
   std::unordered_map<uint64_t, Read> reads_;
+  std::atomic<int64_t> reads_out_{0};  // reads_.size(), for the engine's cool()
   uint64_t next_wr_ = 1;
   std::atomic<uint64_t> leased_bytes_{0};  // peer memory held through views
   std::mutex pullq_mu_;

@@ -51,6 +51,17 @@ std::shared_ptr<Stream> Connection::start_call(const std::string& method, const 
   return s;
 }
 
+bool Connection::never_sent(const std::shared_ptr<Stream>& s) {
+  if (!client_) return false;
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> g(send_mu_);  // where the id is given
+    id = s->id;
+  }
+  std::lock_guard<std::mutex> g(s->mu);
+  return id == 0 && s->ended && s->code == kUnavailable;
+}
+
 bool Connection::send_initial_metadata(const std::shared_ptr<Stream>& s, const Metadata& md) {
   Outgoing o;
   o.initial_md = &md;

@@ -127,7 +127,9 @@ void Connection::release_view(uint64_t rdv_id, uint64_t len) {
   if (!alive()) return;
   queue_fin(rdv_id);
   // Runs wherever the last reference died (often a Python thread): hand the flush to
-  // the progress thread rather than wait on ring credits here.
+  // the progress thread rather than wait on ring credits here. It reads only hot
+  // connections, and this one may have cooled while the view was held.
+  engine_->heat(this);
   engine_->wake();
 }
 
@@ -162,16 +164,22 @@ void Connection::start_pull(const std::shared_ptr<Pull>& p) {
 }
 
 void Connection::post_reads(const std::shared_ptr<Pull>& p) {
+  // A fabric whose reads complete here (shm's copies) rings the engine's own doorbell,
+  // which names no connection: the progress thread finds the completions only on a
+  // hot one.
+  engine_->heat(this);
   while (p->inflight < cfg_.reads_in_flight && p->next_off < p->len) {
     const size_t n = std::min<uint64_t>(cfg_.chunk_size, p->len - p->next_off);
     const uint64_t wr = next_wr_++;
     const uint64_t off = p->next_off;
     reads_[wr] = Read{p, n};
+    reads_out_.fetch_add(1, std::memory_order_relaxed);
     ++p->inflight;
     p->next_off += n;
     if (off > std::numeric_limits<uint64_t>::max() - p->src.addr ||
         !fabric_->read(p->dst.data() + off, RemoteRef{p->src.addr + off, p->src.key}, n, wr)) {
       reads_.erase(wr);
+      reads_out_.fetch_sub(1, std::memory_order_relaxed);
       protocol_error("RTS announces memory outside the peer's pool");
       return;
     }
@@ -186,6 +194,7 @@ void Connection::on_read_done(uint64_t wr_id) {
   }
   Read rd = std::move(it->second);
   reads_.erase(it);
+  reads_out_.fetch_sub(1, std::memory_order_relaxed);
   auto& p = rd.pull;
   --p->inflight;
   p->done += rd.len;

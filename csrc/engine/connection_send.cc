@@ -168,6 +168,8 @@ bool Connection::register_client_stream_locked(const std::shared_ptr<Stream>& sp
     streams_[sp->id] = sp;
   }
   engine_->deadline_set(sp->deadline);
+  // Its answer is read by polling, not by a doorbell that wakes the progress thread.
+  engine_->heat(this);
   fail_point(FailPoint::kRegister);
   // fail() may have swept the map just before the insert (submit_failed() ends it).
   return alive();

@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <limits>
 
 #include <malloc.h>
 #include <pthread.h>
@@ -24,6 +25,7 @@ namespace {
 constexpr int kLeaseCheckMs = int(knobs::kLeaseCheckMs);
 constexpr uint64_t kLongestSleepUs = uint64_t(knobs::kLongestSleepMs) * 1000;
 constexpr int kArmTries = int(knobs::kArmTries);
+constexpr uint64_t kCoolUs = uint64_t(knobs::kCoolMs) * 1000;
 }
 
 Engine::Engine(const EngineConfig& cfg) : cfg_(cfg) {
@@ -55,6 +57,7 @@ Engine::Engine(const EngineConfig& cfg) : cfg_(cfg) {
   if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, ctl_.get(), &ev) != 0)
     throw CoreError(errno_text("epoll_ctl"));
   conns_ = std::make_shared<const ConnList>();
+  hot_ = std::make_shared<const ConnList>();
   progress_ = std::thread([this] {
     // Named for top -H, py-spy and perf, where a user looks for who wakes how often.
     ::pthread_setname_np(::pthread_self(), "argrpc-progress");
@@ -92,6 +95,11 @@ std::shared_ptr<const Engine::ConnList> Engine::snapshot() const {
   return conns_;
 }
 
+std::shared_ptr<const Engine::ConnList> Engine::hot_snapshot() const {
+  std::lock_guard<std::mutex> g(conns_mu_);
+  return hot_;
+}
+
 std::shared_ptr<Connection> Engine::attach(std::unique_ptr<Fabric> fabric, const ConnConfig& cfg,
                                            std::shared_ptr<Server> server, PeerInfo peer) {
   if (stop_.load()) throw CoreError("argrpc engine is shut down");
@@ -119,15 +127,23 @@ std::shared_ptr<Connection> Engine::attach(std::unique_ptr<Fabric> fabric, const
     auto next = std::make_shared<ConnList>(*conns_);
     next->push_back(conn);
     conns_ = std::move(next);
+    by_serial_[conn->serial] = conn;
     // Under conns_mu_, as detach()'s decrement is: never counted down before up.
     conn->counters().connections_open.fetch_add(1, std::memory_order_relaxed);
   }
-  if (pollers_.load() > 0) conn->fabric().disarm();
+  heat(conn.get());  // a new connection's first calls are near
   return conn;
 }
 
 void Engine::detach(Connection* conn) {
   std::lock_guard<std::mutex> g(conns_mu_);
+  by_serial_.erase(conn->serial);
+  if (conn->hot.load(std::memory_order_acquire)) {
+    auto hot = std::make_shared<ConnList>();
+    for (auto& c : *hot_)
+      if (c.get() != conn) hot->push_back(c);
+    hot_ = std::move(hot);
+  }
   auto next = std::make_shared<ConnList>();
   for (auto& c : *conns_) {
     if (c.get() == conn) {
@@ -144,23 +160,80 @@ void Engine::detach(Connection* conn) {
 
 size_t Engine::connection_count() { return snapshot()->size(); }
 
+size_t Engine::hot_count() { return hot_snapshot()->size(); }
+
 bool Engine::progress_all() {
-  auto list = snapshot();
+  auto list = hot_snapshot();
   bool did = false;
   for (auto& c : *list) did |= c->progress();
   return did;
 }
 
 void Engine::disarm_all() {
-  auto list = snapshot();
+  std::lock_guard<std::mutex> a(arm_mu_);
+  auto list = hot_snapshot();
   for (auto& c : *list) c->fabric().disarm();
 }
 
 bool Engine::arm_all() {
-  auto list = snapshot();
+  std::lock_guard<std::mutex> a(arm_mu_);
+  auto list = hot_snapshot();
   bool all = true;
   for (auto& c : *list) all &= c->fabric().arm();
   return all;
+}
+
+void Engine::heat(Connection* c) {
+  c->heated_us.store(now_us(), std::memory_order_relaxed);
+  if (c->hot.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> a(arm_mu_);
+  {
+    std::lock_guard<std::mutex> g(conns_mu_);
+    if (c->hot.load(std::memory_order_relaxed)) return;
+    auto it = by_serial_.find(c->serial);
+    if (it == by_serial_.end()) return;  // detached: nothing reads it any more
+    auto next = std::make_shared<ConnList>(*hot_);
+    next->push_back(it->second);
+    hot_ = std::move(next);
+    c->hot.store(true, std::memory_order_release);
+  }
+  // Read after it joined: a last poller leaving now arms it (arm_all, after this lock).
+  if (pollers_.load(std::memory_order_seq_cst) > 0) c->fabric().disarm();
+}
+
+uint64_t Engine::cool(uint64_t now) {
+  uint64_t next = std::numeric_limits<uint64_t>::max();
+  auto list = hot_snapshot();
+  std::vector<Connection*> quiet;
+  for (auto& c : *list) {
+    const uint64_t last = c->last_active_us();
+    if (last <= now && now - last >= kCoolUs && c->may_cool())
+      quiet.push_back(c.get());
+    else
+      next = std::min(next, std::max(last, now) + kCoolUs);
+  }
+  if (quiet.empty()) return next;
+  std::lock_guard<std::mutex> a(arm_mu_);
+  std::vector<Connection*> cold;
+  for (Connection* c : quiet) {
+    // Armed, it rings for whatever comes next; if something came already, it stays hot
+    // and is read (arm() left it unarmed).
+    if (c->alive() && c->fabric().arm())
+      cold.push_back(c);
+    else
+      next = std::min(next, now + kCoolUs);
+  }
+  if (cold.empty()) return next;
+  std::lock_guard<std::mutex> g(conns_mu_);
+  auto hot = std::make_shared<ConnList>();
+  for (auto& c : *hot_) {
+    if (std::find(cold.begin(), cold.end(), c.get()) != cold.end())
+      c->hot.store(false, std::memory_order_release);
+    else
+      hot->push_back(c);
+  }
+  hot_ = std::move(hot);
+  return next;
 }
 
 void Engine::enter_polling() {
@@ -220,6 +293,7 @@ void Engine::progress_loop() {
     uint64_t next = t + kLongestSleepUs;
     auto all = snapshot();
     for (auto& c : *all) next = std::min(next, c->sweep(t));
+    next = std::min(next, cool(t));
     next_sweep = std::max(next, t + 1000);  // epoll's granularity; nothing is that urgent
     next_sweep_us_.store(next_sweep, std::memory_order_seq_cst);
     return true;
@@ -233,7 +307,6 @@ void Engine::progress_loop() {
     int timeout = t >= next_sweep ? 0 : int((next_sweep - t + 999) / 1000);
     if (leased) timeout = std::min(timeout, kLeaseCheckMs);
     const int n = ::epoll_wait(epoll_.get(), evs, 64, timeout);
-    std::shared_ptr<const ConnList> list;
     for (int i = 0; i < n; ++i) {
       const uint64_t tag = evs[i].data.u64;
       if (tag == 0) {
@@ -242,17 +315,20 @@ void Engine::progress_loop() {
         (void)r;
         continue;
       }
-      if (!list) list = snapshot();
-      for (auto& c : *list) {
-        if (c->serial != (tag >> 1)) continue;
-        if ((tag & 1) || (evs[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
-          c->drain();
-          c->fail(kUnavailable, "argrpc: connection to " + c->peer_name() +
-                                    " lost (the peer closed it or exited)");
-        }
-        else
-          c->fabric().ack_wakeup();
-        break;
+      std::shared_ptr<Connection> c;
+      {
+        std::lock_guard<std::mutex> g(conns_mu_);
+        auto it = by_serial_.find(tag >> 1);
+        if (it != by_serial_.end()) c = it->second;
+      }
+      if (!c) continue;
+      if ((tag & 1) || (evs[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
+        c->drain();
+        c->fail(kUnavailable, "argrpc: connection to " + c->peer_name() +
+                                  " lost (the peer closed it or exited)");
+      } else {
+        c->fabric().ack_wakeup();
+        heat(c.get());  // read below, and by every poller while it stays busy
       }
     }
     if (stop_.load(std::memory_order_acquire)) break;

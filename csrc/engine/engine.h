@@ -4,6 +4,10 @@
 // only when nobody is polling, so a busy path has no thread hand-off and an idle one
 // burns no CPU. "Polling" is counted: while anyone polls, peers are asked not to ring
 // the doorbell; the last one to stop re-arms every connection and looks once more.
+// Only "hot" connections take part in that: those heard from or called on within
+// cool_ms. A quiet one is armed and left to its doorbell (the progress thread wakes for
+// it), so a poll pass, entering and leaving polling cost what the busy connections cost,
+// not every connection of the process.
 #pragma once
 #include <atomic>
 #include <memory>
@@ -52,8 +56,12 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // lease out (a timed wake: a sweep or its longest sleep), that found work anyway: each
   // is a wake-up lost on the way, which cost that work up to longest_sleep_ms.
   uint64_t missed_doorbells() const { return missed_doorbells_.load(std::memory_order_relaxed); }
+  // Reads every hot connection once.
   bool progress_all();
+  // `c` is about to expect an answer (a call starts) or rang: it joins the hot set.
+  void heat(Connection* c);
   size_t connection_count();
+  size_t hot_count();
   void shutdown();
   // Makes the progress thread run a round (e.g. to flush queued control frames).
   void wake();
@@ -66,7 +74,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
  private:
   using ConnList = std::vector<std::shared_ptr<Connection>>;
   std::shared_ptr<const ConnList> snapshot() const;
+  std::shared_ptr<const ConnList> hot_snapshot() const;
   void progress_loop();
+  // Progress thread: arms and drops from the hot set the connections quiet for cool_ms;
+  // returns when the next one will be (now_us() scale).
+  uint64_t cool(uint64_t now);
   bool arm_all();  // false: a fabric held work already and stays unarmed
   void disarm_all();
 
@@ -84,8 +96,13 @@ class Engine : public std::enable_shared_from_this<Engine> {
   alignas(64) std::atomic<uint64_t> next_sweep_us_{0};
   std::atomic<bool> sweep_asked_{false};
 
+  // Held by heat(), cool(), arm_all() and disarm_all(): a connection that leaves the hot
+  // set is armed after the last disarm_all() that could see it, so a cold connection is
+  // never left disarmed (its peer would ring nobody).
+  std::mutex arm_mu_;
   mutable std::mutex conns_mu_;
-  std::shared_ptr<const ConnList> conns_;
+  std::shared_ptr<const ConnList> conns_, hot_;
+  std::unordered_map<uint64_t, std::shared_ptr<Connection>> by_serial_;
   uint64_t next_serial_ = 1;
   std::thread progress_;
 };

@@ -213,12 +213,13 @@ class ShmClient:
     """An argrpc channel in this process that must keep working while another peer
     misbehaves or dies: every check is byte-exact and on the shm fast path."""
 
-    def __init__(self, target: str, pb: Any) -> None:
+    def __init__(self, target: str, pb: Any, options: Any = ()) -> None:
         self.pb = pb
         self.pb2 = pb.pb2
         # A connection of its own: it stands for another client process of the server.
         self.channel = make_channel("argrpc", target,
-                                    UNLIMITED + [("grpc.use_local_subchannel_pool", 1)])
+                                    UNLIMITED + [("grpc.use_local_subchannel_pool", 1),
+                                                 *options])
         self.stub = pb.pb2_grpc.EchoStub(self.channel)
 
     def echo(self, size: int, seed: int, both_ways: bool = False) -> None:

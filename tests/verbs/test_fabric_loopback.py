@@ -328,3 +328,58 @@ def test_remote_read_is_limited_to_the_announced_block(rdma: SimpleNamespace) ->
             pytest.xfail("Soft-RoCE does not enforce memory-window bounds on access")
         assert "remote access error" in outcome, outcome
         assert not server_conn.alive
+
+
+RING_BUDGET = 64 * MiB  # argrpc._config.LIMITS.verbs_ring_budget
+LEAST_RING = 64 * KiB   # TF_RDMA_RING_SIZE's lowest, four times the default acc_size
+
+
+def test_rings_past_the_budget_are_small_and_both_sides_use_the_smaller(
+        rdma: SimpleNamespace) -> None:
+    """A process's verbs rings are pinned memory: past verbs_ring_budget a new endpoint
+    registers a small ring, and a connection uses the smaller of its two sides' rings
+    both ways (the other side's send staging mirrors it). 60 connections to itself (120
+    endpoints, 120 MiB of default rings) pin at most the budget and a small ring per
+    endpoint beyond it; every connection answers every size byte-exact, eager sizes near
+    its ring's batch limit included; closing them gives it all back."""
+    from argrpc import _config
+
+    assert _config.LIMITS.verbs_ring_budget == RING_BUDGET
+    core = rdma.core
+    before = core.verbs_ring_bytes()
+    eng = core.Engine({"buf_size": 64 * MiB})
+    echo = EchoServer(core, eng)
+    pairs = []
+    try:
+        for i in range(60):
+            # The first pair's sides differ on purpose: a small ring on the server's.
+            server_cfg = {"max_recv": -1, **({"ring_size": 128 * KiB} if i == 0 else {})}
+            ep_c = eng.new_verbs_endpoint({"max_recv": -1}, rdma.select, 1)
+            ep_s = eng.new_verbs_endpoint(server_cfg, rdma.select, 1)
+            rings = (ep_c.ring_size, ep_s.ring_size)
+            server_conn = eng.attach_verbs(ep_s, ep_c.blob, echo.server, f"c{i}")
+            client_conn = eng.attach_verbs(ep_c, ep_s.blob, None, f"s{i}")
+            assert client_conn.ring_size == server_conn.ring_size == min(rings), rings
+            pairs.append((client_conn, server_conn, rings))
+        held = core.verbs_ring_bytes() - before
+        assert held <= RING_BUDGET + 120 * LEAST_RING, held
+        assert held < 120 * MiB
+        assert pairs[-1][2] == (LEAST_RING, LEAST_RING), pairs[-1][2]
+        assert pairs[0][2] == (MiB, 128 * KiB) and pairs[0][0].ring_size == 128 * KiB
+        for n, (conn, _, _) in enumerate(pairs):
+            for size in (0, 1000, ACC - 16, ACC + 1, 20 * KiB, LEAST_RING):
+                data = _data(size, n)
+                code, details, _i, _t, resp = conn.unary(UNARY, [], _timeout(size), data)
+                assert code == 0, (n, size, details)
+                assert bytes(resp) == data, (n, size)
+        assert not echo.errors, echo.errors
+    finally:
+        for client_conn, _, _ in pairs:
+            client_conn.close()
+        echo.close()
+        eng.shutdown()
+    deadline = time.monotonic() + 60
+    while core.verbs_ring_bytes() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # Others' endpoints may have gone meanwhile, never come.
+    assert core.verbs_ring_bytes() <= before

@@ -122,12 +122,19 @@ struct SimSide {
   void queue_locked(std::deque<Entry>* q, Entry e) {
     const bool now = e.hold == 0;
     q->push_back(std::move(e));
-    // A held entry rings nothing: the engine polls every connection periodically, and
-    // a doorbell for it would only spin the progress thread through the hold.
+    // A held entry rings nothing: its connection cannot be armed while it is held (arm()),
+    // so the engine keeps polling it, and a doorbell for it would only spin the
+    // progress thread through the hold.
     if (now && armed) {
       armed = false;
       ring_fd(wake.get());
     }
+  }
+
+  bool holding_locked() const {
+    auto held = [](const Entry& e) { return e.hold != 0; };
+    return std::any_of(recv.begin(), recv.end(), held) ||
+           std::any_of(local.begin(), local.end(), held);
   }
 
   bool ready_locked() const {
@@ -412,7 +419,9 @@ int SimFabric::poll(Completion* out, int max) {
 bool SimFabric::arm() {
   SimSide& s = me();
   std::lock_guard<std::mutex> g(s.mu);
-  s.armed = !s.ready_locked();
+  // A held entry rings nothing when its hold ends (it ends by polls): it keeps the
+  // connection among those the engine polls, as work already there does.
+  s.armed = !s.ready_locked() && !s.holding_locked();
   return s.armed;
 }
 

@@ -18,7 +18,10 @@ namespace {
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the blob is little-endian host order");
 
 constexpr uint64_t kBlobMagic = 0x31766273627276ULL;  // "vrbsbv1"
-constexpr uint32_t kBlobVersion = 1;
+// 2: both sides use the smaller of the two rings (a version 1 peer would use its own).
+constexpr uint32_t kBlobVersion = 2;
+
+std::atomic<uint64_t> g_ring_bytes{0};
 
 struct BlobHead {
   uint64_t magic;
@@ -37,6 +40,30 @@ struct BlobQp {
 static_assert(sizeof(BlobHead) == 112, "blob layout is fixed");
 
 }  // namespace
+
+RingShare::RingShare(size_t wanted, size_t acc_size) {
+  size_t least = size_t(knobs::kRingSize.lo);
+  while (least < 4 * acc_size) least *= 2;
+  const uint64_t budget = uint64_t(knobs::kVerbsRingBudget);
+  const uint64_t used = g_ring_bytes.load(std::memory_order_relaxed);
+  size_t ring = wanted;
+  while (ring / 2 >= least && used + ring > budget) ring /= 2;
+  bytes_ = ring;
+  g_ring_bytes.fetch_add(ring, std::memory_order_relaxed);
+}
+
+RingShare& RingShare::operator=(RingShare&& o) noexcept {
+  if (this != &o) {
+    g_ring_bytes.fetch_sub(bytes_, std::memory_order_relaxed);
+    bytes_ = o.bytes_;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+RingShare::~RingShare() { g_ring_bytes.fetch_sub(bytes_, std::memory_order_relaxed); }
+
+uint64_t RingShare::in_use() { return g_ring_bytes.load(std::memory_order_relaxed); }
 
 std::unique_ptr<VerbsEndpoint> VerbsEndpoint::create(const ConnConfig& cfg, const VerbsConfig& vcfg,
                                                      const Selection& sel, std::shared_ptr<Pool> pool) {
@@ -80,10 +107,13 @@ std::unique_ptr<VerbsEndpoint> VerbsEndpoint::create(const ConnConfig& cfg, cons
   ep->cq_.reset(a.create_cq(ctx, static_cast<int>(cqe), nullptr, ep->chan_.get(), 0));
   if (!ep->cq_) throw CoreError(errno_text("ibv_create_cq(" + std::to_string(cqe) + ")"));
 
-  ep->ring_mem_ = map_anon(cfg.ring_size, "verbs ring");
+  ep->ring_share_ = RingShare(cfg.ring_size, cfg.acc_size);
+  ep->cfg_.ring_size = ep->ring_share_.bytes();  // what the blob announces
+  ep->ring_mem_ = map_anon(ep->cfg_.ring_size, "verbs ring");
   ep->mbox_mem_ = map_anon(kMboxBytes, "verbs credit mailbox");
   ibv_pd* pd = ep->dom_->pd();
-  ep->ring_mr_ = reg(pd, ep->ring_mem_.data(), cfg.ring_size, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "ring");
+  ep->ring_mr_ = reg(pd, ep->ring_mem_.data(), ep->cfg_.ring_size,
+                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "ring");
   ep->mbox_mr_ = reg(pd, ep->mbox_mem_.data(), kMboxBytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
                      "credit mailbox");
 
@@ -216,7 +246,10 @@ VerbsFabric::VerbsFabric(std::unique_ptr<VerbsEndpoint> local, const std::string
   BlobHead h;
   if (blob.size() < sizeof h) throw CoreError("peer verbs blob is too short (" + std::to_string(blob.size()) + " bytes)");
   std::memcpy(&h, blob.data(), sizeof h);
-  if (h.magic != kBlobMagic || h.version != kBlobVersion) throw CoreError("peer verbs blob has a wrong magic/version");
+  if (h.magic != kBlobMagic) throw CoreError("peer verbs blob has a wrong magic");
+  if (h.version != kBlobVersion)
+    throw CoreError("peer's verbs handshake is version " + std::to_string(h.version) + ", this side's " +
+                    std::to_string(kBlobVersion) + " (argrpc differs between the two hosts: install the same on both)");
   if (!in_bounds(knobs::kQps, h.qps) || blob.size() != sizeof h + h.qps * sizeof(BlobQp))
     throw CoreError("peer verbs blob declares " + std::to_string(h.qps) + " QPs but is " +
                     std::to_string(blob.size()) + " bytes");
@@ -240,7 +273,9 @@ VerbsFabric::VerbsFabric(std::unique_ptr<VerbsEndpoint> local, const std::string
     if (q.qpn == 0 || q.qpn > 0xffffff || q.psn > 0xffffff) throw CoreError("peer QP number/PSN out of range");
 
   peer_ring_addr_ = h.ring_addr;
-  peer_ring_size_ = h.ring_size;
+  // Both directions use the smaller ring: a side short of pinned memory (a server with
+  // many clients) registered a small one, and its send staging mirrors the peer's.
+  ring_size_ = peer_ring_size_ = std::min<size_t>(h.ring_size, ep_->cfg_.ring_size);
   peer_ring_rkey_ = h.ring_rkey;
   peer_mbox_addr_ = h.mbox_addr;
   peer_mbox_rkey_ = h.mbox_rkey;

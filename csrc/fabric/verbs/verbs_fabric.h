@@ -97,6 +97,25 @@ class VerbsDomain {
 // ---------------------------------------------------------------- verbs_endpoint.cc
 
 // The local half, created before the handshake so its blob can be sent to the peer.
+// This process's verbs receive rings count against knobs::kVerbsRingBudget: a ring
+// that would pass it is halved, down to the smallest ring the connection's eager
+// batches fit (four times acc_size, at least 64K). Held by the endpoint, given back
+// when it goes.
+class RingShare {
+ public:
+  RingShare() = default;
+  RingShare(size_t wanted, size_t acc_size);
+  RingShare(RingShare&& o) noexcept : bytes_(o.bytes_) { o.bytes_ = 0; }
+  RingShare& operator=(RingShare&& o) noexcept;
+  RingShare(const RingShare&) = delete;
+  ~RingShare();
+  size_t bytes() const { return bytes_; }
+  static uint64_t in_use();
+
+ private:
+  size_t bytes_ = 0;
+};
+
 class VerbsEndpoint {
  public:
   static std::unique_ptr<VerbsEndpoint> create(const ConnConfig& cfg, const VerbsConfig& vcfg,
@@ -105,6 +124,8 @@ class VerbsEndpoint {
   // keys, MTU, stream window, CQ slots.
   std::string blob() const;
   int qps() const { return static_cast<int>(qps_.size()); }
+  // The ring it registered (its share of the budget); the connection may use less.
+  size_t ring_size() const { return cfg_.ring_size; }
   const Selection& selection() const { return sel_; }
 
  private:
@@ -115,6 +136,7 @@ class VerbsEndpoint {
   VerbsConfig vcfg_;
   Selection sel_;
   std::shared_ptr<VerbsDomain> dom_;
+  RingShare ring_share_;
   Mapping ring_mem_, mbox_mem_;
   Chan chan_;
   Cq cq_, bind_cq_;
@@ -134,7 +156,8 @@ class VerbsFabric final : public Fabric {
 
   const char* name() const override { return "verbs"; }
   const uint8_t* ring() const override { return ep_->ring_mem_.data(); }
-  size_t ring_size() const override { return ep_->cfg_.ring_size; }
+  // Both ways, the smaller of the two sides' rings (what each registered may be more).
+  size_t ring_size() const override { return ring_size_; }
   size_t peer_ring_size() const override { return peer_ring_size_; }
   uint32_t peer_slots() const override { return peer_slots_; }
   size_t peer_stream_window() const override { return peer_window_; }
@@ -183,7 +206,7 @@ class VerbsFabric final : public Fabric {
   int nqp_ = 1;  // QPs in use: the smaller count of the two sides
   uint64_t peer_ring_addr_ = 0, peer_mbox_addr_ = 0, peer_pool_addr_ = 0, peer_pool_size_ = 0;
   uint32_t peer_ring_rkey_ = 0, peer_mbox_rkey_ = 0, peer_slots_ = 0;
-  size_t peer_ring_size_ = 0, peer_window_ = 0;
+  size_t peer_ring_size_ = 0, peer_window_ = 0, ring_size_ = 0;
   // Eager batches above the inline size are staged here at the same offset as in the
   // peer's ring, so a staged batch is never overwritten before the peer consumed it;
   // the tail holds the credit-write sources.
