@@ -120,12 +120,11 @@ struct SimSide {
   }
 
   void queue_locked(std::deque<Entry>* q, Entry e) {
-    const bool now = e.hold == 0;
     q->push_back(std::move(e));
-    // A held entry rings nothing: its connection cannot be armed while it is held (arm()),
-    // so the engine keeps polling it, and a doorbell for it would only spin the
-    // progress thread through the hold.
-    if (now && armed) {
+    // A held entry rings too: only the connections the engine keeps hot are polled, and
+    // only polls end a hold. Its connection cannot be armed while it is held (arm()), so
+    // it stays hot until the entry is delivered.
+    if (armed) {
       armed = false;
       ring_fd(wake.get());
     }
