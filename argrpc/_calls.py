@@ -30,7 +30,7 @@ from ._client.service_config import Attempts, Hedge
 from ._policy_call import PolicyCore, RequestBuffer
 from ._config import LIMITS
 from ._errors import (USER_CODE_FAILED, DoneFuture, _RpcError, code_from_int, local_error,
-                      rpc_state_string, status_error, user_codec)
+                      received_too_large, rpc_state_string, status_error, user_codec)
 from ._metadata import InvalidMetadataError, from_core, to_core
 
 if TYPE_CHECKING:
@@ -55,11 +55,6 @@ _LOCAL_CANCEL = "Locally cancelled by application!"
 _GC_CANCEL = "Cancelled upon garbage collection!"
 # grpc 1.85 reports an in-flight unary call of a closed channel as CANCELLED with this text.
 CHANNEL_CLOSED = "Channel closed!"
-
-
-def _received_too_large(n: int, limit: int) -> str:
-    """grpc's words for a response over the method's maxResponseMessageBytes."""
-    return f"Stream removed (CLIENT: Received message larger than max ({n} vs. {limit}))"
 
 
 def _too_large(n: int, limit: int) -> _RpcError:
@@ -476,7 +471,7 @@ class _Call(grpc.RpcError, grpc.Call, FutureBase):
         limit = self.max_response
         if limit < 0 or (n := _nbytes(message)) <= limit:
             return ""
-        return _received_too_large(n, limit)
+        return received_too_large(n, limit)
 
     # ------------------------------------------------------------------ misc
     def __repr__(self) -> str:
@@ -865,7 +860,7 @@ class UnaryUnary(_MultiCallable, UnaryUnaryBase):
         mc = self._mc
         if code == 0 and mc is not None and mc.max_response is not None and \
                 response is not None and (n := _nbytes(response)) > mc.max_response:
-            code, details = _RESOURCE_EXHAUSTED.value[0], _received_too_large(n, mc.max_response)
+            code, details = _RESOURCE_EXHAUSTED.value[0], received_too_large(n, mc.max_response)
         if code != 0:
             raise _status_exception(self._channel, code, details, imd, tmd)
         if self._deser is not None and response is not None:

@@ -29,6 +29,12 @@ _NON_OK_FORMAT = (
 )
 
 
+def received_too_large(n: int, limit: int) -> str:
+    """grpc's words for a response over the method's maxResponseMessageBytes (grpc and
+    grpc.aio say the same)."""
+    return f"Stream removed (CLIENT: Received message larger than max ({n} vs. {limit}))"
+
+
 def code_from_int(code: int, details: str) -> tuple[grpc.StatusCode, str]:
     """Map an engine status integer to grpc's enum; unknown values become UNKNOWN like grpc."""
     status = CODE_BY_INT.get(code)

@@ -22,7 +22,7 @@ from grpc import aio
 
 from .. import _grpc_log
 from .._buffers import nbytes
-from .._errors import code_from_int
+from .._errors import code_from_int, received_too_large
 from .._metadata import from_core
 from ._loop import LoopBridge
 
@@ -49,11 +49,6 @@ _DEADLINE_INT = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
 _INTERNAL_INT = grpc.StatusCode.INTERNAL.value[0]
 _RESOURCE_EXHAUSTED_INT = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
 _CORE_WRITE_FAILED = "Internal error from Core"  # what grpc.aio's write() raises then
-
-
-def received_too_large(n: int, limit: int) -> str:
-    """grpc's words for a response over the method's maxResponseMessageBytes."""
-    return f"Stream removed (CLIENT: Received message larger than max ({n} vs. {limit}))"
 
 
 def too_large_details(n: int, limit: int) -> str:
