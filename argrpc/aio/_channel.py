@@ -445,9 +445,10 @@ class _MultiCallable:
         if (failed := self._too_large(payload)) is not None:
             return failed
 
-        def start(conn: Any, metadata: list[Any], left: Optional[float]) -> Any:
+        def start(conn: Any, metadata: list[Any], left: Optional[float],
+                  retry_unsent: bool = False) -> Any:
             return self._limited(make(conn, self._method, metadata, left, payload,
-                                      self._deserializer))
+                                      self._deserializer, retry_unsent))
 
         mc = self._mc
         if mc is not None and self._channel._service_config.buffers(payload):
@@ -457,8 +458,7 @@ class _MultiCallable:
             if mc.hedging is not None and not streaming:
                 return PendingCall.make(self._kind, self._hedged(
                     fast, md, timeout, mc.hedging, start))
-        return self._limited(make(fast, self._method, md, timeout, payload,
-                                  self._deserializer, retry_unsent))
+        return start(fast, md, timeout, retry_unsent)
 
     async def _attempts(self, fast: Any, md: list[Any], timeout: Optional[float],
                         policy: RetryPolicy, start: Start, streaming: bool) -> Any:
