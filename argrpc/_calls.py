@@ -685,7 +685,7 @@ class _MultiCallable:
         chose it) starts again where the channel routes it now, as gRFC A6's transparent
         retries do; routed to grpc, it is ``(None, what grpc returned)``."""
         mc = self._mc
-        if mc is not None and mc.retry is not None and self._kind.startswith("stream"):
+        if _has_policy(mc) and self._kind.startswith("stream"):
             core = self._policy_core(conn, None, metadata, timeout, mc, not unary_response)
             return self._limited(_Call(self._channel, core, self._deser, unary_response,
                                        _deadline(timeout))), None
@@ -750,7 +750,7 @@ class _MultiCallable:
     def _policy_core(self, conn: Any, payload: Any, metadata: Any, timeout: Optional[float],
                      mc: Any, streaming: bool) -> PolicyCore:
         """The stand-in engine call that makes the call's attempts under its policy; with
-        `payload` None, a request stream's, fed as an engine call is (retries only)."""
+        `payload` None, a request stream's, fed as an engine call is."""
         channel = self._channel
         md = _core_metadata(metadata)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -767,13 +767,11 @@ class _MultiCallable:
             return core
 
         throttle = channel._throttle
-        if payload is None:
-            return PolicyCore(start, deadline, Attempts(mc.retry, throttle, deadline), None,
-                              streaming, RequestBuffer(channel._service_config.buffer_limit))
         return PolicyCore(start, deadline,
                           Attempts(mc.retry, throttle, deadline) if mc.retry else None,
                           Hedge(mc.hedging, throttle, deadline) if mc.hedging else None,
-                          streaming)
+                          streaming, None if payload is not None else
+                          RequestBuffer(channel._service_config.buffer_limit))
 
     def _feed(self, call: _Call, request_iterator: Any) -> _Call:
         """Sends the requests of a started call from `request_iterator`."""
@@ -889,7 +887,7 @@ class UnaryStream(_MultiCallable, UnaryStreamBase):
                  wait_for_ready: Optional[bool] = None,
                  compression: Optional[grpc.Compression] = None) -> Any:
         mc = self._mc
-        if mc is None or mc.retry is None:
+        if not _has_policy(mc):
             return self._call_object("", request, True, False, timeout, metadata,
                                      credentials, wait_for_ready, compression)
         return self._with_policy("", request, timeout, metadata, credentials,

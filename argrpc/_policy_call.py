@@ -7,10 +7,12 @@ call when it ends in a way that is not retried, or, for a response stream, when 
 message arrives (the call is committed then, and that attempt's stream is the call's).
 Cancelling the call cancels the attempts running and starts no more.
 
-A call with a request stream under a retry policy is fed like an engine call (``send``,
-``half_close``): each request goes to the attempt running and into a buffer that a retry
-replays, in order, before anything newer. Requests beyond
-``grpc.per_rpc_retry_buffer_size`` commit the call to the attempt running (gRFC A6)."""
+A call with a request stream under a retry or hedging policy is fed like an engine call
+(``send``, ``half_close``): each request goes to the attempts running and into a buffer
+that a later attempt gets first, in order, before anything newer. Requests beyond
+``grpc.per_rpc_retry_buffer_size`` commit the call to the attempts running (gRFC A6).
+A hedged attempt whose response begins (headers with metadata, or a message of a
+response stream) is the call's; the others are cancelled."""
 
 from __future__ import annotations
 
@@ -55,6 +57,11 @@ class RequestBuffer:
             self._messages = []
         else:
             self._messages.append(payload)
+
+    @property
+    def messages(self) -> list[Any]:
+        """What the call sent so far, for a new attempt, in order."""
+        return self._messages
 
     def replay(self, core: Any) -> None:
         """What the call sent so far, to a new attempt."""
@@ -149,8 +156,15 @@ class PolicyCore:
                 if hedge.start_now(time.monotonic()):
                     core = self._launch(hedge.previous())
                     if core is None:
-                        return hedge.last
-                    hedge.add(core)
+                        if self._cancel is not None or not hedge.running():
+                            return hedge.last
+                        hedge.no_more(launched=False)  # the running ones decide
+                    else:
+                        hedge.add(core)
+                committed = self._begun(hedge)
+                if committed is not None:
+                    hedge.commit(committed)
+                    return committed
                 for core in hedge.newly_ended():
                     code, _, trailing = core.status(0)
                     if hedge.ended_with(code, trailing):
@@ -160,6 +174,19 @@ class PolicyCore:
                     return hedge.last
         finally:
             hedge.cancel_rest(lambda core: core.cancel(_CANCELLED, "attempt overtaken"))
+
+    def _begun(self, hedge: Any) -> Any:
+        """A running attempt whose response began, or None. Looked at before the ends:
+        an attempt that sent a message is the call's, however it ends."""
+        for core in hedge.running():
+            if self._streaming:
+                first = core.try_recv()
+                if first is not None and first is not False:
+                    self._first = first
+                    return core
+            if core.try_initial_metadata():
+                return core
+        return None
 
     # ------------------------------------------------------------------ the engine call's face
     # `_ended` says the call is decided: its final attempt is chosen (and, but for a

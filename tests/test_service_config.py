@@ -8,7 +8,9 @@ retry backoff is the exponential value with a little jitter, not a uniform draw 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import random
 import socket
 import threading
 import time
@@ -22,6 +24,7 @@ import argrpc
 import argrpc.aio
 from argrpc._client.service_config import ServiceConfig
 from tests.support import inproc
+from tests.support.load import busy_cores
 
 HANG_S = 30  # a bound on a hang, for a loaded machine
 STACKS = ["grpc", "argrpc"]
@@ -72,6 +75,19 @@ def served(request: pytest.FixtureRequest) -> Iterator[tuple[str, Service, int]]
     server.start()
     yield stack, service, port
     server.stop(None)
+
+
+@contextlib.contextmanager
+def _argrpc_server(*handlers: Any, workers: int = 8) -> Iterator[int]:
+    """A threaded argrpc server with `handlers`, its port for the block."""
+    server = argrpc.server(futures.ThreadPoolExecutor(workers))
+    server.add_generic_rpc_handlers(list(handlers))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield port
+    finally:
+        server.stop(None)
 
 
 def _channel(stack: str, port: int, config: dict[str, Any], *extra: Any) -> Any:
@@ -743,3 +759,374 @@ def test_aio_response_limit_of_the_method(stack: str) -> None:
                  "Stream removed (CLIENT: Received message larger than max (2000 vs. 1500))")
     assert asyncio.run(main()) == [([10], *too_large), too_large, too_large, too_large,
                                    too_large, too_large, ([1], *too_large)]
+
+
+class _AioStreams(_Streams):
+    """_Streams' handlers for an asyncio server."""
+
+    def _begin(self, context: Any) -> tuple[Any, list[bytes]]:
+        seen, got = self._attempt(context), list[bytes]()
+        self.attempts.append((seen, got))
+        return seen, got
+
+    @staticmethod
+    def _fails(seen: Any, got: list[bytes]) -> bool:
+        word, _, arg = got[0].decode().partition(" ")
+        return word == "fail" and int(seen or 0) < int(arg)
+
+    async def collect(self, requests: Any, context: Any) -> bytes:  # type: ignore[override]
+        seen, got = self._begin(context)
+        async for request in requests:
+            got.append(request)
+        if self._fails(seen, got):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "not yet")
+        return b"|".join(got) + f" after {seen or 0}".encode()
+
+    async def echo(self, requests: Any, context: Any) -> Any:
+        seen, got = self._begin(context)
+        async for request in requests:
+            got.append(request)
+            if self._fails(seen, got):
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "not yet")
+            yield request
+            if got[0] == b"late":
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "after a message")
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_aio_request_streams_are_retried_with_their_requests_replayed(stack: str) -> None:
+    """The threaded test above on argrpc.aio, with request iterators and with
+    write()/done_writing() (and read() for bidi)."""
+    aio = inproc.stack_module(stack).aio
+    service = _AioStreams()
+
+    async def requests(first: bytes, n: int, size: int = 3) -> Any:
+        yield first
+        for i in range(n):
+            await asyncio.sleep(0.002)  # some arrive while an attempt already runs
+            yield b"%d" % i * size
+
+    async def ends(call: Callable[[], Any]) -> tuple[str, Any, list[Any]]:
+        service.attempts.clear()
+        try:
+            result = await call()
+            return "OK", result, [a for a, _ in service.attempts]
+        except grpc.RpcError as e:
+            return e.code().name, None, [a for a, _ in service.attempts]
+
+    async def main() -> None:
+        server = aio.server()
+        server.add_generic_rpc_handlers([service.handlers()])
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        body = b"fail 2|000|111|222|333"
+        try:
+            async with aio.insecure_channel(f"127.0.0.1:{port}", options=[
+                    ("grpc.service_config", json.dumps(_retrying()))]) as ch:
+                collect = ch.stream_unary("/pkg.S/Collect")
+                assert await ends(lambda: collect(requests(b"fail 2", 4), timeout=HANG_S)) \
+                    == ("OK", body + b" after 2", [None, "1", "2"])
+                assert all(b"|".join(got) == body for _, got in service.attempts)
+
+                async def written() -> Any:
+                    call = collect(timeout=HANG_S)
+                    await call.write(b"fail 1")
+                    for i in range(3):
+                        await asyncio.sleep(0.002)
+                        await call.write(b"%d" % i)
+                    await call.done_writing()
+                    with pytest.raises(asyncio.InvalidStateError):
+                        await call.write(b"late")
+                    return await call
+
+                assert await ends(written) == ("OK", b"fail 1|0|1|2 after 1", [None, "1"])
+                assert (await ends(lambda: collect(requests(b"fail 9", 1),
+                                                   timeout=HANG_S)))[::2] == \
+                    ("UNAVAILABLE", [None, "1", "2", "3"])
+                echo = ch.stream_stream("/pkg.S/Echo")
+
+                async def listed(call: Any) -> list[bytes]:
+                    return [message async for message in call]
+
+                assert await ends(lambda: listed(echo(requests(b"fail 1", 2),
+                                                      timeout=HANG_S))) == \
+                    ("OK", [b"fail 1", b"000", b"111"], [None, "1"])
+
+                async def talked() -> Any:
+                    call = echo(timeout=HANG_S)
+                    got = []
+                    for request in (b"fail 1", b"a", b"b"):
+                        await call.write(request)
+                        got.append(await call.read())
+                    await call.done_writing()
+                    assert await call.read() is grpc.aio.EOF
+                    return got, (await call.code()).name
+
+                assert await ends(talked) == \
+                    ("OK", ([b"fail 1", b"a", b"b"], "OK"), [None, "1"])
+                assert (await ends(lambda: listed(echo(requests(b"late", 2),
+                                                       timeout=HANG_S))))[::2] == \
+                    ("UNAVAILABLE", [None])
+                # A call cancelled between attempts ends CANCELLED.
+                slow = collect(requests(b"fail 9", 1), timeout=HANG_S)
+                await asyncio.sleep(0.005)
+                slow.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await slow
+                assert slow.cancelled()
+                if stack == "argrpc":
+                    assert ch.transport == "shm"
+            async with aio.insecure_channel(f"127.0.0.1:{port}", options=[
+                    ("grpc.service_config", json.dumps(_retrying())),
+                    ("grpc.per_rpc_retry_buffer_size", 1024)]) as ch:
+                collect = ch.stream_unary("/pkg.S/Collect")
+                assert await ends(lambda: collect(requests(b"fail 1", 4), timeout=HANG_S)) \
+                    == ("OK", b"fail 1|000|111|222|333 after 1", [None, "1"])
+                # 4 × 400 bytes do not fit: the call is committed to its first attempt.
+                assert (await ends(lambda: collect(requests(b"fail 1", 4, 400),
+                                                   timeout=HANG_S)))[::2] == \
+                    ("UNAVAILABLE", [None])
+        finally:
+            await server.stop(None)
+
+    asyncio.run(main())
+
+
+class _HedgedStreams:
+    """Stream handlers for hedging: "Collect", "Echo" and "Stream" keep their first
+    attempt silent until it is cancelled (it records every request it read), later
+    attempts answer at once; "Quick" answers each attempt's first request at once and
+    the rest after HOLD_S, longer than the hedging delay."""
+
+    HOLD_S = 0.6
+
+    def __init__(self) -> None:
+        self.attempts: list[tuple[Any, list[bytes]]] = []
+        self.cancelled = threading.Event()
+
+    def _attempt(self, context: Any) -> tuple[Any, list[bytes]]:
+        seen = dict(context.invocation_metadata()).get("grpc-previous-rpc-attempts")
+        got: list[bytes] = []
+        self.attempts.append((seen, got))
+        return seen, got
+
+    def _silent(self, context: Any) -> None:
+        context.add_callback(self.cancelled.set)
+        deadline = time.monotonic() + HANG_S
+        while context.is_active() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def collect(self, requests: Any, context: Any) -> bytes:
+        seen, got = self._attempt(context)
+        got.extend(requests)
+        if seen is None:
+            self._silent(context)
+        return b"|".join(got) + f" after {seen or 0}".encode()
+
+    def echo(self, requests: Any, context: Any) -> Any:
+        seen, got = self._attempt(context)
+        if seen is None:
+            got.extend(requests)
+            self._silent(context)
+            return
+        for request in requests:
+            got.append(request)
+            yield request
+
+    def quick(self, requests: Any, context: Any) -> Any:
+        _, got = self._attempt(context)
+        for request in requests:
+            got.append(request)
+            if len(got) > 1:
+                time.sleep(self.HOLD_S)
+            yield request
+
+    def stream(self, request: bytes, context: Any) -> Any:
+        seen, _ = self._attempt(context)
+        if seen is None:
+            self._silent(context)
+            return
+        yield f"first {seen}".encode()
+        yield b"second"
+
+    def handlers(self) -> Any:
+        return grpc.method_handlers_generic_handler("pkg.S", {
+            "Collect": grpc.stream_unary_rpc_method_handler(self.collect),
+            "Echo": grpc.stream_stream_rpc_method_handler(self.echo),
+            "Quick": grpc.stream_stream_rpc_method_handler(self.quick),
+            "Stream": grpc.unary_stream_rpc_method_handler(self.stream)})
+
+
+def test_streams_are_hedged() -> None:
+    """gRFC A6 hedging of every streaming arity (grpcio ignores hedgingPolicy: README):
+    a silent first attempt is overtaken hedgingDelay later by a second that got every
+    request the call sent, in order; the first is cancelled. An attempt whose response
+    began is the call's: no attempt follows it."""
+    service = _HedgedStreams()
+
+    def requests(n: int) -> Iterator[bytes]:
+        for i in range(n):
+            time.sleep(0.002)
+            yield b"%d" % i
+
+    def run(call: Callable[[], Any]) -> tuple[Any, list[Any]]:
+        service.attempts.clear()
+        service.cancelled.clear()
+        result = call()
+        return result, sorted(service.attempts, key=lambda a: str(a[0]))
+
+    with _argrpc_server(service.handlers()) as port, \
+            _channel("argrpc", port, _hedging()) as ch:
+        collect = ch.stream_unary("/pkg.S/Collect")
+        assert run(lambda: collect(requests(3), timeout=HANG_S)) == \
+            (b"0|1|2 after 1", [("1", [b"0", b"1", b"2"]), (None, [b"0", b"1", b"2"])])
+        assert service.cancelled.wait(HANG_S)
+        future = collect.future(requests(2), timeout=HANG_S)
+        assert future.result() == b"0|1 after 1"
+        echo = ch.stream_stream("/pkg.S/Echo")
+        assert run(lambda: list(echo(requests(3), timeout=HANG_S))) == \
+            ([b"0", b"1", b"2"], [("1", [b"0", b"1", b"2"]), (None, [b"0", b"1", b"2"])])
+        assert service.cancelled.wait(HANG_S)
+        stream = ch.unary_stream("/pkg.S/Stream")
+        assert run(lambda: list(stream(b"", timeout=HANG_S)))[0] == \
+            [b"first 1", b"second"]
+        quick = ch.stream_stream("/pkg.S/Quick")
+        assert run(lambda: list(quick(iter([b"a", b"b"]), timeout=HANG_S))) == \
+            ([b"a", b"b"], [(None, [b"a", b"b"])])
+        assert ch.transport == "shm"
+
+
+def test_aio_streams_are_hedged() -> None:
+    """test_streams_are_hedged on argrpc.aio, iterators and write()/read()."""
+    service = _HedgedStreams()
+
+    async def requests(n: int) -> Any:
+        for i in range(n):
+            await asyncio.sleep(0.002)
+            yield b"%d" % i
+
+    async def run(call: Callable[[], Any]) -> tuple[Any, list[Any]]:
+        service.attempts.clear()
+        service.cancelled.clear()
+        result = await call()
+        return result, sorted(service.attempts, key=lambda a: str(a[0]))
+
+    async def listed(call: Any) -> list[bytes]:
+        return [message async for message in call]
+
+    async def main(port: int) -> None:
+        async with argrpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[
+                ("grpc.service_config", json.dumps(_hedging()))]) as ch:
+            collect = ch.stream_unary("/pkg.S/Collect")
+            assert await run(lambda: collect(requests(3), timeout=HANG_S)) == \
+                (b"0|1|2 after 1", [("1", [b"0", b"1", b"2"]), (None, [b"0", b"1", b"2"])])
+            assert service.cancelled.wait(HANG_S)
+
+            async def written() -> Any:
+                call = collect(timeout=HANG_S)
+                for request in (b"x", b"y"):
+                    await call.write(request)
+                await call.done_writing()
+                return await call
+
+            assert (await run(written))[0] == b"x|y after 1"
+            echo = ch.stream_stream("/pkg.S/Echo")
+            assert await run(lambda: listed(echo(requests(3), timeout=HANG_S))) == \
+                ([b"0", b"1", b"2"], [("1", [b"0", b"1", b"2"]), (None, [b"0", b"1", b"2"])])
+            stream = ch.unary_stream("/pkg.S/Stream")
+            assert (await run(lambda: listed(stream(b"", timeout=HANG_S))))[0] == \
+                [b"first 1", b"second"]
+            quick = ch.stream_stream("/pkg.S/Quick")
+
+            async def talked() -> Any:
+                call = quick(timeout=HANG_S)
+                got = []
+                for request in (b"a", b"b"):
+                    await call.write(request)
+                    got.append(await call.read())
+                await call.done_writing()
+                assert await call.read() is grpc.aio.EOF
+                return got
+
+            assert await run(talked) == ([b"a", b"b"], [(None, [b"a", b"b"])])
+            assert ch.transport == "shm"
+
+    with _argrpc_server(service.handlers()) as port:
+        asyncio.run(main(port))
+
+
+@pytest.mark.parametrize("load", ["quiet", "busy"])
+def test_policy_streams_cancelled_at_random_moments(load: str) -> None:
+    """Retried and hedged request-stream calls of both APIs cancelled at random moments
+    (between attempts, while a new attempt gets the requests sent so far, while one is
+    silent): each ends CANCELLED or with its own end, none hangs, and no attempt
+    outlives its call (argrpc.aio's channel counts none in flight; no attempts thread
+    is left)."""
+    service, flaky = _HedgedStreams(), _Streams()
+    handlers = (service.handlers(), grpc.method_handlers_generic_handler(
+        "pkg.R", {"Collect": grpc.stream_unary_rpc_method_handler(flaky.collect)}))
+    config = {"methodConfig": [
+        {"name": [{"service": "pkg.S"}], "hedgingPolicy": {
+            "maxAttempts": 3, "hedgingDelay": "0.01s", "nonFatalStatusCodes": ["UNAVAILABLE"]}},
+        {"name": [{"service": "pkg.R"}], "retryPolicy": {**POLICY, "maxAttempts": 5}}]}
+    rng = random.Random()
+    ends = {"OK", "CANCELLED", "UNAVAILABLE"}
+
+    def requests(n: int) -> Iterator[bytes]:
+        yield b"fail 9"
+        for i in range(n):
+            time.sleep(rng.uniform(0, 0.003))
+            yield b"%d" % i
+
+    async def aio_calls(port: int) -> int:
+        async with argrpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[
+                ("grpc.service_config", json.dumps(config))]) as ch:
+            methods = [ch.stream_unary("/pkg.S/Collect"), ch.stream_stream("/pkg.S/Echo"),
+                       ch.stream_unary("/pkg.R/Collect")]
+
+            async def one(i: int) -> str:
+                call = methods[i % 3]((r for r in [b"fail 9", b"a", b"b"]), timeout=HANG_S)
+                await asyncio.sleep(rng.uniform(0, 0.03))
+                call.cancel()
+                try:
+                    await asyncio.wait_for(call.code(), HANG_S)
+                except asyncio.CancelledError:
+                    return "CANCELLED"
+                code: grpc.StatusCode = await call.code()
+                return code.name
+
+            got = await asyncio.gather(*(one(i) for i in range(24)))
+            assert set(got) <= ends, got
+            deadline = time.monotonic() + HANG_S
+            while ch.inflight and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert ch.inflight == 0, "an attempt outlived its call"
+            return len(got)
+
+    def threaded_calls(port: int) -> int:
+        with _channel("argrpc", port, config) as ch:
+            methods = [ch.stream_unary("/pkg.S/Collect").future,
+                       ch.stream_stream("/pkg.S/Echo"), ch.stream_unary("/pkg.R/Collect").future]
+            calls = []
+            for i in range(24):
+                call = methods[i % 3](requests(3), timeout=HANG_S)
+                time.sleep(rng.uniform(0, 0.03))
+                call.cancel()
+                calls.append(call)
+            for call in calls:
+                deadline = time.monotonic() + HANG_S
+                while not call.done() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert call.done(), "a cancelled call did not end"
+                assert call.code().name in ends
+            return len(calls)
+
+    with busy_cores(2) if load == "busy" else contextlib.nullcontext(), \
+            _argrpc_server(*handlers, workers=16) as port:
+        assert asyncio.run(aio_calls(port)) == 24
+        assert threaded_calls(port) == 24
+        deadline = time.monotonic() + HANG_S
+        while time.monotonic() < deadline and any(
+                t.name == "argrpc-attempts" for t in threading.enumerate()):
+            time.sleep(0.01)
+        assert not [t for t in threading.enumerate() if t.name == "argrpc-attempts"]

@@ -365,6 +365,23 @@ class Hedge:
                 out.append(call)
         return out
 
+    def running(self) -> list[Any]:
+        """The attempts not seen ended yet."""
+        return [call for i, call in enumerate(self._attempts) if i not in self._judged]
+
+    def commit(self, call: Any) -> None:
+        """`call`'s response began (headers with metadata, or a message): it is the
+        call's, and no attempt starts after it (gRFC A6)."""
+        self.last = call
+        self._more = False
+
+    def no_more(self, launched: bool) -> None:
+        """No attempt starts after these; the one due did not start unless `launched`
+        (its request stream outgrew the retry buffer, or it had nowhere to go)."""
+        if not launched:
+            self._started -= 1
+        self._more = False
+
     def cancel_rest(self, cancel: Any = None) -> None:
         """Cancels every attempt still running (all but the call's), with `cancel(call)`
         when given (an engine call takes a status), else `call.cancel()`."""

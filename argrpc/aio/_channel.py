@@ -26,19 +26,15 @@ from .._metadata import InvalidMetadataError, to_core
 from .._buffers import nbytes as _nbytes
 from .._client.balancer import Balancer
 from .._client.model import client_model
-from .._client.service_config import (Attempts, Hedge, HedgingPolicy, RetryPolicy,
-                                      ServiceConfig, for_grpc, throttle_for)
+from .._client.service_config import HedgingPolicy, ServiceConfig, for_grpc, throttle_for
 from .._client.subchannel import Subchannel
 from .._routing import GRPC, NEW, Routing, encrypts
 from .._subchannels import pool_key
-from . import _call, _interceptors
+from . import _attempts, _call, _interceptors
 from ._loop import bridge
 from ._pending import PendingCall
 
 __all__ = ["Channel", "insecure_channel", "secure_channel"]
-
-# One attempt of a unary-request call: start(connection, metadata, timeout) -> call object.
-Start = Callable[[Any, list[Any], Optional[float]], Any]
 
 _LOGGER = logging.getLogger("argrpc")
 _running_loop = asyncio._get_running_loop  # None outside a loop, and cheap
@@ -439,8 +435,8 @@ class _MultiCallable:
                        request: Any, make: Callable[..., Any], streaming: bool,
                        retry_unsent: bool) -> Any:
         """A unary-request call on the fast path: `make(conn, method, metadata, timeout,
-        payload, deserializer)` builds one attempt; the method's retry policy (or, for a
-        unary response, its hedging policy) decides how many."""
+        payload, deserializer)` builds one attempt; the method's retry or hedging policy
+        decides how many."""
         payload = _call.serialize(self._serializer, request)
         if (failed := self._too_large(payload)) is not None:
             return failed
@@ -452,74 +448,42 @@ class _MultiCallable:
 
         mc = self._mc
         if mc is not None and self._channel._service_config.buffers(payload):
+            async def launch(conn: Any, metadata: list[Any], left: Optional[float]) -> Any:
+                return start(conn, metadata, left)
+
             if mc.retry is not None:
-                return PendingCall.make(self._kind, self._attempts(
-                    fast, md, timeout, mc.retry, start, streaming))
-            if mc.hedging is not None and not streaming:
-                return PendingCall.make(self._kind, self._hedged(
-                    fast, md, timeout, mc.hedging, start))
+                return PendingCall.make(self._kind, _attempts.retried(
+                    self._channel, fast, md, timeout, mc.retry, launch, streaming))
+            if mc.hedging is not None:
+                return PendingCall.make(self._kind, _attempts.hedged(
+                    self._channel, fast, md, timeout, mc.hedging, launch, streaming))
         return start(fast, md, timeout, retry_unsent)
 
-    async def _attempts(self, fast: Any, md: list[Any], timeout: Optional[float],
-                        policy: RetryPolicy, start: Start, streaming: bool) -> Any:
-        """The call under its retry policy (gRFC A6): attempts, each `start(fast, md,
-        timeout)` where the channel routes it then, until one's status ends the call or,
-        for a response stream, its first message commits it; that attempt is the call."""
+    def _request_stream(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
+                        request_iterator: Any, make: Callable[..., Any],
+                        retry_unsent: bool) -> Any:
+        """A request-stream call on the fast path: `make(channel, bridge, conn, method,
+        metadata, timeout, request_iterator, serializer, deserializer, retry_unsent)`
+        builds one attempt; the method's retry or hedging policy decides how many, fed
+        through a RequestFeed."""
+        mc = self._mc
+        if mc is None or (mc.retry is None and mc.hedging is None):
+            return self._limited(make(self._channel, b, fast, self._method, md, timeout,
+                                      request_iterator, self._serializer, self._deserializer,
+                                      retry_unsent))
         channel = self._channel
-        deadline = None if timeout is None else time.monotonic() + timeout
-        attempts = Attempts(policy, channel._throttle, deadline)
-        while True:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            call = start(fast, attempts.metadata(md), left)
-            try:
-                if streaming:
-                    first = await call._read_raw()
-                    if first is not aio.EOF:
-                        call._peeked = first  # read again by the caller, first
-                        return call
-                code = (await call.code()).value[0]
-                committed = bool(await call.initial_metadata())
-                delay = attempts.after(code, committed, await call.trailing_metadata(),
-                                       time.monotonic())
-                if delay is None:
-                    return call
-                await asyncio.sleep(delay)
-            except asyncio.CancelledError:
-                call.cancel()
-                raise
-            fast, _ = channel.pick()
-            if fast is None or channel.closing:  # off the fast path: that end stands
-                return call
-
-    async def _hedged(self, fast: Any, md: list[Any], timeout: Optional[float],
-                      policy: HedgingPolicy, start: Start) -> Any:
-        """The call under its hedging policy (gRFC A6, `Hedge`), as the threaded channel
-        hedges: the attempt whose end is the call's is the call."""
-        channel = self._channel
-        hedge = Hedge(policy, channel._throttle,
-                      None if timeout is None else time.monotonic() + timeout)
-        ended = asyncio.Event()
-        try:
-            while True:
-                now = time.monotonic()
-                if hedge.start_now(now):
-                    if hedge.previous():  # a later attempt goes where the channel routes now
-                        fast = channel.pick()[0] or fast
-                    header = hedge.previous()
-                    call = start(fast, md + [header] if header else md, hedge.left(now))
-                    call.add_done_callback(lambda _call: ended.set())
-                    hedge.add(call)
-                ended.clear()
-                for call in hedge.newly_ended():
-                    if hedge.ended_with((await call.code()).value[0],
-                                        await call.trailing_metadata()):
-                        return call
-                try:
-                    await asyncio.wait_for(ended.wait(), hedge.wait_s(time.monotonic()))
-                except asyncio.TimeoutError:
-                    pass
-        finally:
-            hedge.cancel_rest()
+        feed = _attempts.RequestFeed(channel._service_config.buffer_limit, self._serializer,
+                                     self._max_send)
+        launch = feed.launcher(lambda conn, metadata, left: self._limited(make(
+            channel, b, conn, self._method, metadata, left, None, None, self._deserializer)))
+        streaming = self._kind == "stream_stream"
+        if mc.retry is not None:
+            drive = functools.partial(_attempts.retried, channel, fast, md, timeout, mc.retry,
+                                      launch, streaming, feed)
+        else:
+            drive = functools.partial(_attempts.hedged, channel, fast, md, timeout,
+                                      cast(HedgingPolicy, mc.hedging), launch, streaming)
+        return _attempts.fed_call(self._kind, feed, drive, request_iterator)
 
     def _limited(self, call: Any) -> Any:
         """The call with its method's message limits."""
@@ -576,9 +540,8 @@ class StreamUnaryMultiCallable(_MultiCallable, AioStreamUnaryBase):
 
     def _fast_call(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
                    request: Any, retry_unsent: bool) -> Any:
-        return self._limited(_call.StreamUnaryCall(self._channel, b, fast, self._method, md,
-                                                   timeout, request, self._serializer,
-                                                   self._deserializer, retry_unsent))
+        return self._request_stream(b, fast, md, timeout, request, _call.StreamUnaryCall,
+                                    retry_unsent)
 
 
 class StreamStreamMultiCallable(_MultiCallable, AioStreamStreamBase):
@@ -589,9 +552,8 @@ class StreamStreamMultiCallable(_MultiCallable, AioStreamStreamBase):
 
     def _fast_call(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
                    request: Any, retry_unsent: bool) -> Any:
-        return self._limited(_call.StreamStreamCall(self._channel, b, fast, self._method, md,
-                                                    timeout, request, self._serializer,
-                                                    self._deserializer, retry_unsent))
+        return self._request_stream(b, fast, md, timeout, request, _call.StreamStreamCall,
+                                    retry_unsent)
 
 
 def insecure_channel(target: str, options: Any = None,
