@@ -305,3 +305,71 @@ def test_message_larger_than_pool_fails_and_channel_survives(target: str, stubs_
         _assert_exact(res, size)
     _assert_shm(r["transport"])
     assert r["after"]["in_use"] == 0, r["after"]
+
+
+AHEAD_SERVER = r"""
+import json, sys, time
+from concurrent import futures
+import grpc, argrpc
+from argrpc import _engine
+peak = {"peak_received": 0}
+server = argrpc.server(futures.ThreadPoolExecutor(4), options=[
+    ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
+def echo(requests, context):
+    for r in requests:
+        time.sleep(0.5)  # the requests after this one arrive meanwhile
+        peak["peak_received"] = max(peak["peak_received"],
+                               _engine.peek_engine().pool_stats().get("received", 0))
+        yield r
+server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+    "h", {"Bidi": grpc.stream_stream_rpc_method_handler(echo)})])
+print(server.add_insecure_port("127.0.0.1:0"), flush=True)
+server.start()
+sys.stdin.readline()
+print(json.dumps({**peak, **_engine.peek_engine().pool_stats()}), flush=True)
+server.stop(None)
+"""
+
+AHEAD_CLIENT = r"""
+import json, os, subprocess, sys
+import grpc, argrpc
+server = subprocess.Popen([sys.executable, "-c", os.environ["AHEAD_SERVER"]], text=True,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+port = int(server.stdout.readline())
+out = {}
+unlimited = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+with argrpc.insecure_channel(f"127.0.0.1:{port}", options=unlimited) as ch:
+    sizes = [96 << 20] * 3
+    try:
+        got = []
+        for m in ch.stream_stream("/h/Bidi")((bytes([i]) * n for i, n in enumerate(sizes)),
+                                             timeout=120):
+            got.append([len(m), m[0], m[-1]])
+            del m
+        out["code"], out["got"] = "OK", got
+    except grpc.RpcError as e:
+        out["code"], out["details"] = e.code().name, e.details()
+    out["transport"] = [ch.transport, ch.fallback_reason]
+server.stdin.write("stats\n")
+server.stdin.flush()
+out["server"] = json.loads(server.stdout.readline())
+server.stdin.close()
+server.wait(60)
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_requests_received_ahead_leave_room_for_the_answer() -> None:
+    """A bidi handler slower than its client, 96 MiB each way, through a 256 MiB pool:
+    the requests after the one it answers arrive and are received ahead while its
+    response waits for room in its own pool, which only the handler's next read frees.
+    Received messages hold at most half the pool (the rest are received into heap
+    memory), so the response finds room: every one arrives, byte-exact, on the fast path."""
+    env = {"TF_RDMA_BUF_SIZE": "256M", "TF_RDMA_CHUNK_SIZE": "128M",
+           "AHEAD_SERVER": AHEAD_SERVER}
+    r = script_result(AHEAD_CLIENT, env, timeout=300)
+    assert r["code"] == "OK", r
+    assert r["got"] == [[96 * MiB, i, i] for i in range(3)]
+    assert r["transport"][0] == "shm", r["transport"]
+    assert 0 < r["server"]["peak_received"] <= 128 * MiB, r["server"]
+    assert r["server"]["in_use"] == 0, r["server"]

@@ -208,7 +208,8 @@ def test_pool_waits_count_allocations_that_waited(rig: SimpleNamespace) -> None:
         assert status is not None and status[0] == RESOURCE_EXHAUSTED, status
         stats = rig.engine.pool_stats()
         assert stats["waits"] == 1 and stats["waiters"] == 0, stats
-        assert set(stats) == {"capacity", "grown", "in_use", "waiters", "waits"}
+        assert set(stats) == {"capacity", "grown", "in_use", "received", "waiters", "waits"}
+        assert stats["received"] == 0, stats  # the sim peer pulled nothing
         # The one that waited in vain was never committed, so never counted as sent.
         assert sim(rig)["rendezvous_bytes_sent"] == 40 * MiB, sim(rig)
     finally:

@@ -341,6 +341,7 @@ PYBIND11_MODULE(_core, m) {
         d["capacity"] = s.capacity;
         d["grown"] = s.grown;
         d["in_use"] = s.in_use;
+        d["received"] = s.received;
         d["waiters"] = s.waiters;
         d["waits"] = s.waits;
         return d;

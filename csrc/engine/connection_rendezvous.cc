@@ -137,7 +137,7 @@ void Connection::start_pull(const std::shared_ptr<Pull>& p) {
   p->dst.is_inline = false;
   p->dst.len = p->len;
   if (try_view(p)) return;
-  Block b = engine_->pool()->try_alloc(p->len);
+  Block b = engine_->pool()->try_alloc_received(p->len);
   if (b.valid()) {
     p->dst.block = std::move(b);
   } else {

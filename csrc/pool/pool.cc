@@ -17,7 +17,7 @@ namespace argrpc {
 uint8_t* Block::data() const { return pool_ ? pool_->base() + off_ : nullptr; }
 
 void Block::release() {
-  if (pool_) pool_->give_back(off_, len_);
+  if (pool_) pool_->give_back(off_, len_, received_);
   pool_.reset();
 }
 
@@ -131,10 +131,23 @@ Block Pool::try_alloc(size_t n) {
   return Block();
 }
 
-void Pool::give_back(size_t off, size_t len) {
+Block Pool::try_alloc_received(size_t n) {
+  const size_t len = round_up(n ? n : 1, kPageSize);
+  std::lock_guard<std::mutex> g(mu_);
+  if (received_ + len > capacity() / 2) return Block();
+  size_t off;
+  if (take_locked(len, &off) || (grow_locked(len) && take_locked(len, &off))) {
+    received_ += len;
+    return Block(shared_from_this(), off, len, true);
+  }
+  return Block();
+}
+
+void Pool::give_back(size_t off, size_t len, bool received) {
   {
     std::lock_guard<std::mutex> g(mu_);
     in_use_ -= len;
+    if (received) received_ -= len;
     auto next = free_.lower_bound(off);
     if (next != free_.end() && off + len == next->first) {
       len += next->second;
@@ -155,7 +168,7 @@ void Pool::give_back(size_t off, size_t len) {
 
 PoolStats Pool::stats() const {
   std::lock_guard<std::mutex> g(mu_);
-  return PoolStats{capacity(), grown_, in_use_, waiters_, waits_};
+  return PoolStats{capacity(), grown_, in_use_, received_, waiters_, waits_};
 }
 
 void Pool::wake_waiters() {

@@ -25,11 +25,17 @@ class Pool;
 class Block {
  public:
   Block() = default;
-  Block(std::shared_ptr<Pool> pool, size_t off, size_t len)
-      : pool_(std::move(pool)), off_(off), len_(len) {}
+  Block(std::shared_ptr<Pool> pool, size_t off, size_t len, bool received = false)
+      : pool_(std::move(pool)), off_(off), len_(len), received_(received) {}
   Block(Block&&) noexcept = default;
   Block& operator=(Block&& o) noexcept {
-    if (this != &o) { release(); pool_ = std::move(o.pool_); off_ = o.off_; len_ = o.len_; }
+    if (this != &o) {
+      release();
+      pool_ = std::move(o.pool_);
+      off_ = o.off_;
+      len_ = o.len_;
+      received_ = o.received_;
+    }
     return *this;
   }
   Block(const Block&) = delete;
@@ -45,12 +51,14 @@ class Block {
  private:
   std::shared_ptr<Pool> pool_;
   size_t off_ = 0, len_ = 0;
+  bool received_ = false;  // holds a received message (Pool::try_alloc_received)
 };
 
 enum class AllocStatus { kOk, kTimeout, kTooBig, kShutdown, kAborted };
 
 struct PoolStats {
   size_t capacity, grown, in_use;
+  size_t received;  // of in_use, what received messages hold
   int waiters;
   uint64_t waits;  // alloc()s that had to wait for room, since the pool was made
 };
@@ -73,6 +81,12 @@ class Pool : public std::enable_shared_from_this<Pool> {
   void wake_waiters();
   // Never waits; an invalid Block if there is no room right now.
   Block try_alloc(size_t n);
+  // try_alloc() for a message being received, which the caller then receives into heap
+  // memory instead: received messages never hold more than half the pool. A service
+  // keeps received messages for as long as its handler likes, and sends wait for room
+  // (alloc()); were the pool full of what it received, a handler that answers before
+  // letting go of its requests would wait for itself.
+  Block try_alloc_received(size_t n);
   PoolStats stats() const;
   void shutdown();
 
@@ -81,7 +95,7 @@ class Pool : public std::enable_shared_from_this<Pool> {
   Pool(UniqueFd fd, Mapping map, size_t slab);
   bool take_locked(size_t n, size_t* off);
   bool grow_locked(size_t need);
-  void give_back(size_t off, size_t len);
+  void give_back(size_t off, size_t len, bool received);
 
   UniqueFd fd_;
   Mapping map_;
@@ -89,7 +103,7 @@ class Pool : public std::enable_shared_from_this<Pool> {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<size_t, size_t> free_;  // offset -> length, coalesced
-  size_t grown_ = 0, in_use_ = 0;
+  size_t grown_ = 0, in_use_ = 0, received_ = 0;
   int waiters_ = 0;
   uint64_t waits_ = 0;
   bool shutdown_ = false;
