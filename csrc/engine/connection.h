@@ -255,6 +255,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // A pool block for a message of `len` (waits for room unless would_block is given);
   // invalid if the stream ended instead.
   Block take_block(const std::shared_ptr<Stream>& s, size_t len, bool* would_block);
+  // take_block(), and a block the fabric can announce to the peer; else the message's
+  // call ends RESOURCE_EXHAUSTED with the reason and the connection goes on.
+  Block exposable_block(const std::shared_ptr<Stream>& s, size_t len, bool* would_block);
+  // Ends the call of a message that cannot be sent, RESOURCE_EXHAUSTED with `why`.
+  void refuse_message(const std::shared_ptr<Stream>& s, const std::string& why);
   // Copies the message into `block` and announces it: its rendezvous id, or 0 if the
   // connection failed during the copy (the block goes back to the pool).
   uint64_t expose_message(const Outgoing& o, Block block, RemoteRef* ref);

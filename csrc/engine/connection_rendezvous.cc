@@ -69,7 +69,21 @@ Block Connection::take_block(const std::shared_ptr<Stream>& sp, size_t len, bool
     end_failed(sp);
     return block;
   }
-  const std::string why = no_room(st, len, pool->capacity());
+  refuse_message(sp, no_room(st, len, pool->capacity()));
+  return block;
+}
+
+Block Connection::exposable_block(const std::shared_ptr<Stream>& sp, size_t len,
+                                  bool* would_block) {
+  Block block = take_block(sp, len, would_block);
+  if (!block.valid()) return block;
+  std::string why;
+  if (fabric_->exposable(block, &why)) return block;
+  refuse_message(sp, "argrpc: cannot announce a " + std::to_string(len) + "-byte message: " + why);
+  return Block();
+}
+
+void Connection::refuse_message(const std::shared_ptr<Stream>& sp, const std::string& why) {
   bool unknown_to_peer;  // a client call whose HEADERS have not gone out
   {
     std::lock_guard<std::mutex> g(sp->mu);
@@ -77,7 +91,6 @@ Block Connection::take_block(const std::shared_ptr<Stream>& sp, size_t len, bool
   }
   if (unknown_to_peer) end_stream(sp, kResourceExhausted, why, false, nullptr, false);
   else cancel(sp, kResourceExhausted, why);
-  return block;
 }
 
 uint64_t Connection::expose_message(const Outgoing& o, Block block, RemoteRef* ref) {
@@ -150,6 +163,15 @@ void Connection::start_pull(const std::shared_ptr<Pull>& p) {
                      kCancelled);
       return;
     }
+  }
+  std::string why;
+  if (p->len && !fabric_->landable(p->dst.data(), p->len, &why)) {
+    queue_fin(p->rdv_id);
+    if (auto s = p->stream.lock())
+      abort_stream(s, kResourceExhausted,
+                   "argrpc: cannot receive a " + std::to_string(p->len) + "-byte message: " + why,
+                   kCancelled);
+    return;
   }
   if (p->len == 0) {
     queue_fin(p->rdv_id);

@@ -42,7 +42,7 @@ bool Connection::submit(const std::shared_ptr<Stream>& sp, const Outgoing& o, bo
   if (o.has_msg && plan.eager && !reserve_window(sp, o.msg_len, would_block)) return false;
   Block block;
   if (o.has_msg && !plan.eager) {
-    block = take_block(sp, o.msg_len, would_block);
+    block = exposable_block(sp, o.msg_len, would_block);
     if (!block.valid()) return false;
   }
   if (!claim_headers(*sp, o, &plan)) return false;

@@ -43,6 +43,14 @@ class Fabric {
   // serialises calls.
   virtual bool write_imm(const void* src, uint32_t len, size_t remote_off) = 0;
 
+  // Whether expose() can make `b` readable by the peer; false, with the reason, when
+  // it cannot (verbs: registering that part of the pool is past the locked-memory
+  // limit). Asked before the peer hears of the block, so only that message fails.
+  virtual bool exposable(const Block& b, std::string* why) { return true; }
+  // Whether reads may land in [dst, dst+len); false, with the reason, when they cannot
+  // (verbs: that memory cannot be registered). Asked before the first read, so only
+  // that message fails.
+  virtual bool landable(void* dst, size_t len, std::string* why) { return true; }
   // Makes a local pool block readable by the peer until the peer's FIN; unexpose()
   // (at the FIN, or when the RTS never went out) ends that access.
   virtual RemoteRef expose(const Block& b) = 0;

@@ -178,6 +178,8 @@ class VerbsFabric final : public Fabric {
   std::string error() const override;
 
   // verbs_windows.cc
+  bool exposable(const Block& b, std::string* why) override;
+  bool landable(void* dst, size_t len, std::string* why) override;
   RemoteRef expose(const Block& b) override;
   void unexpose(const Block& b) override;
   void shutdown() override;

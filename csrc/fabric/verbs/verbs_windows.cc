@@ -13,6 +13,22 @@
 namespace argrpc {
 namespace verbs {
 
+bool VerbsFabric::exposable(const Block& b, std::string* why) {
+  uint32_t rkey = 0;
+  return ep_->dom_->pool_keys(b.data(), b.size(), nullptr, &rkey, why);
+}
+
+bool VerbsFabric::landable(void* dst, size_t len, std::string* why) {
+  uint32_t lkey = 0;
+  if (ep_->dom_->pool_keys(dst, len, &lkey, nullptr, nullptr)) return true;
+  // Heap memory (the pool was full) is registered read by read; tried once whole here
+  // so a locked-memory limit fails this message, not the connection in read().
+  Mr mr(api()->reg_mr(ep_->dom_->pd(), dst, len, IBV_ACCESS_LOCAL_WRITE));
+  if (mr) return true;
+  *why = reg_mr_error("rendezvous destination", len);
+  return false;
+}
+
 RemoteRef VerbsFabric::expose(const Block& b) {
   uint32_t rkey = 0;
   ibv_mr* mr = nullptr;
