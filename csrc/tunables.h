@@ -18,7 +18,8 @@ struct EngineConfig {
   int spin_us = int(knobs::kSpinUs.def);          // spin (with sched_yield) before blocking
   size_t parallel_copy_min = knobs::kParallelCopyMin;
   // protobuf builds a fresh buffer per message; with glibc's defaults each multi-MiB
-  // one is new, page-faulting memory (1.3-2.8 GB/s here), so keep freed memory instead.
+  // one is new, page-faulting memory (several times slower to fill than memory already
+  // touched: docs/design.md, "Bulk bytes"), so keep freed memory instead.
   bool malloc_tuning = knobs::kMallocTuning.def != 0;
   size_t malloc_mmap_threshold = knobs::kMallocMmapThreshold;
   size_t malloc_trim_threshold = knobs::kMallocTrimThreshold;

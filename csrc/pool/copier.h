@@ -1,5 +1,6 @@
-// Bulk copies with two threads. One thread copies 7 GB/s into pre-faulted memory here,
-// two reach 12-23 GB/s, so large copies are split with one helper thread.
+// Bulk copies with two threads: one thread does not saturate memory bandwidth into
+// pre-faulted memory, two come close (docs/design.md, "Bulk bytes"), so large copies are
+// split with one helper thread.
 #pragma once
 #include <atomic>
 #include <condition_variable>

@@ -47,7 +47,8 @@ bool Pool::grow_locked(size_t need) {
   add = std::min(add, capacity() - grown_);
   if (add == 0) return false;
   uint8_t* start = base() + grown_;
-  // Pre-fault the whole slab now; touching pages later would cost 1.3-2.8 GB/s.
+  // Pre-fault the whole slab now: a page fault on the hot path costs more than the copy
+  // into that page (docs/design.md, "Bulk bytes").
   if (::madvise(start, add, MADV_POPULATE_WRITE) != 0) {
     for (size_t i = 0; i < add; i += kPageSize) start[i] = 0;
   }
