@@ -4,7 +4,7 @@ one boot of two Soft-RoCE guests joined by one link.
 
 Run from the repository root, host B serving and host A measuring:
 
-    ../shared/softroce/run-in-rxe-pair.sh --b-ready bench-results/across-hosts-ctrl/ready \\
+    softroce/pair.sh --b-ready bench-results/across-hosts-ctrl/ready \\
         -- python3 bench/across_hosts.py serve \\
         -- python3 bench/across_hosts.py run [--reps N] [--json PATH]
     python3 bench/across_hosts.py run --report PATH     # reprint a saved run's table
@@ -464,7 +464,7 @@ def preflight() -> str:
     """"" if this is host A of a Soft-RoCE pair with perftest, else what is missing."""
     if os.environ.get("RXE_ROLE") != "a" or not os.environ.get("RXE_PEER_ADDR"):
         return ("not host A of a two-host pair (RXE_ROLE=a, RXE_PEER_ADDR); run through "
-                "../shared/softroce/run-in-rxe-pair.sh (see this script's --help)")
+                "softroce/pair.sh (see this script's --help)")
     if not Path(f"/sys/class/infiniband/{DEV}").exists():
         return f"no {DEV} on this host"
     missing = [t for t in ("ib_write_bw", "ib_write_lat") if not shutil.which(t)]

@@ -4,7 +4,7 @@ guest boot.
 
 Run it INSIDE one Soft-RoCE guest boot, from the repository root:
 
-    ../shared/softroce/run-in-rxe-guest.sh python3 bench/verbs_vs_perftest.py [--json PATH]
+    softroce/guest.sh python3 bench/verbs_vs_perftest.py [--json PATH]
 
 Per repetition (repetitions interleave the two sides, so drift of the emulated machine
 hits both alike):
@@ -234,7 +234,7 @@ def main() -> int:
 
     if not Path(f"/sys/class/infiniband/{DEV}").exists():
         print(f"no {DEV}: run this inside the Soft-RoCE guest "
-              "(../shared/softroce/run-in-rxe-guest.sh python3 bench/verbs_vs_perftest.py)",
+              "(softroce/guest.sh python3 bench/verbs_vs_perftest.py)",
               file=sys.stderr)
         return 2
     for tool in ("ib_write_bw", "ib_write_lat"):

@@ -273,7 +273,7 @@ def test_across_hosts_outside_a_pair_says_how_to_run_it() -> None:
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "not host A of a two-host pair" in done.stderr
-    assert "run-in-rxe-pair.sh" in done.stderr
+    assert "softroce/pair.sh" in done.stderr
 
 
 def test_across_hosts_report_judges_medians_and_shows_failures(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """Tests across two hosts: two Soft-RoCE guests joined by one link
-(../shared/softroce/run-in-rxe-pair.sh). Host B runs `tests.pair.host_b`; host A runs
+(softroce/pair.sh). Host B runs `tests.pair.host_b`; host A runs
 pytest on this package. Outside such a pair every test here skips with the reason."""
 
 import subprocess

@@ -13,7 +13,7 @@ import pytest
 from tests.pair import CTRL_DIR, PORT, SERVER_ENV
 from tests.support.clients import UNLIMITED, Client, make_channel
 
-PAIR_HINT = ("run on two Soft-RoCE guests: ../shared/softroce/run-in-rxe-pair.sh --b-ready "
+PAIR_HINT = ("run on two Soft-RoCE guests: softroce/pair.sh --b-ready "
              f"{CTRL_DIR}/ready -- python3 -m tests.pair.host_b -- python3 -m pytest -q tests/pair")
 
 

@@ -1,6 +1,6 @@
 """Host B of the two-host tests: runs the conformance echo server and obeys host A.
 
-    ../shared/softroce/run-in-rxe-pair.sh --b-ready .pair-ctrl/ready -- \
+    softroce/pair.sh --b-ready .pair-ctrl/ready -- \
         python3 -m tests.pair.host_b -- python3 -m pytest -q tests/pair
 
 B serves `tests.support.echo_server` (argrpc, no TF_RDMA_* transport set, so the choice

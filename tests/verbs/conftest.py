@@ -1,6 +1,6 @@
 """Fixtures for the verbs tests: each one skips with the reason when what it needs is
 missing (pyverbs-tests style), so on a host without RDMA the group reports why, and in
-the Soft-RoCE guest (`../shared/softroce/run-in-rxe-guest.sh python3 -m pytest -q
+the Soft-RoCE guest (`softroce/guest.sh python3 -m pytest -q
 tests/verbs`) it runs for real."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-GUEST_HINT = ("run it in the Soft-RoCE guest: ../shared/softroce/run-in-rxe-guest.sh "
+GUEST_HINT = ("run it in the Soft-RoCE guest: softroce/guest.sh "
               "python3 -m pytest -q tests/verbs")
 _DEBIAN_DIST = "/usr/lib/python3/dist-packages"
 
@@ -26,7 +26,7 @@ def _import_pyverbs() -> tuple[ModuleType | None, str]:
         import pyverbs.enums  # noqa: F401
     except Exception as e:  # noqa: BLE001 - ImportError or a broken build: skip with it
         return None, (f"pyverbs is not importable ({type(e).__name__}: {e}); install Debian's "
-                      "python3-pyverbs (../shared/softroce/install-prereqs.sh does)")
+                      "python3-pyverbs (softroce/prepare.sh does)")
     import pyverbs
     return pyverbs, ""
 

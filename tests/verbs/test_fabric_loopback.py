@@ -4,7 +4,7 @@ socketpair test), attached with `attach_verbs` both ways, and a `_core.Server` w
 threads echo. Plus device discovery and selection against the Soft-RoCE guest's known
 facts (rxe0, port 1 ACTIVE, GID 1 RoCEv2 ::ffff:127.0.0.1).
 
-Runs in the guest (`../shared/softroce/run-in-rxe-guest.sh python3 -m pytest -q
+Runs in the guest (`softroce/guest.sh python3 -m pytest -q
 tests/verbs`); elsewhere the `rdma` fixture skips with the reason. Everything in the
 guest is slow (TCG), so timeouts are generous."""
 from __future__ import annotations

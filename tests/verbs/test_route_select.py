@@ -5,7 +5,7 @@ carries its source address for that route.
 Real devices only: a second Soft-RoCE device rxe7 on a dummy interface (10.77.0.1/24)
 joins the guest's rxe0 (on lo, GID ::ffff:127.0.0.1), and an interface without RDMA
 (dummy8, 10.88.0.1/24) gives a route whose source address no GID carries. Run in the
-guest: ../shared/softroce/run-in-rxe-guest.sh python3 -m pytest -q tests/verbs/test_route_select.py
+guest: softroce/guest.sh python3 -m pytest -q tests/verbs/test_route_select.py
 
 GID kinds: a RoCEv2 packet is UDP over IPv4 when its source GID is IPv4-mapped, over IPv6
 otherwise, so "RoCEv2 over IPv4" and "RoCEv2 over IPv6" are different kinds that cannot
