@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 import grpc
 
 from ._buffers import nbytes
-from ._client.service_config import Attempts, Hedge
+from ._client.service_config import Attempts, Hedge, response_began
 
 __all__ = ["PolicyCore", "RequestBuffer"]
 
@@ -156,9 +156,8 @@ class PolicyCore:
                 if hedge.start_now(time.monotonic()):
                     core = self._launch(hedge.previous())
                     if core is None:
-                        if self._cancel is not None or not hedge.running():
+                        if self._cancel is not None or hedge.not_started():
                             return hedge.last
-                        hedge.no_more(launched=False)  # the running ones decide
                     else:
                         hedge.add(core)
                 committed = self._begun(hedge)
@@ -179,12 +178,10 @@ class PolicyCore:
         """A running attempt whose response began, or None. Looked at before the ends:
         an attempt that sent a message is the call's, however it ends."""
         for core in hedge.running():
-            if self._streaming:
-                first = core.try_recv()
-                if first is not None and first is not False:
-                    self._first = first
-                    return core
-            if core.try_initial_metadata():
+            began, first = response_began(core, self._streaming)
+            if first is not None:
+                self._first = first
+            if began:
                 return core
         return None
 

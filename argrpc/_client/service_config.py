@@ -334,6 +334,17 @@ def hedge_delay(policy: HedgingPolicy, throttle: Optional[Throttle], code: int,
     return 0.0 if pushback is None else pushback
 
 
+def response_began(core: Any, streaming: bool) -> tuple[bool, Any]:
+    """Whether an attempt's response began (gRFC A6 commits it then): a message of a
+    response stream, or headers that carry metadata; `core` is its engine call. The
+    message read to tell comes back second, for the attempt's reader."""
+    if streaming:
+        first = core.try_recv()
+        if first is not None and first is not False:
+            return True, first
+    return bool(core.try_initial_metadata()), None
+
+
 class Hedge:
     """One call's hedged attempts (gRFC A6), for both front ends, which start and watch the
     attempts themselves: when the next one is due, what its metadata adds, and whether an
@@ -375,12 +386,15 @@ class Hedge:
         self.last = call
         self._more = False
 
-    def no_more(self, launched: bool) -> None:
-        """No attempt starts after these; the one due did not start unless `launched`
-        (its request stream outgrew the retry buffer, or it had nowhere to go)."""
-        if not launched:
-            self._started -= 1
+    def not_started(self) -> bool:
+        """The attempt due could not start (its request stream outgrew the retry buffer,
+        or it had nowhere to go): True when that ends the call, none running; else no
+        attempt starts after the running ones, which decide."""
+        if not self.running():
+            return True
+        self._started -= 1
         self._more = False
+        return False
 
     def cancel_rest(self, cancel: Any = None) -> None:
         """Cancels every attempt still running (all but the call's), with `cancel(call)`

@@ -25,7 +25,8 @@ from typing import Any, Awaitable, Callable, Optional
 from grpc import aio
 
 from .._buffers import nbytes
-from .._client.service_config import Attempts, Hedge, HedgingPolicy, RetryPolicy
+from .._client.service_config import (Attempts, Hedge, HedgingPolicy, RetryPolicy,
+                                      response_began)
 from .._policy_call import RequestBuffer
 from . import _call
 from ._pending import PendingCall, _StreamResponse, _UnaryResponse
@@ -95,9 +96,8 @@ async def hedged(channel: Any, fast: Any, md: list[Any], timeout: Optional[float
                 header = hedge.previous()
                 call = await launch(fast, md + [header] if header else md, hedge.left(now))
                 if call is None:
-                    if not hedge.running():
+                    if hedge.not_started():
                         return hedge.last
-                    hedge.no_more(launched=False)  # the running ones decide
                 else:
                     call.add_done_callback(lambda _call: ended.set())
                     hedge.add(call)
@@ -122,16 +122,14 @@ async def hedged(channel: Any, fast: Any, md: list[Any], timeout: Optional[float
 
 
 def _began(call: Any, streaming: bool) -> bool:
-    """Whether an attempt's response began: a message of a response stream (kept for
-    its reader), or headers that carry metadata."""
-    core = call._core
-    if streaming and call._peeked is None:
-        first = core.try_recv()
-        if first is not None and first is not False:
-            call._peeked = first
+    """Whether an attempt's response began (`response_began`); a message read to tell
+    is kept for the attempt's reader."""
     if call._peeked is not None:
         return True
-    return bool(core.try_initial_metadata())
+    began, first = response_began(call._core, streaming)
+    if first is not None:
+        call._peeked = first
+    return began
 
 
 class RequestFeed:
