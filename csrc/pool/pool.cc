@@ -82,6 +82,10 @@ bool Pool::take_locked(size_t n, size_t* off) {
   return false;
 }
 
+bool Pool::take_or_grow_locked(size_t n, size_t* off) {
+  return take_locked(n, off) || (grow_locked(n) && take_locked(n, off));
+}
+
 Block Pool::alloc(size_t n, const Deadline& dl, AllocStatus* status,
                   const std::atomic<bool>* abort) {
   const size_t len = round_up(n ? n : 1, kPageSize);
@@ -97,7 +101,7 @@ Block Pool::alloc(size_t n, const Deadline& dl, AllocStatus* status,
       return Block();
     }
     size_t off;
-    if (take_locked(len, &off) || (grow_locked(len) && take_locked(len, &off))) {
+    if (take_or_grow_locked(len, &off)) {
       *status = AllocStatus::kOk;
       return Block(shared_from_this(), off, len);
     }
@@ -127,7 +131,7 @@ Block Pool::try_alloc(size_t n) {
   if (len > capacity()) return Block();
   std::lock_guard<std::mutex> g(mu_);
   size_t off;
-  if (take_locked(len, &off) || (grow_locked(len) && take_locked(len, &off)))
+  if (take_or_grow_locked(len, &off))
     return Block(shared_from_this(), off, len);
   return Block();
 }
@@ -137,7 +141,7 @@ Block Pool::try_alloc_received(size_t n) {
   std::lock_guard<std::mutex> g(mu_);
   if (received_ + len > capacity() / 2) return Block();
   size_t off;
-  if (take_locked(len, &off) || (grow_locked(len) && take_locked(len, &off))) {
+  if (take_or_grow_locked(len, &off)) {
     received_ += len;
     return Block(shared_from_this(), off, len, true);
   }

@@ -95,6 +95,8 @@ class Pool : public std::enable_shared_from_this<Pool> {
   Pool(UniqueFd fd, Mapping map, size_t slab);
   bool take_locked(size_t n, size_t* off);
   bool grow_locked(size_t need);
+  // Room for n bytes: a free range, else one the pool grows into.
+  bool take_or_grow_locked(size_t n, size_t* off);
   void give_back(size_t off, size_t len, bool received);
 
   UniqueFd fd_;
