@@ -55,7 +55,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from argrpc.benchtool import runner  # noqa: E402
+from argrpc_bench import runner  # noqa: E402
 from bench.verbs_vs_perftest import listening  # noqa: E402
 
 MiB = 1 << 20
@@ -220,7 +220,7 @@ class Serving:
             raise RuntimeError(f"a {stack} server is already running")
         # os.environ has no TF_RDMA_TRANSPORT (drop_forced_transport): argrpc chooses
         server, port = runner.start_server(
-            self.procs, f"B {stack} server", "argrpc.benchtool.server",
+            self.procs, f"B {stack} server", "argrpc_bench.server",
             ["--stack", stack, "--host", "0.0.0.0", "--port", str(PORTS[stack])],
             dict(os.environ) | env, timeout=SERVER_START_S)
         self.servers[stack] = server

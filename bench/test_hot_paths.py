@@ -5,7 +5,7 @@
     pytest bench/ --benchmark-only --benchmark-compare  # compare with the last saved run
 
 Not part of the test command (pytest.ini's testpaths is tests/). Each transport's server
-is one ``python -m argrpc.benchtool.server`` process per module, started once; the client is
+is one ``python -m argrpc_bench.server`` process per module, started once; the client is
 this process. Two families per (transport, size):
 
 * ``test_unary_protobuf``: a protobuf ``Payload`` echoed (what an unchanged service pays:
@@ -33,11 +33,11 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
-from argrpc.benchtool import messages as msg  # noqa: E402
-from argrpc.benchtool import runner  # noqa: E402
-from argrpc.benchtool.client import (CALL_TIMEOUT_S, check_transport, fetch_env,  # noqa: E402
+from argrpc_bench import messages as msg  # noqa: E402
+from argrpc_bench import runner  # noqa: E402
+from argrpc_bench.client import (CALL_TIMEOUT_S, check_transport, fetch_env,  # noqa: E402
                                  make_channel)
-from argrpc.benchtool.server import parse_raw_ack  # noqa: E402
+from argrpc_bench.server import parse_raw_ack  # noqa: E402
 
 np = pytest.importorskip("numpy")
 pytest.importorskip("pytest_benchmark")
@@ -60,7 +60,7 @@ def target(request: pytest.FixtureRequest) -> Iterator[Target]:
         pytest.skip(f"{transport} unavailable: {AVAILABLE[transport]}")
     stack = runner.stack_of(transport)
     with ExitStack() as procs:
-        _, port = runner.start_server(procs, f"{transport} server", "argrpc.benchtool.server",
+        _, port = runner.start_server(procs, f"{transport} server", "argrpc_bench.server",
                                       ["--stack", stack], dict(os.environ))
         channel = make_channel(stack, f"127.0.0.1:{port}")
         procs.callback(channel.close)

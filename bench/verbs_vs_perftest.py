@@ -45,7 +45,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from argrpc.benchtool import runner  # noqa: E402
+from argrpc_bench import runner  # noqa: E402
 
 MiB = 1 << 20
 DEV, IB_PORT, GID_INDEX = "rxe0", "1", "1"

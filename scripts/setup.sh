@@ -57,7 +57,9 @@ fi
 pip_install() { "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore "$@"; }
 
 # What to install is pyproject.toml's: the build requirements, the dependencies and every
-# extra (bench, examples, test, typecheck), read from there so the two cannot drift.
+# extra (bench, examples, test, typecheck), read from there so the two cannot drift; and
+# bench/pyproject.toml's dependencies. argrpc-bench itself (the bench and test extras name
+# it) and argrpc are this checkout's, installed below.
 "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || pip_install tomli
 mapfile -t requirements < <("$PY" - <<'PYEOF'
 try:
@@ -65,11 +67,18 @@ try:
 except ImportError:  # Python < 3.11
     import tomli as tomllib
 
+import re
+
 with open("pyproject.toml", "rb") as f:
     meta = tomllib.load(f)
-reqs = [*meta["build-system"]["requires"], *meta["project"]["dependencies"]]
+with open("bench/pyproject.toml", "rb") as f:
+    bench = tomllib.load(f)
+reqs = [*meta["build-system"]["requires"], *meta["project"]["dependencies"],
+        *bench["project"]["dependencies"]]
 for extra in meta["project"]["optional-dependencies"].values():
     reqs += extra
+ours = {"argrpc", "argrpc-bench"}
+reqs = [r for r in reqs if re.match(r"[A-Za-z0-9._-]+", r).group(0).lower() not in ours]
 print("\n".join(dict.fromkeys(reqs)))
 PYEOF
 )
@@ -107,5 +116,13 @@ else
     log "argrpc is up to date ($(ls argrpc/_core*.so))"
 fi
 
+# argrpc-bench, editable from bench/ (pure Python: no build), unless already this checkout's.
+bench_at="$(cd / && "$PY" -c 'import argrpc_bench; print(argrpc_bench.__file__)' 2>/dev/null || true)"
+if [ "$bench_at" != "$ROOT/bench/argrpc_bench/__init__.py" ]; then
+    log "installing argrpc-bench (pip install -e bench/)"
+    pip_install --no-build-isolation --no-deps -e "$ROOT/bench"
+fi
+
 # Prove the result is importable from outside the checkout too.
 (cd / && "$PY" -c 'import argrpc, argrpc._core; print("[setup] argrpc ready:", argrpc.__file__)')
+(cd / && "$PY" -c 'import argrpc_bench; print("[setup] argrpc-bench ready:", argrpc_bench.__file__)')

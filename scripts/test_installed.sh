@@ -18,7 +18,8 @@
 #      argrpc's stack.
 #
 # dist/ is made by scripts/build_wheel.sh if it holds no wheel (ARGRPC_REBUILD_WHEEL=1:
-# always). Arguments go to the wheel venv's pytest (default: the whole default suite).
+# always); argrpc-bench's wheel from there too (the test extra names it: the suite runs it).
+# Arguments go to the wheel venv's pytest (default: the whole default suite).
 # Exit status: non-zero if anything fails. Prints the time of each step.
 #
 # Environment: PYTHON (default python3), DIST_DIR (default dist/), ARGRPC_SKIP_SDIST=1
@@ -49,7 +50,9 @@ TOOLS=(sh bash dash env cat cp mv rm ls ln mkdir rmdir mktemp chmod touch readli
 shopt -s nullglob
 wheels=("$DIST"/argrpc-*-manylinux*.whl)
 sdists=("$DIST"/argrpc-*.tar.gz)
-if [ "${ARGRPC_REBUILD_WHEEL:-0}" = "1" ] || [ "${#wheels[@]}" -ne 1 ] || [ "${#sdists[@]}" -ne 1 ]; then
+bench_wheels=("$DIST"/argrpc_bench-*.whl)
+if [ "${ARGRPC_REBUILD_WHEEL:-0}" = "1" ] || [ "${#wheels[@]}" -ne 1 ] || [ "${#sdists[@]}" -ne 1 ] \
+        || [ "${#bench_wheels[@]}" -ne 1 ]; then
     t=$SECONDS
     DIST_DIR="$DIST" PYTHON="$PY" bash "$ROOT/scripts/build_wheel.sh"
     times+=("build sdist+wheel+repair: $((SECONDS - t))s")
@@ -152,7 +155,7 @@ t=$SECONDS
 # fail anyway; --only-binary makes that failure say so at once.
 env PATH="$NOCC_PATH" PYTHONNOUSERSITE=1 "$VW/bin/python" -m pip install -q \
     --disable-pip-version-check --root-user-action=ignore --only-binary :all: \
-    "argrpc[test] @ file://$WHEEL"
+    --find-links "$DIST" "argrpc[test] @ file://$WHEEL"
 times+=("wheel venv: create + install wheel and test deps: $((SECONDS - t))s")
 (export PATH="$NOCC_PATH" PYTHONNOUSERSITE=1 PYTHONPATH=; preflight "$VW" 1)
 t=$SECONDS
@@ -169,7 +172,8 @@ if [ "${ARGRPC_SKIP_SDIST:-0}" != "1" ]; then
     "$PY" -m venv --clear "$VS"
     # --no-cache-dir: pip would otherwise reuse a wheel it built from an earlier sdist of
     # the same name and version (a previous run's), and test that instead of this build.
-    (export PYTHONNOUSERSITE=1; pip_in "$VS" --no-cache-dir "argrpc[test] @ file://$SDIST")
+    (export PYTHONNOUSERSITE=1; pip_in "$VS" --no-cache-dir --find-links "$DIST" \
+        "argrpc[test] @ file://$SDIST")
     times+=("sdist venv: create + build and install the sdist: $((SECONDS - t))s")
     (export PYTHONNOUSERSITE=1 PYTHONPATH=; preflight "$VS" 0)
     t=$SECONDS

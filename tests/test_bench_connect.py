@@ -1,4 +1,4 @@
-"""argrpc-bench's connection set-up measurement (argrpc.benchtool.connect): fresh client
+"""argrpc-bench's connection set-up measurement (argrpc_bench.connect): fresh client
 processes, each timing its first call, one at a time and in a burst. What is asserted is
 that every process succeeds, that an argrpc client counts only when it ended on shared
 memory, and the shape `measure()` returns; never how fast anything is."""
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from argrpc.benchtool import connect, runner
+from argrpc_bench import connect, runner
 
 pytest.importorskip("argrpc._core")
 if runner.available_transports()["shm"]:
@@ -53,7 +53,7 @@ def test_an_argrpc_client_off_shm_is_a_failure() -> None:
 
 def test_command_writes_json(tmp_path: str) -> None:
     path = os.path.join(str(tmp_path), "connect.json")
-    out = subprocess.run([sys.executable, "-m", "argrpc.benchtool.connect", "--processes", "1",
+    out = subprocess.run([sys.executable, "-m", "argrpc_bench.connect", "--processes", "1",
                           "--burst", "2", "--json", path], cwd=ROOT, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr

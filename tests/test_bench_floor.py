@@ -1,4 +1,4 @@
-"""argrpc-bench's reference rows (argrpc.benchtool.floor): the latency floor over a bare
+"""argrpc-bench's reference rows (argrpc_bench.floor): the latency floor over a bare
 shm fabric between two real processes, and the memory-copy rates. What is asserted is
 that they move the right bytes, end every wait (a dead peer, a timeout, a message that
 does not fit) with an error that says so, and reach the report beside the transports;
@@ -17,8 +17,8 @@ import pytest
 
 from argrpc import _config
 from argrpc._engine import get_engine
-from argrpc.benchtool import floor, runner
-from argrpc.benchtool.runner import RunSpec
+from argrpc_bench import floor, runner
+from argrpc_bench.runner import RunSpec
 
 _core = pytest.importorskip("argrpc._core")
 if runner.available_transports()["shm"]:
@@ -30,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture()
 def floor_server():  # type: ignore[no-untyped-def]
-    proc = subprocess.Popen([sys.executable, "-m", "argrpc.benchtool.floor", "serve"],
+    proc = subprocess.Popen([sys.executable, "-m", "argrpc_bench.floor", "serve"],
                             cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:

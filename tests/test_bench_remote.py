@@ -17,8 +17,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from argrpc.benchtool import cli, runner
-from argrpc.benchtool.runner import RunSpec
+from argrpc_bench import cli, runner
+from argrpc_bench.runner import RunSpec
 
 AVAILABLE = runner.available_transports()
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,11 +39,11 @@ def servers() -> Iterator[dict[str, Any]]:
         env = dict(os.environ)
         env.pop("TF_RDMA_TRANSPORT", None)  # the argrpc server must choose by itself
         grpc_server, grpc_port = runner.start_server(
-            procs, "grpc server", "argrpc.benchtool.server", ["--stack", "grpc"], env)
+            procs, "grpc server", "argrpc_bench.server", ["--stack", "grpc"], env)
         out: dict[str, Any] = {"grpc": f"127.0.0.1:{grpc_port}", "procs": [grpc_server]}
         if not AVAILABLE["shm"]:
             argrpc_server, argrpc_port = runner.start_server(
-                procs, "argrpc server", "argrpc.benchtool.server", ["--stack", "argrpc"],
+                procs, "argrpc server", "argrpc_bench.server", ["--stack", "argrpc"],
                 env)
             out["argrpc"] = f"127.0.0.1:{argrpc_port}"
             out["procs"].append(argrpc_server)
@@ -110,7 +110,7 @@ def test_remote_target_nobody_serves_fails_at_once_saying_so() -> None:
 
 def _serve(*args: str) -> tuple[subprocess.Popen[str], int]:
     """``argrpc-bench serve`` in the background, as on a remote host: its port."""
-    proc = subprocess.Popen([sys.executable, "-m", "argrpc.benchtool", "serve", *args],
+    proc = subprocess.Popen([sys.executable, "-m", "argrpc_bench", "serve", *args],
                             cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
@@ -146,7 +146,7 @@ def test_cli_serve_then_remote_run_end_to_end(tmp_path: Path,
 
 
 def test_server_until_stdin_is_the_default_of_the_module() -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "argrpc.benchtool.server", "--stack",
+    proc = subprocess.Popen([sys.executable, "-m", "argrpc_bench.server", "--stack",
                              "grpc"], cwd=ROOT, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdin is not None

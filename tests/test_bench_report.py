@@ -1,4 +1,4 @@
-"""argrpc.benchtool results/report/plots/cli: the documented JSON schema, tables with ratios
+"""argrpc_bench results/report/plots/cli: the documented JSON schema, tables with ratios
 against grpc, target checks, sweeps side by side, real PNGs. No timing is asserted:
 the measurements here are synthetic."""
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from argrpc.benchtool import cli, report
-from argrpc.benchtool.plots import write_plots
-from argrpc.benchtool.progress import Progress
-from argrpc.benchtool.results import SCHEMA, Measurement, collect_meta, from_json, to_json
+from argrpc_bench import cli, report
+from argrpc_bench.plots import write_plots
+from argrpc_bench.progress import Progress
+from argrpc_bench.results import SCHEMA, Measurement, collect_meta, from_json, to_json
 
 MiB = 1 << 20
 DOCUMENTED_FIELDS = {
@@ -336,7 +336,7 @@ def _fake_runner(calls: list[Any], fail_mode: str | None = None) -> Any:
             m.api = spec.api
         return out
 
-    mod = types.ModuleType("argrpc.benchtool.runner")
+    mod = types.ModuleType("argrpc_bench.runner")
     mod.RunSpec = RunSpec  # type: ignore[attr-defined]
     mod.run = run  # type: ignore[attr-defined]
     mod.available_transports = lambda: {"grpc": "", "shm": "", "verbs": "no RDMA device"}  # type: ignore[attr-defined]
@@ -357,7 +357,7 @@ CONNECT_DOC = {
 
 @pytest.fixture()
 def fake_connect(monkeypatch: Any) -> list[tuple[int, int]]:
-    """`argrpc.benchtool.connect` whose measure() records its arguments and returns
+    """`argrpc_bench.connect` whose measure() records its arguments and returns
     CONNECT_DOC instead of starting 200 processes (the CLI's planning is under test)."""
     import sys
     import types
@@ -369,9 +369,9 @@ def fake_connect(monkeypatch: Any) -> list[tuple[int, int]]:
         calls.append((processes, burst))
         return CONNECT_DOC
 
-    mod = types.ModuleType("argrpc.benchtool.connect")
+    mod = types.ModuleType("argrpc_bench.connect")
     mod.measure = measure  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "argrpc.benchtool.connect", mod)
+    monkeypatch.setitem(sys.modules, "argrpc_bench.connect", mod)
     return calls
 
 
@@ -396,9 +396,9 @@ def test_cli_sweep_reaches_only_the_runs(monkeypatch: Any, tmp_path: Path,
     import sys
 
     calls: list[Any] = []
-    monkeypatch.setitem(sys.modules, "argrpc.benchtool.runner", _fake_runner(calls))
-    import argrpc.benchtool as pkg
-    monkeypatch.setattr(pkg, "runner", sys.modules["argrpc.benchtool.runner"], raising=False)
+    monkeypatch.setitem(sys.modules, "argrpc_bench.runner", _fake_runner(calls))
+    import argrpc_bench as pkg
+    monkeypatch.setattr(pkg, "runner", sys.modules["argrpc_bench.runner"], raising=False)
     monkeypatch.delenv("TF_RDMA_ACC_SIZE", raising=False)
     before = dict(os.environ)
     rc = cli.main(["bandwidth", "--sizes", "4M,64M", "--mode", "raw", "--iterations", "3",
@@ -432,10 +432,10 @@ def test_cli_all_quick_plan_and_failures(monkeypatch: Any, tmp_path: Path, capsy
     import sys
 
     calls: list[Any] = []
-    monkeypatch.setitem(sys.modules, "argrpc.benchtool.runner",
+    monkeypatch.setitem(sys.modules, "argrpc_bench.runner",
                         _fake_runner(calls, fail_mode="serialized"))
-    import argrpc.benchtool as pkg
-    monkeypatch.setattr(pkg, "runner", sys.modules["argrpc.benchtool.runner"], raising=False)
+    import argrpc_bench as pkg
+    monkeypatch.setattr(pkg, "runner", sys.modules["argrpc_bench.runner"], raising=False)
     rc = cli.main(["all", "--quick", "--no-plots", "--out", str(tmp_path),
                    "--json", str(tmp_path / "x.json")])
     assert rc == 1                                    # the serialized runs failed ...
@@ -596,9 +596,9 @@ def test_cli_plans_both_apis_side_by_side(monkeypatch: Any, tmp_path: Path, caps
     import sys
 
     calls: list[Any] = []
-    monkeypatch.setitem(sys.modules, "argrpc.benchtool.runner", _fake_runner(calls))
-    import argrpc.benchtool as pkg
-    monkeypatch.setattr(pkg, "runner", sys.modules["argrpc.benchtool.runner"], raising=False)
+    monkeypatch.setitem(sys.modules, "argrpc_bench.runner", _fake_runner(calls))
+    import argrpc_bench as pkg
+    monkeypatch.setattr(pkg, "runner", sys.modules["argrpc_bench.runner"], raising=False)
     rc = cli.main(["all", "--quick", "--api", "both", "--concurrency", "8", "--no-plots",
                    "--out", str(tmp_path)])
     assert rc == 0
@@ -680,7 +680,7 @@ def test_cli_connect_alone_and_when_it_is_left_out(monkeypatch: Any, tmp_path: P
     import sys
 
     calls: list[Any] = []
-    monkeypatch.setitem(sys.modules, "argrpc.benchtool.runner", _fake_runner(calls))
+    monkeypatch.setitem(sys.modules, "argrpc_bench.runner", _fake_runner(calls))
     assert cli.main(["connect", "--processes", "3", "--burst", "2", "--no-plots",
                      "--out", str(tmp_path)]) == 0
     assert fake_connect == [(3, 2)] and calls == []  # set-up only: no benchmark planned

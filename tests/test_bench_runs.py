@@ -1,4 +1,4 @@
-"""argrpc.benchtool.runner: tiny real runs of every benchmark over every transport available
+"""argrpc_bench.runner: tiny real runs of every benchmark over every transport available
 here, under the threaded and the asyncio API, the sweep environment reaching the
 measured processes (and only them), skipped and refused transports. Runs are a few iterations on a tiny payload: seconds each, and
 nothing is timing-asserted (the machine is shared and noisy)."""
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from argrpc.benchtool import runner
-from argrpc.benchtool.results import FIELDS, Measurement
-from argrpc.benchtool.runner import RunSpec
+from argrpc_bench import runner
+from argrpc_bench.results import FIELDS, Measurement
+from argrpc_bench.runner import RunSpec
 
 AVAILABLE = runner.available_transports()
 LIVE = [t for t in ("grpc", "shm", "verbs") if not AVAILABLE[t]]
@@ -101,9 +101,9 @@ def test_server_and_client_report_the_env_they_were_given(
     monkeypatch.delenv(KNOB, raising=False)
     spec = runner.normalize(tiny("bandwidth", ["grpc"], env={KNOB: VALUE}))
     with ExitStack() as procs:
-        server, port = runner.start_server(procs, "server", "argrpc.benchtool.server",
+        server, port = runner.start_server(procs, "server", "argrpc_bench.server",
                                            ["--stack", "grpc"], runner.child_env(spec))
-        client = runner.spawn(procs, "client", "argrpc.benchtool.client", [
+        client = runner.spawn(procs, "client", "argrpc_bench.client", [
             "--target", f"127.0.0.1:{port}", "--stack", "grpc", "--transport", "grpc",
             "--benchmark", "bandwidth", "--sizes", "1024", "--iterations", "2"],
             runner.child_env(spec))
@@ -140,9 +140,9 @@ def test_shm_client_on_plain_grpc_fails_loudly_and_leaves_no_process() -> None:
     env = runner.child_env(runner.normalize(tiny("latency", ["grpc"])))
     with pytest.raises(runner.TransportError, match="not 'shm'.*server is plain gRPC"):
         with ExitStack() as procs:
-            server, port = runner.start_server(procs, "server", "argrpc.benchtool.server",
+            server, port = runner.start_server(procs, "server", "argrpc_bench.server",
                                                ["--stack", "grpc"], env)
-            client = runner.spawn(procs, "client", "argrpc.benchtool.client", [
+            client = runner.spawn(procs, "client", "argrpc_bench.client", [
                 "--target", f"127.0.0.1:{port}", "--stack", "argrpc", "--transport", "shm",
                 "--benchmark", "latency", "--sizes", "64", "--iterations", "2"], env)
             client.result(deadline=_deadline())
@@ -202,9 +202,9 @@ def test_aio_shm_client_on_grpc_aio_fails_loudly_and_leaves_no_process() -> None
     env = runner.child_env(runner.normalize(tiny("latency", ["grpc"])))
     with pytest.raises(runner.TransportError, match="not 'shm'"):
         with ExitStack() as procs:
-            server, port = runner.start_server(procs, "server", "argrpc.benchtool.aio_server",
+            server, port = runner.start_server(procs, "server", "argrpc_bench.aio_server",
                                                ["--stack", "grpc"], env)
-            client = runner.spawn(procs, "client", "argrpc.benchtool.aio_client", [
+            client = runner.spawn(procs, "client", "argrpc_bench.aio_client", [
                 "--target", f"127.0.0.1:{port}", "--stack", "argrpc", "--transport", "shm",
                 "--benchmark", "latency", "--sizes", "64", "--iterations", "2"], env)
             client.result(deadline=_deadline())
@@ -213,7 +213,7 @@ def test_aio_shm_client_on_grpc_aio_fails_loudly_and_leaves_no_process() -> None
 
 def test_cli_both_apis_in_one_real_run(tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
-    from argrpc.benchtool import cli
+    from argrpc_bench import cli
 
     rc = cli.main(["latency", "--api", "both", "--sizes", "64", "--mode", "raw",
                    "--iterations", "5", "--warmup", "1", "--concurrency", "3",

@@ -14,7 +14,7 @@ from tests.support.procs import REPO_ROOT
 
 def test_scale_reports_each_configuration(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
-    run = subprocess.run([sys.executable, "-m", "argrpc.benchtool", "scale", "--channels", "20",
+    run = subprocess.run([sys.executable, "-m", "argrpc_bench", "scale", "--channels", "20",
                           "--reps", "1", "--json", str(out)], cwd=REPO_ROOT,
                          env=dict(os.environ, GRPC_VERBOSITY="NONE"), capture_output=True,
                          text=True, timeout=600)
@@ -36,7 +36,7 @@ def test_scale_reports_each_configuration(tmp_path: Path) -> None:
 
 def test_replicas_bench_spreads_calls_on_both_stacks(tmp_path: Path) -> None:
     out = tmp_path / "replicas.json"
-    run = subprocess.run([sys.executable, "-m", "argrpc.benchtool", "replicas", "--calls", "30",
+    run = subprocess.run([sys.executable, "-m", "argrpc_bench", "replicas", "--calls", "30",
                           "--reps", "1", "--sizes", "64", "--json", str(out)], cwd=REPO_ROOT,
                          env=dict(os.environ, GRPC_VERBOSITY="NONE"), capture_output=True,
                          text=True, timeout=600)

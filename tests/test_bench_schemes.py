@@ -1,13 +1,13 @@
-"""argrpc.benchtool.schemes / models: payload sizes are right, exact and seeded."""
+"""argrpc_bench.schemes / models: payload sizes are right, exact and seeded."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from argrpc.benchtool import SCHEMES
-from argrpc.benchtool.models import resnet50_param_counts, resnet50_shapes, \
+from argrpc_bench import SCHEMES
+from argrpc_bench.models import resnet50_param_counts, resnet50_shapes, \
     resnet50_variable_bytes
-from argrpc.benchtool.schemes import RANDOM_RANGE, buffer_sizes, make_buffers, \
+from argrpc_bench.schemes import RANDOM_RANGE, buffer_sizes, make_buffers, \
     model_variables, scale_to_total
 
 MiB = 1 << 20

@@ -1,4 +1,4 @@
-"""Peers killed at random moments (``argrpc-bench chaos``, argrpc/benchtool/chaos.py), a
+"""Peers killed at random moments (``argrpc-bench chaos``, bench/argrpc_bench/chaos.py), a
 bounded sample of it: real server and client processes over shared memory, half of the
 trials with both cores kept busy by two spinning processes.
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from argrpc.benchtool import chaos
+from argrpc_bench import chaos
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = int(os.environ.get("ARGRPC_CHAOS_SEED", random.randrange(1 << 20)))
@@ -69,7 +69,7 @@ def test_cli_replays_one_trial(tmp_path: Path) -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     proc = subprocess.run(
-        [sys.executable, "-m", "argrpc.benchtool", "chaos", "--seed", str(SEED), "--trials", "40",
+        [sys.executable, "-m", "argrpc_bench", "chaos", "--seed", str(SEED), "--trials", "40",
          "--only", "7", "--sizes", "0B,eager", "--json", str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
@@ -84,7 +84,7 @@ def test_cli_replays_one_trial(tmp_path: Path) -> None:
 
 
 def test_bad_arguments_are_refused() -> None:
-    proc = subprocess.run([sys.executable, "-m", "argrpc.benchtool", "chaos", "--faults", "boom"],
+    proc = subprocess.run([sys.executable, "-m", "argrpc_bench", "chaos", "--faults", "boom"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "boom: choose from kill,stop,hangup" in proc.stderr

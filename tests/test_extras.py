@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.procs import PACKAGE_ROOT, REPO_ROOT
 
-FIRST_PARTY = {"argrpc", "tests", "bench", "examples"}
+FIRST_PARTY = {"argrpc", "argrpc_bench", "tests", "bench", "examples"}
 # Modules generated at run time from a .proto next to the code that loads them.
 GENERATED = re.compile(r".*_pb2(_grpc)?$")
 
@@ -67,19 +67,21 @@ NOT_IMPORTED = {
     "bench": {"pytest-benchmark"},  # bench/'s `benchmark` fixture
 }
 
-# The code each extra's users run. "base" is argrpc itself, for the plain dependencies.
+# The code each extra's users run. "base" is argrpc itself, for the plain dependencies;
+# "bench" is argrpc-bench, its own distribution (bench/pyproject.toml), which argrpc's
+# bench extra names.
 AREAS: dict[str, list[str]] = {
     "base": ["argrpc"],
     "observability": ["argrpc/observability"],
     # argrpc-bench measures the plugin's cost too
-    "bench": ["argrpc/benchtool", "argrpc/observability", "bench"],
+    "bench": ["bench/argrpc_bench", "argrpc/observability", "bench"],
     "examples": ["examples", "argrpc/observability"],
     # the tests also run argrpc-bench, the examples, the plugin and bench/across_hosts.py
-    "test": ["tests", "argrpc/benchtool", "argrpc/observability", "examples",
+    "test": ["tests", "bench/argrpc_bench", "argrpc/observability", "examples",
              "bench/across_hosts.py"],
 }
-# argrpc-bench and the OpenTelemetry plugin: their extras'
-EXCLUDED_FROM_BASE = ("argrpc/benchtool", "argrpc/observability")
+# the OpenTelemetry plugin: its extra's
+EXCLUDED_FROM_BASE = ("argrpc/observability",)
 
 
 def _root(entry: str) -> Path:
@@ -178,15 +180,22 @@ def _name(requirement: str) -> str:
     return re.sub(r"[-_.]+", "-", match.group(0)).lower()
 
 
-def _project() -> Any:
-    return tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+def _project(root: Path = REPO_ROOT) -> Any:
+    return tomllib.loads((root / "pyproject.toml").read_text())["project"]
+
+
+def _extra(area: str) -> set[str]:
+    """What the area's users get beyond argrpc's dependencies: argrpc-bench's own
+    dependencies for the bench, the extra of that name otherwise."""
+    if area == "bench":
+        return {_name(r) for r in _project(REPO_ROOT / "bench")["dependencies"]} - {"argrpc"}
+    return {_name(r) for r in _project()["optional-dependencies"][area]}
 
 
 def provided(area: str) -> set[str]:
-    project = _project()
-    names = {_name(r) for r in project["dependencies"]}
+    names = {_name(r) for r in _project()["dependencies"]}
     if area != "base":
-        names |= {_name(r) for r in project["optional-dependencies"][area]}
+        names |= _extra(area)
     return names
 
 
@@ -229,8 +238,17 @@ def test_extras_name_only_used_distributions() -> None:
     for area in ("bench", "examples", "observability", "test"):
         used = {_name(DISTRIBUTION[m]) for m in third_party(area) if m in DISTRIBUTION}
         used |= {_name(d) for d in NOT_IMPORTED.get(area, set())}
-        named = {_name(r) for r in _project()["optional-dependencies"][area]}
+        named = _extra(area) - {"argrpc-bench"}
         assert named - used == set(), area
+
+
+def test_the_bench_extra_is_argrpc_bench() -> None:
+    # the runtime distribution ships no benchmark: its bench extra is the tool's own
+    # distribution, and the tests (which run argrpc-bench) need it too
+    extras = _project()["optional-dependencies"]
+    assert [_name(r) for r in extras["bench"]] == ["argrpc-bench"]
+    assert "argrpc-bench" in {_name(r) for r in extras["test"]}
+    assert _project(REPO_ROOT / "bench")["name"] == "argrpc-bench"
 
 
 def test_distribution_map_matches_installed() -> None:

@@ -31,7 +31,7 @@ from typing import Any, Callable
 import grpc
 import pytest
 
-from argrpc.benchtool.chaos import CONNECTION_FD_KINDS, snapshot
+from argrpc_bench.chaos import CONNECTION_FD_KINDS, snapshot
 from tests.support import payload
 from tests.support.clients import UNLIMITED_SERVER_ARGS
 from tests.support.faults import ShmClient

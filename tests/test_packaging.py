@@ -19,8 +19,15 @@ def _setuptools() -> Any:
 def test_every_package_is_listed() -> None:
     on_disk = {".".join(init.parent.relative_to(PACKAGE_ROOT).parts)
                for init in ARGRPC.rglob("__init__.py")}
-    assert {"argrpc", "argrpc.aio", "argrpc.benchtool"} <= on_disk
+    assert {"argrpc", "argrpc.aio"} <= on_disk
     assert sorted(_setuptools()["packages"]) == sorted(on_disk)
+
+
+def test_the_runtime_ships_no_benchmark() -> None:
+    # argrpc-bench is a distribution of its own (bench/): nothing of it in argrpc's wheel
+    assert not (ARGRPC / "benchtool").exists()
+    assert "argrpc-bench" not in tomllib.loads(
+        (REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 
 
 def test_no_module_outside_a_package() -> None:

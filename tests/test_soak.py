@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from argrpc.benchtool import soak
+from argrpc_bench import soak
 
 SECONDS = float(os.environ.get("ARGRPC_SOAK_SECONDS", "30"))
 # Start-up, the warm-up sweep (4 huge calls per slot) and the settle add a minute or two
@@ -35,7 +35,7 @@ def test_soak(tmp_path: Path) -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     proc = subprocess.run(
-        [sys.executable, "-m", "argrpc.benchtool", "soak", "--duration", str(SECONDS),
+        [sys.executable, "-m", "argrpc_bench", "soak", "--duration", str(SECONDS),
          "--json", str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=BUDGET_S)
     # The summary (stdout) says what failed; the stderr tail says what happened last.

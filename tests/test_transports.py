@@ -23,9 +23,9 @@ def test_config_accepts_exactly_the_registered_transports() -> None:
 
 
 def test_benchmark_transports_come_from_the_registry() -> None:
-    from argrpc import benchtool
+    import argrpc_bench
 
-    assert benchtool.TRANSPORTS == ("grpc", *names())
+    assert argrpc_bench.TRANSPORTS == ("grpc", *names())
 
 
 @pytest.mark.parametrize("mode", _config.TRANSPORTS)

@@ -1,5 +1,6 @@
 """One version: argrpc/_version.py. The package attribute, both console scripts'
-``--version`` and the build metadata (pyproject's dynamic version) all read it."""
+``--version`` and the build metadata (pyproject's dynamic version) all read it; argrpc-bench,
+a distribution of its own, is released with argrpc and carries the same number."""
 from __future__ import annotations
 
 import ast
@@ -7,6 +8,7 @@ import re
 import subprocess
 import sys
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -16,15 +18,15 @@ from tests.support.procs import PACKAGE_ROOT, REPO_ROOT, child_env
 VERSION_FILE = PACKAGE_ROOT / "argrpc" / "_version.py"
 
 
-def _literal_version() -> str:
+def _literal_version(path: Path = VERSION_FILE) -> str:
     """The version as setuptools reads it: the literal assigned in _version.py."""
-    for node in ast.parse(VERSION_FILE.read_text()).body:
+    for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] \
                 == ["__version__"]:
             value = ast.literal_eval(node.value)
             assert isinstance(value, str)
             return value
-    raise AssertionError(f"no literal __version__ in {VERSION_FILE}")
+    raise AssertionError(f"no literal __version__ in {path}")
 
 
 def test_package_attribute_is_the_version_file() -> None:
@@ -40,8 +42,16 @@ def test_pyproject_reads_the_version_file() -> None:
     assert dynamic == {"attr": "argrpc._version.__version__"}
 
 
+def test_argrpc_bench_is_released_with_argrpc() -> None:
+    bench = REPO_ROOT / "bench"
+    assert _literal_version(bench / "argrpc_bench" / "_version.py") == _literal_version()
+    meta = tomllib.loads((bench / "pyproject.toml").read_text())
+    assert meta["tool"]["setuptools"]["dynamic"]["version"] == {
+        "attr": "argrpc_bench._version.__version__"}
+
+
 @pytest.mark.parametrize("module, prog", [("argrpc", "argrpc"),
-                                          ("argrpc.benchtool", "argrpc-bench")])
+                                          ("argrpc_bench", "argrpc-bench")])
 def test_cli_version(module: str, prog: str) -> None:
     out = subprocess.run([sys.executable, "-m", module, "--version"], cwd=REPO_ROOT,
                          env=child_env(), capture_output=True, text=True, timeout=120)

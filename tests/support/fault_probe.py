@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import grpc
 
 import argrpc
-from argrpc.benchtool import messages as msg
+from argrpc_bench import messages as msg
 
 UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 

@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 
 from argrpc import _core
-from argrpc.benchtool import messages as msg
+from argrpc_bench import messages as msg
 from tests.support.fault_probe import serve_until_eof, served_channel
 
 SETTLE_S = 0.5  # the engine checks the heap 100 ms after the last large message

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import argrpc
-from argrpc.benchtool.chaos import reap
+from argrpc_bench.chaos import reap
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 # Where the argrpc under test lives: the checkout in an editable run, site-packages when

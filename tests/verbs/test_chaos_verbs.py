@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from argrpc.benchtool import chaos
+from argrpc_bench import chaos
 
 SEED = int(os.environ.get("ARGRPC_CHAOS_SEED", random.randrange(1 << 20)))
 

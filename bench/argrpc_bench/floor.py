@@ -1,9 +1,9 @@
 """The reference rows argrpc-bench measures beside the transports, in the same run.
 
-    python -m argrpc.benchtool.floor serve
-    python -m argrpc.benchtool.floor client --target floor:PID --sizes 64,4096 \
+    python -m argrpc_bench.floor serve
+    python -m argrpc_bench.floor client --target floor:PID --sizes 64,4096 \
         (--iterations N | --duration S) --warmup 300 --repeats 1
-    python -m argrpc.benchtool.floor copy --sizes 1048576,67108864 \
+    python -m argrpc_bench.floor copy --sizes 1048576,67108864 \
         (--iterations N | --duration S) --repeats 1
 
 * ``floor`` (latency): the cheapest round trip this machine allows from Python. Two
@@ -20,7 +20,7 @@ The server listens on the abstract Unix socket ``argrpc-bench-floor-<pid>`` and 
 ``PORT <pid>`` (the runner's start-up line); the two sides exchange the fabric's memfds
 over it with SCM_RIGHTS and keep it open as the doorbell and the liveness signal. Every
 process prints one JSON result line like the other measured processes
-(``argrpc.benchtool.client``), exits when its stdin closes, and bounds every wait.
+(``argrpc_bench.client``), exits when its stdin closes, and bounds every wait.
 """
 from __future__ import annotations
 
@@ -33,10 +33,10 @@ from typing import Any, Callable
 
 from argrpc import _config
 from argrpc._engine import core_module, get_engine
-from argrpc.benchtool import schemes
-from argrpc.benchtool.client import (Plan, emit_outcome, exit_on_stdin_eof, parse_args,
+from argrpc_bench import schemes
+from argrpc_bench.client import (Plan, emit_outcome, exit_on_stdin_eof, parse_args,
                                      progress, stats_us, timed_phases)
-from argrpc.benchtool.server import tf_rdma_env
+from argrpc_bench.server import tf_rdma_env
 
 FLOOR = "floor"
 COPY_THREADS = (1, 2)
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"]:
         return serve()
-    p = argparse.ArgumentParser(prog="python -m argrpc.benchtool.floor client|copy")
+    p = argparse.ArgumentParser(prog="python -m argrpc_bench.floor client|copy")
     p.add_argument("what", choices=("client", "copy"))
     p.add_argument("--target", default="")
     p.add_argument("--sizes", required=True, help="comma-separated payload bytes")

@@ -1,6 +1,6 @@
 """Benchmark server process for the point-to-point benchmarks.
 
-    python -m argrpc.benchtool.server --stack grpc|argrpc [--threads N]
+    python -m argrpc_bench.server --stack grpc|argrpc [--threads N]
         [--host 127.0.0.1] [--port 0] [--until stdin|signal]
 
 Serves, on one port, every method both point-to-point benchmarks need (the client picks
@@ -39,7 +39,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import grpc
 
-from argrpc.benchtool import messages as msg
+from argrpc_bench import messages as msg
 
 # Unlimited both ways: the default 4 MiB receive cap would reject bulk messages, and the
 # point is to compare transports, not limits.
@@ -181,7 +181,7 @@ def serve(server: grpc.Server, handlers: Sequence[grpc.GenericRpcHandler],
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m argrpc.benchtool.server", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m argrpc_bench.server", description=__doc__)
     p.add_argument("--stack", choices=("grpc", "argrpc"), required=True)
     p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
                    help="server thread-pool size, the same for every stack")

@@ -20,8 +20,8 @@ import sys
 import time
 from typing import Any, Optional, Sequence
 
-from argrpc.benchtool.server import make_server
-from argrpc.benchtool.server_client import run_server_and_client
+from argrpc_bench.server import make_server
+from argrpc_bench.server_client import run_server_and_client
 
 __all__ = ["main"]
 
@@ -106,7 +106,7 @@ def _client(config: str, target: str, n: int) -> int:
 
 def _run_once(config: str, n: int) -> dict[str, Any]:
     stack = "grpc" if config == "grpc" else "argrpc"
-    return run_server_and_client("argrpc.benchtool.scale", ["--serve", stack],
+    return run_server_and_client("argrpc_bench.scale", ["--serve", stack],
                                  ["--client", config, "--channels", str(n)],
                                  _CHILD_TIMEOUT_S, f"scale bench ({config})")
 

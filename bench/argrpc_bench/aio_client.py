@@ -1,7 +1,7 @@
 """Asyncio benchmark client process: client.py's latency and bandwidth loops on one event
 loop, through ``grpc.aio`` or ``argrpc.aio``.
 
-    python -m argrpc.benchtool.aio_client (client.py's options) [--concurrency N]
+    python -m argrpc_bench.aio_client (client.py's options) [--concurrency N]
 
 * latency: per size, client.py's ping-pong (one call in flight, every call timed); then,
   with ``--concurrency N`` > 1, N tasks of the one loop keep N calls in flight on the one
@@ -25,12 +25,12 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import grpc
 
-from argrpc.benchtool import messages as msg
-from argrpc.benchtool import schemes
-from argrpc.benchtool.client import (CALL_TIMEOUT_S, P2PCall, Plan, arg_parser, check_transport,
+from argrpc_bench import messages as msg
+from argrpc_bench import schemes
+from argrpc_bench.client import (CALL_TIMEOUT_S, P2PCall, Plan, arg_parser, check_transport,
                                      emit_outcome, exit_on_stdin_eof, p2p_call, parse_args,
                                      progress, result_row)
-from argrpc.benchtool.server import BIG_OPTIONS, tf_rdma_env
+from argrpc_bench.server import BIG_OPTIONS, tf_rdma_env
 
 AsyncCall = Callable[[], Awaitable[Any]]
 
@@ -149,7 +149,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = arg_parser("python -m argrpc.benchtool.aio_client")
+    p = arg_parser("python -m argrpc_bench.aio_client")
     args = parse_args(argv, p)
     exit_on_stdin_eof()
     return emit_outcome(lambda: asyncio.run(run(args)))

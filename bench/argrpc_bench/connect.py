@@ -1,8 +1,8 @@
 """Connection set-up: how long a new channel's first call takes.
 
-    python -m argrpc.benchtool.connect [--processes 50] [--burst 64] [--json PATH]
+    python -m argrpc_bench.connect [--processes 50] [--burst 64] [--json PATH]
 
-One benchmark server per stack (``argrpc.benchtool.server``: grpc.server or
+One benchmark server per stack (``argrpc_bench.server``: grpc.server or
 argrpc.server) stays up for the whole run. Each measured client is a fresh Python
 process that imports everything first (grpc, argrpc on its stack, the benchmark's
 messages), waits for the go, then times from creating the channel
@@ -55,8 +55,8 @@ def _client(stack: str, target: str) -> int:
     one JSON result line."""
     import grpc  # noqa: F401 - imported before the clock starts, as an application has
 
-    from argrpc.benchtool import messages as msg
-    from argrpc.benchtool.client import make_channel
+    from argrpc_bench import messages as msg
+    from argrpc_bench.client import make_channel
     if stack == "argrpc":
         import argrpc  # noqa: F401 - likewise
 
@@ -100,7 +100,7 @@ class _Server:
 
     def __init__(self, stack: str, env: Mapping[str, str]) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "argrpc.benchtool.server", "--stack", stack],
+            [sys.executable, "-m", "argrpc_bench.server", "--stack", stack],
             cwd=_PACKAGE_ROOT, env=dict(env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             text=True)
         assert self.proc.stdout is not None
@@ -132,7 +132,7 @@ def _readline(proc: "subprocess.Popen[str]", timeout: float) -> str:
 
 def _spawn(stack: str, target: str, env: Mapping[str, str]) -> "subprocess.Popen[str]":
     return subprocess.Popen(
-        [sys.executable, "-m", "argrpc.benchtool.connect", "--client", stack, "--target",
+        [sys.executable, "-m", "argrpc_bench.connect", "--client", stack, "--target",
          target], cwd=_PACKAGE_ROOT, env=dict(env), stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -273,7 +273,7 @@ def report(result: Mapping[str, Any]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m argrpc.benchtool.connect",
+    parser = argparse.ArgumentParser(prog="python -m argrpc_bench.connect",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--processes", type=int, default=50,
                         help="fresh client processes per stack, one at a time")

@@ -2,7 +2,7 @@
 
     argrpc-bench chaos [--trials N] [--seed S] [--load [half|all]] [--faults kill,...]
                        [--only I] [--json PATH]
-    python -m argrpc.benchtool.chaos --role server|caller|witness ...   (the peer processes)
+    python -m argrpc_bench.chaos --role server|caller|witness ...   (the peer processes)
 
 Each trial is one scenario: who fails (the server or a client), how (``kill``: SIGKILL;
 ``stop``: SIGSTOP, a hung peer; ``hangup``: the peer shuts its shared-memory socket but
@@ -56,11 +56,11 @@ from typing import Any, Callable, Iterator, Sequence
 import grpc
 
 from argrpc._config import knob
-from argrpc.benchtool import FAST_TRANSPORTS
-from argrpc.benchtool import server as bench_server
+from argrpc_bench import FAST_TRANSPORTS
+from argrpc_bench import server as bench_server
 
 K, M = 1 << 10, 1 << 20
-SERVICE = "argrpc.benchtool.Chaos"
+SERVICE = "argrpc_bench.Chaos"
 ARITIES = ("unary", "server_stream", "client_stream", "bidi")
 VICTIMS = ("server", "client")
 FAULTS = ("kill", "stop", "hangup")
@@ -512,7 +512,7 @@ class Peer:
         self.log_path = log
         self._log = open(log, "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "argrpc.benchtool.chaos", *args], env=env,
+            [sys.executable, "-m", "argrpc_bench.chaos", *args], env=env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
             bufsize=1)
         self.lines: queue.Queue[str | None] = queue.Queue()
@@ -1010,7 +1010,7 @@ def report(doc: dict[str, Any]) -> str:
 # ------------------------------------------------------------------------- main
 
 def _role_main(argv: Sequence[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m argrpc.benchtool.chaos")
+    p = argparse.ArgumentParser(prog="python -m argrpc_bench.chaos")
     p.add_argument("--role", choices=("server", "caller", "witness"), required=True)
     p.add_argument("--target")
     p.add_argument("--arity", choices=ARITIES)

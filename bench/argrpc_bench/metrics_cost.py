@@ -19,9 +19,9 @@ import sys
 import time
 from typing import Any, Optional, Sequence
 
-from argrpc.benchtool.client import make_channel
-from argrpc.benchtool.server import make_server
-from argrpc.benchtool.server_client import run_server_and_client
+from argrpc_bench.client import make_channel
+from argrpc_bench.server import make_server
+from argrpc_bench.server_client import run_server_and_client
 
 __all__ = ["main"]
 
@@ -95,7 +95,7 @@ def _client(stack: str, plugin_on: bool, target: str, seconds: float, size: int)
 def _run_once(stack: str, plugin_on: bool, seconds: float, size: int) -> dict[str, Any]:
     flag = ["--plugin"] if plugin_on else []
     return run_server_and_client(
-        "argrpc.benchtool.metrics_cost", ["--serve", stack] + flag,
+        "argrpc_bench.metrics_cost", ["--serve", stack] + flag,
         ["--client", stack, "--seconds", str(seconds), "--size", str(size)] + flag,
         _CHILD_TIMEOUT_S, f"metrics bench ({stack})")
 

@@ -21,18 +21,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from argrpc._config import KNOBS, ConfigError, load as load_config, parse_size
-from argrpc._version import __version__
-from argrpc.benchtool import APIS, BENCHMARKS, MODES, SCHEMES, TRANSPORTS
-from argrpc.benchtool.progress import Progress
-from argrpc.benchtool.report import (AIO_TARGET_CONCURRENCY, CLIENTS_TARGET,
+from argrpc_bench._version import __version__
+from argrpc_bench import APIS, BENCHMARKS, MODES, SCHEMES, TRANSPORTS
+from argrpc_bench.progress import Progress
+from argrpc_bench.report import (AIO_TARGET_CONCURRENCY, CLIENTS_TARGET,
                                      THREADS_TARGET_CONCURRENCY, connect_targets,
                                      evaluate_targets, fmt_size,
                                      markdown_report, terminal_report, write_json,
                                      write_text)
-from argrpc.benchtool.results import Measurement, collect_meta
+from argrpc_bench.results import Measurement, collect_meta
 
 if TYPE_CHECKING:
-    from argrpc.benchtool.runner import RunSpec
+    from argrpc_bench.runner import RunSpec
 
 DEFAULT_OUT = "bench-results"
 DEFAULT_CONCURRENCY = AIO_TARGET_CONCURRENCY
@@ -129,7 +129,7 @@ def parse_sweep(text: str) -> tuple[str, list[str]]:
 def parse_remote(text: str) -> tuple[str | None, str]:
     """'verbs=192.0.2.2:50052' -> ('verbs', '192.0.2.2:50052'); a bare HOST:PORT is
     (None, target): the server of every measured transport without its own."""
-    from argrpc.benchtool.runner import split_target  # no engine import: runner is light
+    from argrpc_bench.runner import split_target  # no engine import: runner is light
 
     transport, sep, target = text.partition("=")
     if not sep:
@@ -372,7 +372,7 @@ def _positive(kind: type) -> Any:
 
 
 def build_soak_parser() -> argparse.ArgumentParser:
-    from argrpc.benchtool import soak
+    from argrpc_bench import soak
 
     p = argparse.ArgumentParser(
         prog="argrpc-bench soak",
@@ -412,8 +412,8 @@ def build_soak_parser() -> argparse.ArgumentParser:
 
 
 def soak_main(argv: Sequence[str]) -> int:
-    from argrpc.benchtool import soak
-    from argrpc.benchtool.runner import BenchError
+    from argrpc_bench import soak
+    from argrpc_bench.runner import BenchError
 
     a = build_soak_parser().parse_args(list(argv))
     cfg = soak.SoakConfig(duration=a.duration, callers=a.callers, seed=a.seed,
@@ -451,7 +451,7 @@ def _choices(allowed: Sequence[str]) -> Any:
 
 
 def build_chaos_parser() -> argparse.ArgumentParser:
-    from argrpc.benchtool import chaos
+    from argrpc_bench import chaos
 
     p = argparse.ArgumentParser(
         prog="argrpc-bench chaos",
@@ -497,7 +497,7 @@ def build_chaos_parser() -> argparse.ArgumentParser:
 def chaos_main(argv: Sequence[str]) -> int:
     import tempfile
 
-    from argrpc.benchtool import chaos
+    from argrpc_bench import chaos
 
     a = build_chaos_parser().parse_args(list(argv))
     with tempfile.TemporaryDirectory(prefix="argrpc-chaos-") as work:
@@ -522,7 +522,7 @@ DEFAULT_SERVE_PORT = 50051
 
 
 def build_serve_parser() -> argparse.ArgumentParser:
-    from argrpc.benchtool.server import DEFAULT_THREADS, add_listen_args
+    from argrpc_bench.server import DEFAULT_THREADS, add_listen_args
 
     p = argparse.ArgumentParser(
         prog="argrpc-bench serve",
@@ -551,7 +551,7 @@ def build_serve_parser() -> argparse.ArgumentParser:
 
 
 def serve_main(argv: Sequence[str]) -> int:
-    from argrpc.benchtool import server
+    from argrpc_bench import server
 
     a = build_serve_parser().parse_args(list(argv))
     print(f"argrpc-bench serve: {a.stack} server on {server.listen_address(a.host, a.port)}"
@@ -567,7 +567,7 @@ def serve_main(argv: Sequence[str]) -> int:
 def plan(a: argparse.Namespace) -> list["RunSpec"]:
     """One RunSpec per (benchmark, mode, sweep env, API), in that nesting order. ps runs
     under the threaded API only (``all --api aio`` leaves it out)."""
-    from argrpc.benchtool.runner import RunSpec
+    from argrpc_bench.runner import RunSpec
 
     benches = BENCHMARKS if a.benchmark == "all" else \
         () if a.benchmark == CONNECT else (a.benchmark,)
@@ -652,19 +652,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["chaos"]:
         return chaos_main(argv[1:])
     if argv[:1] == ["metrics"]:
-        from argrpc.benchtool.metrics_cost import main as metrics_main
+        from argrpc_bench.metrics_cost import main as metrics_main
         return metrics_main(argv[1:])
     if argv[:1] == ["scale"]:
-        from argrpc.benchtool.scale import main as scale_main
+        from argrpc_bench.scale import main as scale_main
         return scale_main(argv[1:])
     if argv[:1] == ["replicas"]:
-        from argrpc.benchtool.replicas import main as replicas_main
+        from argrpc_bench.replicas import main as replicas_main
         return replicas_main(argv[1:])
     parser = build_parser()
     a = parser.parse_args(argv)
     _check_args(parser, a)
 
-    from argrpc.benchtool import runner  # imported late so --help works without the engine
+    from argrpc_bench import runner  # imported late so --help works without the engine
 
     specs = plan(a)
     available = runner.available_transports()
@@ -702,7 +702,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.benchmark in (CONNECT, "all") and skip_connect:
         prog.message(f"note: connection set-up not measured: {skip_connect}")
     elif with_connect:
-        from argrpc.benchtool.connect import measure as measure_connect
+        from argrpc_bench.connect import measure as measure_connect
 
         step = prog.step(f"connect: {_connect_processes(a)} fresh processes per stack, "
                          f"then {a.burst} at once")
@@ -730,7 +730,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plots: list[str] = []
     plot_note = ""
     if not a.no_plots:
-        from argrpc.benchtool.plots import PlotsUnavailable, write_plots
+        from argrpc_bench.plots import PlotsUnavailable, write_plots
         try:
             plots = write_plots(measurements, out)
         except PlotsUnavailable as e:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence, cast
 
-from argrpc.benchtool import APIS, MODES, TRANSPORTS
-from argrpc.benchtool.report import BASELINE, env_label, fmt_ratio, fmt_size, speedup, \
+from argrpc_bench import APIS, MODES, TRANSPORTS
+from argrpc_bench.report import BASELINE, env_label, fmt_ratio, fmt_size, speedup, \
     baseline_of
-from argrpc.benchtool.results import Measurement
+from argrpc_bench.results import Measurement
 
 # One colour per transport, the same in every plot; line style per mode and API.
 _COLOURS = {"grpc": "#7f7f7f", "shm": "#1f77b4", "verbs": "#d62728"}

@@ -1,7 +1,7 @@
 """Runs one ``RunSpec``: per transport, the server and client (or PS and worker)
 processes, and turns what they report into ``Measurement``s.
 
-Every measured process is a fresh ``python -m argrpc.benchtool.<module>`` with the
+Every measured process is a fresh ``python -m argrpc_bench.<module>`` with the
 environment ``os.environ | spec.env``: a ``--sweep`` value reaches the measured processes
 and nothing else, and this (orchestrating) process never changes its own environment.
 Children run with the working directory that holds the ``argrpc`` package this process
@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, cast
 
 from argrpc import _config, _transports
-from argrpc.benchtool import APIS, BENCHMARKS, FAST_TRANSPORTS, MODES, SCHEMES, TRANSPORTS
-from argrpc.benchtool.results import Measurement
+from argrpc_bench import APIS, BENCHMARKS, FAST_TRANSPORTS, MODES, SCHEMES, TRANSPORTS
+from argrpc_bench.results import Measurement
 
 ProgressFn = Callable[[str, float], None]
 
@@ -64,8 +64,8 @@ STOP_TIMEOUT_S = 15.0
 REMOTE_PROBE_S = 10.0
 # (server, client) module of the point-to-point benchmarks per API.
 P2P_MODULES: dict[str, tuple[str, str]] = {
-    "threaded": ("argrpc.benchtool.server", "argrpc.benchtool.client"),
-    "aio": ("argrpc.benchtool.aio_server", "argrpc.benchtool.aio_client"),
+    "threaded": ("argrpc_bench.server", "argrpc_bench.client"),
+    "aio": ("argrpc_bench.aio_server", "argrpc_bench.aio_client"),
 }
 # Pessimistic rates for the time budget of a child (a 2-core machine under load).
 _SLOW_BYTES_PER_S = 50e6
@@ -102,7 +102,7 @@ class RunSpec:
     clients: int = 1                # threaded latency/bandwidth: client processes on one
     #                                 server, timed phases started together (aggregate RPC/s)
     # latency and bandwidth under the threaded API, local servers: also measure the
-    # reference rows (argrpc.benchtool.floor) after the transports, in the same run
+    # reference rows (argrpc_bench.floor) after the transports, in the same run
     references: bool = False
 
 
@@ -404,7 +404,7 @@ def _base(spec: RunSpec, transport: str, size: int, buffers: int, **kw: Any) -> 
 
 
 def _ps_sizes(spec: RunSpec) -> list[int]:
-    from argrpc.benchtool.ps import variable_sizes
+    from argrpc_bench.ps import variable_sizes
 
     return variable_sizes(spec.scheme, spec.seed, spec.model_bytes)
 
@@ -534,7 +534,7 @@ def run_p2p(spec: RunSpec, transport: str, progress: Callable[[int, int], None]
 def references_of(spec: RunSpec) -> tuple[str, ...]:
     """The reference rows a spec measures (none for ps, asyncio or remote servers:
     a floor on this host says nothing about a round trip to another)."""
-    from argrpc.benchtool.floor import REFERENCES
+    from argrpc_bench.floor import REFERENCES
 
     if not spec.references or spec.api != "threaded" or spec.remote or spec.clients > 1:
         return ()
@@ -544,13 +544,13 @@ def references_of(spec: RunSpec) -> tuple[str, ...]:
 def run_references(spec: RunSpec, reason: str) -> list[Measurement]:
     """The floor (latency) or the memory-copy rates (bandwidth) at the spec's sizes;
     skipped rows saying ``reason`` when argrpc's engine cannot run here."""
-    from argrpc.benchtool.floor import FLOOR
+    from argrpc_bench.floor import FLOOR
 
     names = references_of(spec)
     if reason:
         return [m for name in names for m in skipped(spec, name, reason)]
     env = child_env(spec)
-    module = "argrpc.benchtool.floor"
+    module = "argrpc_bench.floor"
     args = ["--sizes", ",".join(str(s) for s in spec.sizes), "--seed", str(spec.seed),
             *_plan_args(spec)]
     per_call = _per_call_s(spec)
@@ -611,8 +611,8 @@ def run_ps(spec: RunSpec, transport: str, progress: Callable[[int, int], None]
                    "--threads", str(spec.threads)]
         if spec.model_bytes is not None:
             ps_args += ["--model-bytes", str(spec.model_bytes)]
-        ps, port = start_server(procs, f"{transport} ps", "argrpc.benchtool.ps", ps_args, env)
-        workers = [spawn(procs, f"{transport} worker {i}", "argrpc.benchtool.ps", [
+        ps, port = start_server(procs, f"{transport} ps", "argrpc_bench.ps", ps_args, env)
+        workers = [spawn(procs, f"{transport} worker {i}", "argrpc_bench.ps", [
             "worker", "--target", f"127.0.0.1:{port}", "--stack", stack,
             "--transport", transport, "--mode", spec.mode, *_plan_args(spec)], env)
             for i in range(spec.workers)]

@@ -1,7 +1,7 @@
 """Parameter-server throughput: one PS process holding the variables, N worker processes.
 
-    python -m argrpc.benchtool.ps serve  --stack grpc|argrpc --scheme skew [--model-bytes B]
-    python -m argrpc.benchtool.ps worker --target HOST:PORT --stack ... --transport ... \
+    python -m argrpc_bench.ps serve  --stack grpc|argrpc --scheme skew [--model-bytes B]
+    python -m argrpc_bench.ps worker --target HOST:PORT --stack ... --transport ... \
         --mode raw|serialized --warmup W (--iterations N | --duration S) --repeats R
 
 The pattern is TensorFlow's between-graph, asynchronous data-parallel training with one
@@ -55,12 +55,12 @@ from typing import Any
 import grpc
 import numpy as np
 
-from argrpc.benchtool import TRANSPORTS
-from argrpc.benchtool import messages as msg
-from argrpc.benchtool import schemes
-from argrpc.benchtool.client import (CALL_TIMEOUT_S, StdinControl, check_transport,
+from argrpc_bench import TRANSPORTS
+from argrpc_bench import messages as msg
+from argrpc_bench import schemes
+from argrpc_bench.client import (CALL_TIMEOUT_S, StdinControl, check_transport,
                                      emit_outcome, fetch_env, make_channel, stats_us)
-from argrpc.benchtool.server import (DEFAULT_THREADS, make_server, parse_raw_ack, raw_ack,
+from argrpc_bench.server import (DEFAULT_THREADS, make_server, parse_raw_ack, raw_ack,
                                  raw_serializer, serve, tf_rdma_env)
 
 _ID = struct.Struct("<I")
@@ -242,7 +242,7 @@ def run_worker(args: argparse.Namespace, control: StdinControl) -> dict[str, Any
 # ---------------------------------------------------------------------------- main
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m argrpc.benchtool.ps")
+    p = argparse.ArgumentParser(prog="python -m argrpc_bench.ps")
     sub = p.add_subparsers(dest="role", required=True)
     s = sub.add_parser("serve")
     s.add_argument("--stack", choices=("grpc", "argrpc"), required=True)

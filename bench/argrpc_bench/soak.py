@@ -1,7 +1,7 @@
 """Soak: a long mixed workload over argrpc's shared-memory path.
 
     argrpc-bench soak [--duration 600] [--callers 16] [--seed N] [--json PATH]
-    python -m argrpc.benchtool.soak --serve --seed N [--threads T]   (the server process)
+    python -m argrpc_bench.soak --serve --seed N [--threads T]   (the server process)
 
 One soak server process (this module with ``--serve``: an ``argrpc.server`` with
 TF_RDMA_TRANSPORT=shm) and this process as the client: ``callers`` threads share one
@@ -69,10 +69,10 @@ from typing import Any, Callable, Iterator, Sequence, TextIO
 import grpc
 import numpy as np
 
-from argrpc.benchtool import messages as msg
+from argrpc_bench import messages as msg
 
 K, M = 1 << 10, 1 << 20
-SERVICE = "argrpc.benchtool.Soak"
+SERVICE = "argrpc_bench.Soak"
 ARITIES = ("unary", "server_stream", "client_stream", "bidi")
 CODECS = ("raw", "proto")
 
@@ -273,8 +273,8 @@ def serve(seed: int, threads: int) -> int:
     from concurrent import futures
 
     import argrpc
-    from argrpc.benchtool import server as bench_server
-    from argrpc.benchtool.server import BIG_OPTIONS
+    from argrpc_bench import server as bench_server
+    from argrpc_bench.server import BIG_OPTIONS
 
     logging.basicConfig(level=logging.WARNING)
     for handler in logging.getLogger().handlers:
@@ -808,13 +808,13 @@ class Soak:
         self.out.flush()
 
     def run(self) -> dict[str, Any]:
-        from argrpc.benchtool import runner
+        from argrpc_bench import runner
 
         cfg = self.cfg
         env = dict(os.environ) | {"TF_RDMA_TRANSPORT": "shm"}
         with ExitStack() as procs:
             server, port = runner.start_server(
-                procs, "soak server", "argrpc.benchtool.soak",
+                procs, "soak server", "argrpc_bench.soak",
                 ["--serve", "--seed", str(cfg.seed), "--threads", str(cfg.callers + 4)], env)
             self._server_alive = lambda: server.proc.poll() is None
             self._server_pid = server.proc.pid
@@ -836,8 +836,8 @@ class Soak:
 
     def _channel(self, target: str) -> grpc.Channel:
         import argrpc
-        from argrpc.benchtool.client import check_transport
-        from argrpc.benchtool.server import BIG_OPTIONS
+        from argrpc_bench.client import check_transport
+        from argrpc_bench.server import BIG_OPTIONS
 
         # TF_RDMA_TRANSPORT=shm as an option: a fallback is an error, not quiet gRPC.
         channel = argrpc.insecure_channel(
@@ -854,7 +854,7 @@ class Soak:
 
     def _soak(self, channel: grpc.Channel,
               server_resources: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        from argrpc.benchtool.client import check_transport
+        from argrpc_bench.client import check_transport
 
         cfg = self.cfg
         runner = Runner(channel, Corpus(cfg.seed))
@@ -1094,9 +1094,9 @@ def run(cfg: SoakConfig, progress: TextIO | None = None) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m argrpc.benchtool.soak --serve``: the server process (the soak itself is
+    """``python -m argrpc_bench.soak --serve``: the server process (the soak itself is
     ``argrpc-bench soak``)."""
-    p = argparse.ArgumentParser(prog="python -m argrpc.benchtool.soak", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m argrpc_bench.soak", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--serve", action="store_true", required=True)
     p.add_argument("--seed", type=int, default=0)

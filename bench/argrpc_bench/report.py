@@ -15,12 +15,12 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Sequence
 
-from argrpc.benchtool import APIS, BENCHMARKS, MODES, SCHEMES, TRANSPORTS
-from argrpc.benchtool.results import Measurement, to_json
+from argrpc_bench import APIS, BENCHMARKS, MODES, SCHEMES, TRANSPORTS
+from argrpc_bench.results import Measurement, to_json
 
 BASELINE = "grpc"
 TARGET_TRANSPORT = "shm"  # the speed targets compare argrpc-shm with plain grpcio
-FLOOR = "floor"           # the latency floor's row (argrpc.benchtool.floor)
+FLOOR = "floor"           # the latency floor's row (argrpc_bench.floor)
 MEMCPY_PREFIX = "memcpy-"  # the memory-copy rate rows: memcpy-1t, memcpy-2t
 
 MiB = 1 << 20
@@ -572,7 +572,7 @@ _CONNECT_TRANSPORT = {"grpc": "grpc", "argrpc": "shm"}  # a stack's first call e
 
 
 def connect_table(doc: dict[str, Any]) -> Table:
-    """``argrpc.benchtool.connect.measure``'s result: one row per stack and mode."""
+    """``argrpc_bench.connect.measure``'s result: one row per stack and mode."""
     headers = ["clients", "transport", "ok / n", "p50 ms", "p99 ms", "slowest ms",
                "p50 vs grpc"]
     rows = []

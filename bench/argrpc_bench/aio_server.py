@@ -1,7 +1,7 @@
 """Asyncio benchmark server process: server.py's point-to-point methods on one event
 loop, served by ``grpc.aio.server`` or ``argrpc.aio.server``.
 
-    python -m argrpc.benchtool.aio_server --stack grpc|argrpc
+    python -m argrpc_bench.aio_server --stack grpc|argrpc
 
 The handlers are server.py's own functions, each run on the loop as an ``async def``:
 they neither block nor wait, and a plain function would be sent to grpc.aio's migration
@@ -19,8 +19,8 @@ from typing import Any, Callable, Coroutine, cast
 
 import grpc
 
-from argrpc.benchtool import messages as msg
-from argrpc.benchtool.server import BIG_OPTIONS, handlers
+from argrpc_bench import messages as msg
+from argrpc_bench.server import BIG_OPTIONS, handlers
 
 Handler = Callable[[Any, Any], Any]
 
@@ -90,7 +90,7 @@ async def serve(stack: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m argrpc.benchtool.aio_server",
+    p = argparse.ArgumentParser(prog="python -m argrpc_bench.aio_server",
                                 description=__doc__)
     p.add_argument("--stack", choices=("grpc", "argrpc"), required=True)
     args = p.parse_args(argv)

@@ -4,7 +4,7 @@ Point-to-point latency, point-to-point bandwidth and parameter-server throughput
 plain grpcio, argrpc's shared-memory path and argrpc-verbs where a device exists, with
 serialized (protobuf) and raw (buffer serializer) payloads, all measured in one run so
 the ratios compare like with like. Run ``argrpc-bench --help`` or
-``python -m argrpc.benchtool --help``.
+``python -m argrpc_bench --help``.
 
 Modules, one job each: ``schemes`` (payload sizes), ``models`` (ResNet-50 variable
 shapes), ``results`` (Measurement + JSON schema), ``runner`` / ``server`` / ``client`` /

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from argrpc.benchtool import SCHEMES
-from argrpc.benchtool.models import resnet50_variable_bytes
+from argrpc_bench import SCHEMES
+from argrpc_bench.models import resnet50_variable_bytes
 
 if TYPE_CHECKING:  # numpy is a runtime dependency anyway; this keeps the hint cheap
     import numpy.typing as npt

@@ -24,7 +24,7 @@ Plain grpcio's core only accepts ``bytes`` from a serializer, so on the grpc sta
 raw frame is turned into ``bytes`` (one copy) — exactly what argrpc itself does on its
 plain-gRPC fallback path.
 
-Equivalent proto (package ``argrpc.benchtool``)::
+Equivalent proto (package ``argrpc_bench``)::
 
     message Payload  { repeated bytes buffers = 1; }      // echo / sink request
     message Ack      { uint64 size = 1; uint32 count = 2; } // sink / push reply
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     # numpy declares ndarray's __buffer__ only for Python >= 3.12
     from typing_extensions import Buffer
 
-PACKAGE = "argrpc.benchtool"
+PACKAGE = "argrpc_bench"
 SERVICE = f"{PACKAGE}.Bench"
 PS_SERVICE = f"{PACKAGE}.ParameterServer"
 

@@ -1,6 +1,6 @@
 """Benchmark client process: the point-to-point latency and bandwidth loops.
 
-    python -m argrpc.benchtool.client --target HOST:PORT --stack grpc|argrpc \
+    python -m argrpc_bench.client --target HOST:PORT --stack grpc|argrpc \
         --transport grpc|shm|verbs --benchmark latency|bandwidth --mode raw|serialized \
         --scheme uniform --sizes 64,1048576 --buffers 1 --warmup 10 \
         (--iterations N | --duration S) --repeats 1 --seed 0
@@ -44,10 +44,10 @@ from typing import Any, Callable, Sequence
 
 import grpc
 
-from argrpc.benchtool import TRANSPORTS
-from argrpc.benchtool import messages as msg
-from argrpc.benchtool import schemes
-from argrpc.benchtool.server import BIG_OPTIONS, parse_raw_ack, tf_rdma_env
+from argrpc_bench import TRANSPORTS
+from argrpc_bench import messages as msg
+from argrpc_bench import schemes
+from argrpc_bench.server import BIG_OPTIONS, parse_raw_ack, tf_rdma_env
 
 CALL_TIMEOUT_S = 120.0
 EXIT_TRANSPORT = 3   # not on the transport we were asked to measure
@@ -390,7 +390,7 @@ def run(args: argparse.Namespace, control: StdinControl | None = None) -> dict[s
     return result
 
 
-def arg_parser(prog: str = "python -m argrpc.benchtool.client") -> argparse.ArgumentParser:
+def arg_parser(prog: str = "python -m argrpc_bench.client") -> argparse.ArgumentParser:
     """The options both point-to-point clients (blocking and asyncio) take."""
     p = argparse.ArgumentParser(prog=prog)
     p.add_argument("--target", required=True)

@@ -26,7 +26,7 @@ __all__ = ["main"]
 
 STACKS = ("grpc", "argrpc")
 _CHILD_TIMEOUT_S = 600.0
-_SERVER = "argrpc.benchtool.scale"
+_SERVER = "argrpc_bench.scale"
 
 
 def _client(stack: str, target: str, sizes: list[int], calls: int) -> int:
@@ -70,7 +70,7 @@ def _run_once(stack: str, replicas: int, sizes: list[int], calls: int) -> dict[s
                 raise RuntimeError(f"replicas bench ({stack}): a server did not start: {line!r}")
             ports.append(line.split()[1])
         target = "ipv4:" + ",".join(f"127.0.0.1:{p}" for p in ports)
-        out = subprocess.run(me + ["argrpc.benchtool.replicas", "--client", stack, "--target",
+        out = subprocess.run(me + ["argrpc_bench.replicas", "--client", stack, "--target",
                                    target, "--sizes", ",".join(map(str, sizes)),
                                    "--calls", str(calls)],
                              capture_output=True, text=True, timeout=_CHILD_TIMEOUT_S)
