@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import types
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, cast
+from typing import Any, Callable, Iterator, Optional, cast
 
 import grpc
 
@@ -26,15 +26,13 @@ from . import _grpc_log, _observe
 from ._buffers import nbytes as _nbytes
 from ._bases import (FutureBase, StreamStreamBase, StreamUnaryBase, UnaryStreamBase,
                      UnaryUnaryBase)
+from ._client.call_site import CallSite
 from ._client.service_config import Attempts, Hedge
 from ._policy_call import PolicyCore, RequestBuffer
 from ._config import LIMITS
 from ._errors import (USER_CODE_FAILED, DoneFuture, _RpcError, code_from_int, local_error,
                       received_too_large, rpc_state_string, status_error, user_codec)
 from ._metadata import InvalidMetadataError, from_core, to_core
-
-if TYPE_CHECKING:
-    from ._channel import Channel
 
 __all__ = ["DoneWatcher", "RequestFeeder", "StreamStream", "StreamUnary", "UnaryStream", "UnaryUnary"]
 
@@ -77,19 +75,19 @@ def _deadline(timeout: Optional[float]) -> Optional[float]:
     return None if timeout is None else time.time() + timeout
 
 
-def _closed_by_us(channel: "Channel", code: int) -> bool:
+def _closed_by_us(channel: CallSite, code: int) -> bool:
     # conn.close() ends the calls of the connection (UNAVAILABLE per core-api.md, CANCELLED
     # in the current engine); when it was our close(), grpc's answer is CANCELLED.
     return (code == _UNAVAILABLE_INT or code == _CANCELLED_INT) and channel._closed
 
 
-def _map_status(channel: "Channel", code: int, details: str) -> tuple[grpc.StatusCode, str]:
+def _map_status(channel: CallSite, code: int, details: str) -> tuple[grpc.StatusCode, str]:
     if _closed_by_us(channel, code) and details != _LOCAL_CANCEL:
         return _CANCELLED, CHANNEL_CLOSED
     return code_from_int(code, details)
 
 
-def _status_exception(channel: "Channel", code: int, details: str, imd: Any, tmd: Any) -> _RpcError:
+def _status_exception(channel: CallSite, code: int, details: str, imd: Any, tmd: Any) -> _RpcError:
     if _closed_by_us(channel, code):
         return local_error(_CANCELLED, CHANNEL_CLOSED, f"CANCELLED:{CHANNEL_CLOSED}")
     return status_error(code, details, imd, tmd)
@@ -209,7 +207,7 @@ class _Call(grpc.RpcError, grpc.Call, FutureBase):
 
     max_response = -1  # the method's maxResponseMessageBytes (-1: the connection's limit)
 
-    def __init__(self, channel: "Channel", core: Any, deserializer: Optional[Callable[..., Any]],
+    def __init__(self, channel: CallSite, core: Any, deserializer: Optional[Callable[..., Any]],
                  unary_response: bool, deadline: Optional[float]) -> None:
         super().__init__()
         self._channel = channel
@@ -570,7 +568,7 @@ class _MultiCallable:
                  "_registered", "_mc")
     _kind = ""
 
-    def __init__(self, channel: "Channel", method: str, serializer: Optional[Callable[..., Any]],
+    def __init__(self, channel: CallSite, method: str, serializer: Optional[Callable[..., Any]],
                  deserializer: Optional[Callable[..., Any]], grpc_callable: Any,
                  registered: Any = False) -> None:
         self._channel = channel

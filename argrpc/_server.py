@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Se
 
 import grpc
 
-from . import _bootstrap, _buffers, _config, _engine, _grpc_log, _handlers, _observe, _plain
+from . import _bootstrap, _buffers, _config, _engine, _grpc_log, _handlers, _observe, _plain, _serving
 from ._context import _CallState, _ServicerContext
 
 _LOGGER = logging.getLogger(__name__)
@@ -48,19 +48,6 @@ _UNKNOWN = grpc.StatusCode.UNKNOWN.value[0]
 _UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
 _RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
-# grpc's words for a call over maximum_concurrent_rpcs.
-_OVER_LIMIT_DETAILS = "Concurrent RPC limit exceeded!"
-# What grpc's own server gives the client for calls still running when stop()'s grace
-# ends; on the server side those calls are cancelled (is_active() false, callbacks run).
-_STOP_CODE = _UNAVAILABLE
-_STOP_DETAILS = "Cancelling all calls"
-
-
-class _HandlerCallDetails(
-    collections.namedtuple("_HandlerCallDetails", ("method", "invocation_metadata")),
-    grpc.HandlerCallDetails,
-):
-    pass
 
 
 class _Stage(enum.Enum):
@@ -102,34 +89,6 @@ def _interpreter_exiting() -> bool:
     return _exiting or bool(getattr(_futures_thread, "_shutdown", False))
 
 
-# --- maximum_concurrent_rpcs on the gRPC port ----------------------------------------
-class _Admission:
-    """Places under maximum_concurrent_rpcs for calls on the gRPC port: the engine's
-    count when the fast path is on (one limit for both ports), else a local one."""
-
-    def __init__(self, limit: int, core: Any) -> None:
-        self._limit = limit
-        self._core = core
-        self._count = 0
-        self._lock = threading.Lock()
-
-    def admit(self) -> bool:
-        if self._core is not None:
-            return bool(self._core.admit())
-        with self._lock:
-            if self._count >= self._limit:
-                return False
-            self._count += 1
-            return True
-
-    def release(self) -> None:
-        if self._core is not None:
-            self._core.release()
-            return
-        with self._lock:
-            self._count = max(0, self._count - 1)
-
-
 # What the gate decided for the call grpc hands to the executor next. grpc looks a
 # call's handler up (running the interceptors, where the gate is) and submits it to the
 # executor right after, in the same thread, before it looks at another call.
@@ -139,21 +98,13 @@ _REFUSED = "refused"
 
 
 def _refuse_over_limit(request_iterator: Any, context: grpc.ServicerContext) -> None:
-    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, _OVER_LIMIT_DETAILS)
+    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, _serving.OVER_LIMIT_DETAILS)
 
 
 # Request-streaming, so grpc runs it without waiting for a request message: the gate's
 # executor runs it on the spot, as grpc refuses a call without its thread pool.
 _REFUSE_HANDLER: grpc.RpcMethodHandler[Any, Any] = grpc.stream_unary_rpc_method_handler(
     _refuse_over_limit)
-
-
-def _behavior(handler: grpc.RpcMethodHandler[Any, Any]) -> Any:
-    """The behaviour of the handler's arity: only what grpc reads (a handler the user
-    writes need not have the other three)."""
-    if handler.request_streaming:
-        return handler.stream_stream if handler.response_streaming else handler.stream_unary
-    return handler.unary_stream if handler.response_streaming else handler.unary_unary
 
 
 class _Gate(grpc.ServerInterceptor):
@@ -165,7 +116,7 @@ class _Gate(grpc.ServerInterceptor):
     """
 
     def __init__(self, interceptors: Sequence[grpc.ServerInterceptor],
-                 admission: Optional[_Admission]) -> None:
+                 admission: Optional[_serving.Admission]) -> None:
         self._interceptors = tuple(interceptors)
         self._admission = admission
 
@@ -195,7 +146,7 @@ class _Gate(grpc.ServerInterceptor):
                 return None  # grpc: UNIMPLEMENTED comes before RESOURCE_EXHAUSTED
             _ticket.kind = _REFUSED
             return _REFUSE_HANDLER
-        pool = getattr(_behavior(handler), "experimental_thread_pool", None)
+        pool = getattr(_serving.behavior(handler), "experimental_thread_pool", None)
         if isinstance(pool, concurrent.futures.ThreadPoolExecutor):
             admission.release()  # grpc submits it to that pool, which we do not see
             return handler
@@ -227,7 +178,7 @@ class _GrpcExecutor(concurrent.futures.Executor):
     the wake-up brings an idle worker or, when none is, asks for one more."""
 
     def __init__(self, pool: concurrent.futures.Executor, wake: Callable[[], None],
-                 admission: Optional[_Admission]) -> None:
+                 admission: Optional[_serving.Admission]) -> None:
         # Work for a worker; workers look at it (truthiness) before every accept().
         self.queue: collections.deque[Any] = collections.deque()
         self._pool = pool
@@ -337,14 +288,6 @@ def _chain(inner: concurrent.futures.Future[Any], outer: concurrent.futures.Futu
     inner.add_done_callback(copy)
 
 
-def _validate_generic_handlers(handlers: Iterable[Any]) -> None:
-    for handler in handlers:
-        if getattr(handler, "service", None) is None:
-            raise AttributeError(
-                f'"{handler}" must conform to grpc.GenericRpcHandler type but does not '
-                'have "service" method!')
-
-
 class _Server(grpc.Server):
     def __init__(
         self,
@@ -378,10 +321,10 @@ class _Server(grpc.Server):
         self._dispatcher: Optional[threading.Thread] = None
         self._dispatcher_ident: Optional[int] = None
 
-        self._core = self._make_core_server(cfg, max_recv, maximum_concurrent_rpcs)
+        self._core = _serving.core_server(cfg, max_recv, maximum_concurrent_rpcs)
         core = self._core
         admission = (None if maximum_concurrent_rpcs is None
-                     else _Admission(maximum_concurrent_rpcs, core))
+                     else _serving.Admission(maximum_concurrent_rpcs, core))
         self._executor = _GrpcExecutor(thread_pool, self._wake_one, admission)
         # The limit is ours to count (one count for both ports, argrpc's negotiation
         # left out), so grpc is not given it; the gate applies it and the user's
@@ -406,31 +349,10 @@ class _Server(grpc.Server):
         if handlers:
             self.add_generic_rpc_handlers(handlers)
 
-    @staticmethod
-    def _make_core_server(cfg: _config.Config, max_recv: int,
-                          max_concurrent: Optional[int]) -> Any:
-        if not cfg.enabled or cfg.transport == "grpc":
-            return None
-        try:
-            core = _engine.core_module()
-            engine = _engine.get_engine(cfg)
-            return core.Server(engine, {
-                "max_recv": max_recv,
-                "max_concurrent": -1 if max_concurrent is None else int(max_concurrent),
-            })
-        except Exception as exc:
-            if cfg.transport != "auto":
-                # The user demanded a fast transport: failing loudly beats a silent
-                # plain-gRPC server.
-                raise
-            _LOGGER.warning("argrpc server: fast path unavailable, serving plain gRPC "
-                            "only: %s", exc)
-            return None
-
     # --- handlers ---------------------------------------------------------------------
     def add_generic_rpc_handlers(self, generic_rpc_handlers: Iterable[grpc.GenericRpcHandler]) -> None:
         generic_rpc_handlers = tuple(generic_rpc_handlers)
-        _validate_generic_handlers(generic_rpc_handlers)
+        _serving.validate_generic_handlers(generic_rpc_handlers)
         self._grpc.add_generic_rpc_handlers(
             tuple(_buffers.GrpcGenericHandler(h) for h in generic_rpc_handlers))
         with self._lock:
@@ -533,7 +455,7 @@ class _Server(grpc.Server):
                 break
             time.sleep(min(remaining, 0.005))
         if self._core is not None:
-            self._core.cancel_all(_STOP_CODE, _STOP_DETAILS)
+            self._core.cancel_all(_serving.STOP_CODE, _serving.STOP_DETAILS)
             # cancel_all is ours, not the peer's: the dispatcher does not see these calls.
             for state in list(self._calls.values()):
                 state.run_callbacks()
@@ -687,7 +609,7 @@ class _Server(grpc.Server):
         """A call over the limit: the interceptors see it, then grpc's status ends it."""
         state = _CallState(sc, sc.method)
         if contextvars.Context().run(self._find_handler, state) is not None:
-            self._reject(state, _RESOURCE_EXHAUSTED, _OVER_LIMIT_DETAILS)
+            self._reject(state, _RESOURCE_EXHAUSTED, _serving.OVER_LIMIT_DETAILS)
 
     # --- one fast-path call ----------------------------------------------------------
     def _serve(self, sc: Any) -> None:
@@ -726,7 +648,7 @@ class _Server(grpc.Server):
                 handler = self._find_handler(state)
             if handler is None:
                 return False
-            pool = getattr(_behavior(handler), "experimental_thread_pool", None)
+            pool = getattr(_serving.behavior(handler), "experimental_thread_pool", None)
             if isinstance(pool, concurrent.futures.ThreadPoolExecutor):
                 # grpc runs such a method in its own pool: so do we (this worker goes on).
                 pool.submit(contextvars.copy_context().run, self._serve_state, state, handler)
@@ -762,7 +684,7 @@ class _Server(grpc.Server):
             if handler is not None:
                 return handler
             return self._query_generic(
-                _HandlerCallDetails(method, state.invocation_metadata()))
+                _serving.HandlerCallDetails(method, state))
 
         def query(details: grpc.HandlerCallDetails) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
             # grpc resolves a registered method by the call's own name, generic ones
@@ -771,7 +693,7 @@ class _Server(grpc.Server):
             return handler if handler is not None else self._query_generic(details)
 
         return _intercept(self._interceptors, 0, query,
-                          _HandlerCallDetails(method, state.invocation_metadata()))
+                          _serving.HandlerCallDetails(method, state))
 
     def _query_generic(self, details: grpc.HandlerCallDetails
                        ) -> Optional[grpc.RpcMethodHandler[Any, Any]]:

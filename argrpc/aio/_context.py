@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NoReturn, Optional, Sequence
+from concurrent.futures import Executor
+from typing import Any, Callable, Mapping, NoReturn, Optional, Protocol, Sequence
 
 import grpc
 from grpc import aio
@@ -20,13 +21,28 @@ from grpc import aio
 from .. import _grpc_log, _metadata
 from .._context import FastPathPeer
 
-if TYPE_CHECKING:
-    from ._server import Server
-
-__all__ = ["ExecuteBatchError", "RpcState", "ServerStoppedError", "ServicerContext",
+__all__ = ["ExecuteBatchError", "RpcState", "ServerSide", "ServerStoppedError", "ServicerContext",
            "SyncServicerContext", "status_code_int"]
 
 _LOGGER = _grpc_log.AIO
+
+
+class ServerSide(Protocol):
+    """What a call and the task running its handler use of their server: its send limit,
+    whether it stopped, the executor for sync handlers, and the handler a call runs
+    (found at once without interceptors, through them otherwise). The server is written
+    against nothing here, so it can import the calls."""
+
+    _max_send: int
+    _thread_pool: Optional[Executor]
+    _interceptors: tuple[Any, ...]
+
+    def _is_stopped(self) -> bool: ...
+
+    def _find_handler_now(self, state: "RpcState") -> Optional[grpc.RpcMethodHandler[Any, Any]]: ...
+
+    async def _intercepted_handler(self, state: "RpcState"
+                                   ) -> Optional[grpc.RpcMethodHandler[Any, Any]]: ...
 
 _OK = grpc.StatusCode.OK.value[0]
 _UNKNOWN = grpc.StatusCode.UNKNOWN.value[0]
@@ -163,7 +179,7 @@ class RpcState:
         "disable_next_compression", "callbacks", "_invocation_metadata",
     )
 
-    def __init__(self, sc: Any, server: "Server", loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, sc: Any, server: "ServerSide", loop: asyncio.AbstractEventLoop) -> None:
         self.sc = sc
         self.method: str = sc.method
         self.key: int = sc.key

@@ -26,14 +26,12 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, Sequen
 import grpc
 from grpc import aio
 
-from .. import _bootstrap, _buffers, _config, _engine, _observe, _plain, _proto
+from .. import _bootstrap, _buffers, _config, _engine, _observe, _plain, _proto, _serving
 from .._transports import Caller
-from .._server import _OVER_LIMIT_DETAILS, _STOP_CODE, _STOP_DETAILS, _Admission
-from .._server import _Server as _ThreadedServer
 from . import _eager
 from ._context import RpcState
 from ._loop import LoopBridge, bridge
-from ._server_handlers import HandlerCallDetails, intercept, serve
+from ._server_handlers import intercept, serve
 
 __all__ = ["Server", "server"]
 
@@ -68,7 +66,7 @@ class _Stage(enum.Enum):
 
 # --- the gRPC port ----------------------------------------------------------------------
 async def _refuse_over_limit(request_iterator: Any, context: aio.ServicerContext[Any, Any]) -> None:
-    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, _OVER_LIMIT_DETAILS)
+    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, _serving.OVER_LIMIT_DETAILS)
 
 
 # Request-streaming, so grpc.aio runs it without waiting for a request message.
@@ -82,7 +80,7 @@ class _Gate(aio.ServerInterceptor):
     their order and takes a place under the limit until its task ends, as in grpc.aio."""
 
     def __init__(self, interceptors: Sequence[aio.ServerInterceptor],
-                 admission: Optional[_Admission]) -> None:
+                 admission: Optional[_serving.Admission]) -> None:
         self._interceptors = tuple(interceptors)
         self._admission = admission
 
@@ -173,10 +171,10 @@ class Server(aio.Server):
         self._stoppers = 0
         self._stoppers_gone: Optional[asyncio.Event] = None
 
-        self._core = _ThreadedServer._make_core_server(cfg, max_recv, maximum_concurrent_rpcs)
+        self._core = _serving.core_server(cfg, max_recv, maximum_concurrent_rpcs)
         self._engine = _engine.get_engine(cfg) if self._core is not None else None
         admission = (None if maximum_concurrent_rpcs is None
-                     else _Admission(maximum_concurrent_rpcs, self._core))
+                     else _serving.Admission(maximum_concurrent_rpcs, self._core))
         gate = _Gate(interceptors, admission) if interceptors or admission else None
         self._grpc = _plain.aio_server(
             thread_pool,
@@ -308,7 +306,7 @@ class Server(aio.Server):
         try:
             core = self._core
             if core is not None:
-                core.cancel_all(_STOP_CODE, _STOP_DETAILS)
+                core.cancel_all(_serving.STOP_CODE, _serving.STOP_DETAILS)
             states = list(self._calls.values())
             for state in states:
                 state.close_from_peer()
@@ -427,13 +425,13 @@ class Server(aio.Server):
         handler = self._registered.get(state.method)
         if handler is not None:
             return handler
-        return self._resolve(HandlerCallDetails(state.method, state))
+        return self._resolve(_serving.HandlerCallDetails(state.method, state))
 
     async def _intercepted_handler(self, state: RpcState) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
         """The call's handler through the interceptors (grpc.aio resolves registered
         methods first, both by the possibly rewritten details)."""
         handler: Optional[grpc.RpcMethodHandler[Any, Any]] = await intercept(
-            self._interceptors, 0, self._resolve_async, HandlerCallDetails(state.method, state))
+            self._interceptors, 0, self._resolve_async, _serving.HandlerCallDetails(state.method, state))
         return handler
 
     async def _resolve_async(self, details: grpc.HandlerCallDetails

@@ -13,18 +13,15 @@ import asyncio
 import inspect
 import traceback
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, Sequence
 
 import grpc
 from grpc import aio
 
 from .. import _grpc_log
-from .._server import _OVER_LIMIT_DETAILS
-from ._context import (ExecuteBatchError, RpcState, ServerStoppedError, ServicerContext,
+from .._serving import OVER_LIMIT_DETAILS
+from ._context import (ExecuteBatchError, RpcState, ServerSide, ServerStoppedError, ServicerContext,
                        SyncServicerContext, deserialize, serialize)
-
-if TYPE_CHECKING:
-    from ._server import Server
 
 _LOGGER = _grpc_log.AIO
 
@@ -32,22 +29,6 @@ _OK = grpc.StatusCode.OK.value[0]
 _UNKNOWN = grpc.StatusCode.UNKNOWN.value[0]
 _UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
 _RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
-
-
-class HandlerCallDetails(grpc.HandlerCallDetails):
-    """What generic handlers and interceptors are given about a fast-path call; its
-    metadata is converted only if somebody reads it."""
-
-    __slots__ = ("method", "_state")
-
-    def __init__(self, method: str, state: RpcState) -> None:
-        self.method = method
-        self._state = state
-
-    # read-only, converted when read; grpc's stubs declare a plain attribute
-    @property
-    def invocation_metadata(self) -> tuple[Any, ...]:  # type: ignore[override]
-        return self._state.invocation_metadata()
 
 
 _ASYNC_SEEN: dict[Any, bool] = {}
@@ -226,7 +207,7 @@ async def _handle(state: RpcState, handler: grpc.RpcMethodHandler[Any, Any]) -> 
                               serializer)
 
 
-async def _handle_rpc(server: "Server", state: RpcState, refused: bool) -> None:
+async def _handle_rpc(server: ServerSide, state: RpcState, refused: bool) -> None:
     handler = server._find_handler_now(state) if not server._interceptors \
         else await server._intercepted_handler(state)
     if handler is None:
@@ -236,12 +217,12 @@ async def _handle_rpc(server: "Server", state: RpcState, refused: bool) -> None:
     if refused:
         # Over maximum_concurrent_rpcs: the interceptors saw it, then grpc's status.
         state.status_sent = True
-        await state.send_status(_RESOURCE_EXHAUSTED, _OVER_LIMIT_DETAILS, ())
+        await state.send_status(_RESOURCE_EXHAUSTED, OVER_LIMIT_DETAILS, ())
         return
     await _handle(state, handler)
 
 
-async def serve(server: "Server", state: RpcState, refused: bool = False) -> None:
+async def serve(server: ServerSide, state: RpcState, refused: bool = False) -> None:
     """The call's task: its handler, and grpc.aio's answer to whatever it raises."""
     method = state.method
     try:

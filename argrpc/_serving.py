@@ -1,0 +1,106 @@
+"""What serving means on both front ends (`argrpc.server` and `argrpc.aio.server`): the
+engine's server for the fast path, the one `maximum_concurrent_rpcs` count, the handler
+a call runs, the statuses grpc gives for refused and stopped calls, and how a server
+answers its first handler registrations. The threaded and asyncio servers differ only in
+how they run handlers and wait; neither imports the other."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Iterable, Optional
+
+import grpc
+
+from . import _config, _engine
+
+_LOGGER = logging.getLogger("argrpc._server")
+
+# grpc's words for a call over maximum_concurrent_rpcs.
+OVER_LIMIT_DETAILS = "Concurrent RPC limit exceeded!"
+# What grpc's own server gives the client for calls still running when stop()'s grace
+# ends; on the server side those calls are cancelled (is_active() false, callbacks run).
+STOP_CODE = grpc.StatusCode.UNAVAILABLE.value[0]
+STOP_DETAILS = "Cancelling all calls"
+
+
+class HandlerCallDetails(grpc.HandlerCallDetails):
+    """What generic handlers and interceptors are given about a fast-path call; its
+    metadata is converted only if somebody reads it."""
+
+    __slots__ = ("method", "_state")
+
+    def __init__(self, method: str, state: Any) -> None:
+        self.method = method
+        self._state = state  # the call's state: its invocation_metadata() converts
+
+    # read-only, converted when read; grpc's stubs declare a plain attribute
+    @property
+    def invocation_metadata(self) -> tuple[Any, ...]:  # type: ignore[override]
+        return tuple(self._state.invocation_metadata())
+
+
+def core_server(cfg: _config.Config, max_recv: int, max_concurrent: Optional[int]) -> Any:
+    """The engine's server for the fast path, or None when the server is plain gRPC only
+    (off, forced to grpc, or, with the transport left to argrpc, not available here)."""
+    if not cfg.enabled or cfg.transport == "grpc":
+        return None
+    try:
+        core = _engine.core_module()
+        engine = _engine.get_engine(cfg)
+        return core.Server(engine, {
+            "max_recv": max_recv,
+            "max_concurrent": -1 if max_concurrent is None else int(max_concurrent),
+        })
+    except Exception as exc:
+        if cfg.transport != "auto":
+            # The user demanded a fast transport: failing loudly beats a silent
+            # plain-gRPC server.
+            raise
+        _LOGGER.warning("argrpc server: fast path unavailable, serving plain gRPC "
+                        "only: %s", exc)
+        return None
+
+
+class Admission:
+    """Places under maximum_concurrent_rpcs for calls on the gRPC port: the engine's
+    count when the fast path is on (one limit for both ports), else a local one."""
+
+    def __init__(self, limit: int, core: Any) -> None:
+        self._limit = limit
+        self._core = core
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def admit(self) -> bool:
+        if self._core is not None:
+            return bool(self._core.admit())
+        with self._lock:
+            if self._count >= self._limit:
+                return False
+            self._count += 1
+            return True
+
+    def release(self) -> None:
+        if self._core is not None:
+            self._core.release()
+            return
+        with self._lock:
+            self._count = max(0, self._count - 1)
+
+
+def behavior(handler: grpc.RpcMethodHandler[Any, Any]) -> Any:
+    """The behaviour of the handler's arity: only what grpc reads (a handler the user
+    writes need not have the other three)."""
+    if handler.request_streaming:
+        return handler.stream_stream if handler.response_streaming else handler.stream_unary
+    return handler.unary_stream if handler.response_streaming else handler.unary_unary
+
+
+def validate_generic_handlers(handlers: Iterable[Any]) -> None:
+    """grpc's check of add_generic_rpc_handlers(), in its words."""
+    for handler in handlers:
+        if getattr(handler, "service", None) is None:
+            raise AttributeError(
+                f'"{handler}" must conform to grpc.GenericRpcHandler type but does not '
+                'have "service" method!')
