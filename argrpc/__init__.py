@@ -6,7 +6,7 @@ servicers stay unchanged. Everything else (status codes, ``grpc.RpcError``,
 interceptors...) is still imported from ``grpc``.
 """
 
-from . import _plain  # noqa: F401 - first: grpc's constructors before anyone replaces them
+from . import _grpc_originals  # noqa: F401 - first: grpc's constructors before anyone replaces them
 from . import _malloc
 from ._channel import Channel, insecure_channel, secure_channel
 from ._server import server

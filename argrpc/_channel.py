@@ -16,13 +16,14 @@ from typing import Any, Callable, Literal, Optional
 
 import grpc
 
-from . import _buffers, _config, _observe, _plain
+from . import _config, _grpc_originals, _grpc_payloads, _metrics_hooks
 from ._client.balancer import Balancer
 from ._client.model import client_model
 from ._client.service_config import ServiceConfig, for_grpc, throttle_for
-from ._calls import DoneWatcher, RequestFeeder, StreamStream, StreamUnary, UnaryStream, UnaryUnary
+from ._client_calls import (DoneWatcher, RequestFeeder, StreamStream, StreamUnary, UnaryStream,
+                            UnaryUnary)
 from ._errors import local_error
-from ._routing import GRPC, Routing, encrypts
+from ._negotiation import GRPC, NegotiationState, encrypts
 from ._subchannels import pool_key
 
 __all__ = ["Channel", "insecure_channel", "secure_channel"]
@@ -30,7 +31,7 @@ __all__ = ["Channel", "insecure_channel", "secure_channel"]
 _NEGOTIATION_TIMEOUT_S = _config.LIMITS.negotiation_timeout_s
 
 
-class Channel(Routing, grpc.Channel):
+class Channel(NegotiationState, grpc.Channel):
     """Drop-in for the channel ``grpc.insecure_channel``/``grpc.secure_channel`` return."""
 
     _balancer: Optional[Balancer]
@@ -54,7 +55,7 @@ class Channel(Routing, grpc.Channel):
         self._max_send = _config.max_send_length(grpc_options)
         self._pool_key = pool_key(target, credentials, grpc_options, self._cfg, self._max_recv)
         self._lock = threading.Lock()
-        self._init_routing()
+        self._init_negotiation()
         model = client_model(target, credentials, grpc_options, self._cfg, self._max_recv,
                              self._secure, self._address_channel, lambda ch: ch.close())
         self._grpc_alone, self._balancer = model.grpc_alone, model.balancer
@@ -116,14 +117,15 @@ class Channel(Routing, grpc.Channel):
         """A gRPC channel to one address of the target, with the target's :authority."""
         _, credentials, _, compression = self._grpc_args
         if credentials is None:
-            return _plain.insecure_channel(address, self._address_options, compression)
-        return _plain.secure_channel(address, credentials, self._address_options, compression)
+            return _grpc_originals.insecure_channel(address, self._address_options, compression)
+        return _grpc_originals.secure_channel(address, credentials, self._address_options,
+                                              compression)
 
     def _new_grpc_channel(self) -> grpc.Channel:
         target, credentials, grpc_options, compression = self._grpc_args
         if credentials is None:
-            return _plain.insecure_channel(target, grpc_options, compression)
-        return _plain.secure_channel(target, credentials, grpc_options, compression)
+            return _grpc_originals.insecure_channel(target, grpc_options, compression)
+        return _grpc_originals.secure_channel(target, credentials, grpc_options, compression)
 
     def _bootstrap_channel(self) -> grpc.Channel:
         """The grpc channel the negotiation goes over: the channel's own, or in a forked
@@ -222,10 +224,10 @@ class Channel(Routing, grpc.Channel):
                        registered: Optional[bool]) -> Any:
         """grpc's own multicallable for the method (the gRPC path), which generated stubs
         mark as registered, as the metrics label them."""
-        _observe.register_client_method(method, registered)
+        _metrics_hooks.register_client_method(method, registered)
         # grpc's channels take _registered_method positionally (generated stubs pass it);
         # grpc's type stubs do not list it.
-        return factory(method, _buffers.bytes_serializer(request_serializer),
+        return factory(method, _grpc_payloads.bytes_serializer(request_serializer),
                        response_deserializer, registered)
 
     def close(self) -> None:

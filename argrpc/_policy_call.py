@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 
 import grpc
 
-from ._buffers import nbytes
+from ._grpc_payloads import nbytes
 from ._client.service_config import Attempts, Hedge, response_began
 
 __all__ = ["PolicyCore", "RequestBuffer"]

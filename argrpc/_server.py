@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Se
 
 import grpc
 
-from . import _bootstrap, _buffers, _config, _engine, _grpc_log, _handlers, _observe, _plain, _serving
+from . import (_bootstrap, _config, _engine, _grpc_log, _grpc_originals, _grpc_payloads, _handlers,
+               _metrics_hooks, _serving)
 from ._context import _CallState, _ServicerContext
 
 _LOGGER = logging.getLogger(__name__)
@@ -334,7 +335,7 @@ class _Server(grpc.Server):
             gate = _Gate(self._interceptors, admission)
         # ignores: grpc takes any Executor and any sequence of interceptors; its stubs
         # say ThreadPoolExecutor and list
-        self._grpc = _plain.server(
+        self._grpc = _grpc_originals.server(
             self._executor,  # type: ignore[arg-type]
             interceptors=(gate,) if gate is not None else None,  # type: ignore[arg-type]
             options=grpc_options,
@@ -354,7 +355,7 @@ class _Server(grpc.Server):
         generic_rpc_handlers = tuple(generic_rpc_handlers)
         _serving.validate_generic_handlers(generic_rpc_handlers)
         self._grpc.add_generic_rpc_handlers(
-            tuple(_buffers.GrpcGenericHandler(h) for h in generic_rpc_handlers))
+            tuple(_grpc_payloads.GrpcGenericHandler(h) for h in generic_rpc_handlers))
         with self._lock:
             self._generic.extend(generic_rpc_handlers)
 
@@ -362,12 +363,12 @@ class _Server(grpc.Server):
                                        method_handlers: Mapping[str, grpc.RpcMethodHandler[Any, Any]]
                                        ) -> None:
         for method in method_handlers:
-            _observe.register_server_method(service_name, method)
+            _metrics_hooks.register_server_method(service_name, method)
         with self._lock:
             started = self._stage is not _Stage.NEW
         # grpc warns and ignores once started; forwarding keeps its exact behaviour.
         self._grpc.add_registered_method_handlers(service_name, {
-            name: _buffers.grpc_method_handler(h) for name, h in method_handlers.items()})
+            name: _grpc_payloads.grpc_method_handler(h) for name, h in method_handlers.items()})
         if started:
             return
         with self._lock:

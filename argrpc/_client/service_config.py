@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 import grpc
 
-from .._buffers import nbytes
+from .._grpc_payloads import nbytes
 from .._config import LIMITS
 
 __all__ = ["Attempts", "HedgingPolicy", "MethodConfig", "RetryPolicy", "ServiceConfig",

@@ -3,8 +3,8 @@ bootstrap call and, when that server has no fast path, the calls picked to it), 
 fast connection that server negotiated, shared with the other channels of the process
 that reach the same address with the same settings.
 
-Its negotiation state is a channel's (``Routing``): a subchannel that found its server
-unreachable is tried again after the interval, one whose server speaks plain gRPC stays on
+Its negotiation state is a channel's (``NegotiationState``): a subchannel that found its
+server unreachable is tried again after the interval, one whose server speaks plain gRPC stays on
 gRPC, and one whose fast connection died negotiates again. The blocking front end
 negotiates under the subchannel's lock, the asyncio one in a task on the channel's loop.
 """
@@ -16,8 +16,8 @@ import os
 import threading
 from typing import Any, Callable, Optional, Protocol
 
-from .. import _buffers, _config
-from .._routing import FAST, FORCED, GRPC, Routing
+from .. import _config, _grpc_payloads
+from .._negotiation import FAST, FORCED, GRPC, NegotiationState
 from .._subchannels import pool_key
 
 __all__ = ["Subchannel"]
@@ -38,7 +38,7 @@ class Owner(Protocol):
     def make_grpc(self, address: str) -> Any: ...
 
 
-class Subchannel(Routing):
+class Subchannel(NegotiationState):
     def __init__(self, owner: Owner, address: str) -> None:
         self._owner = owner
         self.address = address
@@ -50,7 +50,7 @@ class Subchannel(Routing):
         self._grpc_of: Optional[tuple[int, Any]] = None  # (pid, gRPC channel), made on use
         self._callables: dict[tuple[Any, ...], Any] = {}
         self._task: Optional[asyncio.Task[None]] = None  # the asyncio negotiation running
-        self._init_routing(track=False)
+        self._init_negotiation(track=False)
 
     def _closing(self) -> bool:
         return self._owner.closed
@@ -99,7 +99,7 @@ class Subchannel(Routing):
         if got is None:
             factory = getattr(self.grpc_channel(), kind)
             got = self._callables[key] = factory(
-                method, _buffers.bytes_serializer(serializer), deserializer, registered)
+                method, _grpc_payloads.bytes_serializer(serializer), deserializer, registered)
         return got
 
     # ------------------------------------------------------------------ negotiation

@@ -24,7 +24,7 @@ from typing import Any, Awaitable, Callable, Optional
 
 from grpc import aio
 
-from .._buffers import nbytes
+from .._grpc_payloads import nbytes
 from .._client.service_config import (Attempts, Hedge, HedgingPolicy, RetryPolicy,
                                       response_began)
 from .._policy_call import RequestBuffer

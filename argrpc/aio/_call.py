@@ -21,7 +21,7 @@ import grpc
 from grpc import aio
 
 from .. import _grpc_log
-from .._buffers import nbytes
+from .._grpc_payloads import nbytes
 from .._errors import code_from_int, received_too_large
 from .._metadata import from_core
 from ._loop import LoopBridge

@@ -20,15 +20,15 @@ from grpc import aio
 
 from .._bases import (AioStreamStreamBase, AioStreamUnaryBase, AioUnaryStreamBase,
                       AioUnaryUnaryBase)
-from .. import _bootstrap, _buffers, _config, _grpc_log, _observe, _plain
+from .. import _bootstrap, _config, _grpc_log, _grpc_originals, _grpc_payloads, _metrics_hooks
 from .._engine import get_engine
 from .._metadata import InvalidMetadataError, to_core
-from .._buffers import nbytes as _nbytes
+from .._grpc_payloads import nbytes as _nbytes
 from .._client.balancer import Balancer
 from .._client.model import client_model
 from .._client.service_config import HedgingPolicy, ServiceConfig, for_grpc, throttle_for
 from .._client.subchannel import Subchannel
-from .._routing import GRPC, NEW, Routing, encrypts
+from .._negotiation import GRPC, NEW, NegotiationState, encrypts
 from .._subchannels import pool_key
 from . import _attempts, _call, _interceptors
 from ._loop import bridge
@@ -43,7 +43,7 @@ _NEGOTIATION_TIMEOUT_S = _config.LIMITS.negotiation_timeout_s
 
 
 
-class Channel(Routing, aio.Channel):
+class Channel(NegotiationState, aio.Channel):
     """Drop-in for what ``grpc.aio.insecure_channel``/``secure_channel`` return."""
 
     _balancer: Optional[Balancer]
@@ -60,9 +60,10 @@ class Channel(Routing, aio.Channel):
         # The inner channel has no interceptors: they run above both paths (the bootstrap
         # RPC is not theirs to see).
         if credentials is None:
-            self._grpc = _plain.aio_insecure_channel(target, grpc_options, compression)
+            self._grpc = _grpc_originals.aio_insecure_channel(target, grpc_options, compression)
         else:
-            self._grpc = _plain.aio_secure_channel(target, credentials, grpc_options, compression)
+            self._grpc = _grpc_originals.aio_secure_channel(target, credentials, grpc_options,
+                                                            compression)
         self._interceptors = _interceptors.split(interceptors)
         # grpc.aio binds a channel to the loop it was made on (or the thread's default
         # loop) and its calls fail on any other; so do the fast path's, by going where
@@ -72,7 +73,7 @@ class Channel(Routing, aio.Channel):
         self._max_recv = _config.max_receive_length(grpc_options)
         self._max_send = _config.max_send_length(grpc_options)
         self._pool_key = pool_key(target, credentials, grpc_options, self._cfg, self._max_recv)
-        self._init_routing()
+        self._init_negotiation()
         self._grpc_args = (credentials, compression)
         model = client_model(target, credentials, grpc_options, self._cfg, self._max_recv,
                              self._secure, self._address_channel, _retire)
@@ -132,8 +133,8 @@ class Channel(Routing, aio.Channel):
         """A grpc.aio channel to one address of the target, with the target's :authority."""
         credentials, compression = self._grpc_args
         if credentials is None:
-            return _plain.aio_insecure_channel(address, self._address_options, compression)
-        return _plain.aio_secure_channel(address, credentials, self._address_options,
+            return _grpc_originals.aio_insecure_channel(address, self._address_options, compression)
+        return _grpc_originals.aio_secure_channel(address, credentials, self._address_options,
                                          compression)
 
     def pick(self) -> tuple[Any, Any]:
@@ -300,7 +301,7 @@ class _MultiCallable:
         self._serializer = request_serializer
         self._deserializer = response_deserializer
         factory = getattr(channel._grpc, self._kind)
-        self._grpc = factory(method, _buffers.bytes_serializer(request_serializer),
+        self._grpc = factory(method, _grpc_payloads.bytes_serializer(request_serializer),
                              response_deserializer, registered)
         self._registered = registered
         # The method's service config (timeout, waitForReady), None when it has none.
@@ -310,7 +311,7 @@ class _MultiCallable:
         if mc.max_request is not None:
             self._max_send = mc.max_request if self._max_send < 0 else \
                 min(self._max_send, mc.max_request)
-        _observe.register_client_method(method, registered)
+        _metrics_hooks.register_client_method(method, registered)
         self._intercepted = channel._interceptors.get(self._kind, ())
         # The channel's loop and its bridge, once a fast-path call was made on it.
         self._loop: Any = None
@@ -397,9 +398,9 @@ class _MultiCallable:
         call = multicallable(request, timeout=timeout, metadata=metadata,
                              credentials=credentials, wait_for_ready=wait_for_ready,
                              compression=compression)
-        observer = _observe.sink()
+        observer = _metrics_hooks.sink()
         if observer is not None:
-            _observe.watch_aio_call(observer, self._method, channel._target, call)
+            _metrics_hooks.watch_aio_call(observer, self._method, channel._target, call)
         return call
 
     def _bridge(self) -> Any:

@@ -26,9 +26,10 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, Sequen
 import grpc
 from grpc import aio
 
-from .. import _bootstrap, _buffers, _config, _engine, _observe, _plain, _proto, _serving
+from .. import (_bootstrap, _config, _engine, _grpc_originals, _grpc_payloads, _metrics_hooks,
+                _proto, _serving)
 from .._transports import Caller
-from . import _eager
+from . import _inline_start
 from ._context import RpcState
 from ._loop import LoopBridge, bridge
 from ._server_handlers import intercept, serve
@@ -176,7 +177,7 @@ class Server(aio.Server):
         admission = (None if maximum_concurrent_rpcs is None
                      else _serving.Admission(maximum_concurrent_rpcs, self._core))
         gate = _Gate(interceptors, admission) if interceptors or admission else None
-        self._grpc = _plain.aio_server(
+        self._grpc = _grpc_originals.aio_server(
             thread_pool,
             interceptors=(gate,) if gate is not None else None,
             options=grpc_options,
@@ -206,17 +207,17 @@ class Server(aio.Server):
                                  ) -> None:
         generic_rpc_handlers = tuple(generic_rpc_handlers)
         self._grpc.add_generic_rpc_handlers(
-            tuple(_buffers.GrpcGenericHandler(h) for h in generic_rpc_handlers))
+            tuple(_grpc_payloads.GrpcGenericHandler(h) for h in generic_rpc_handlers))
         self._generic.extend(generic_rpc_handlers)
 
     def add_registered_method_handlers(self, service_name: str,
                                        method_handlers: Mapping[str, grpc.RpcMethodHandler[Any, Any]]
                                        ) -> None:
         for method in method_handlers:
-            _observe.register_server_method(service_name, method)
+            _metrics_hooks.register_server_method(service_name, method)
         # grpc.aio warns and ignores once started; forwarding keeps its exact behaviour.
         self._grpc.add_registered_method_handlers(service_name, {
-            name: _buffers.grpc_method_handler(h) for name, h in method_handlers.items()})
+            name: _grpc_payloads.grpc_method_handler(h) for name, h in method_handlers.items()})
         if self._stage is not _Stage.NEW:
             return
         for method, handler in method_handlers.items():
@@ -392,7 +393,7 @@ class Server(aio.Server):
         state.token = b.register(state.on_change)
         self._calls[state.key] = state
         sc.watch(b.notifier, state.token)
-        task = _eager.start(loop, serve(self, state, refused), self._context.copy())
+        task = _inline_start.start(loop, serve(self, state, refused), self._context.copy())
         if task is None:  # answered without waiting
             self._end_call(state, True)
             return

@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable, Optional
 import grpc
 from opentelemetry.metrics import MeterProvider
 
-from .. import _observe
+from .. import _metrics_hooks
 from .._engine import EngineUnavailable, core_module
 
 __all__ = ["OpenTelemetryPlugin", "OpenTelemetryPluginOption"]
@@ -43,7 +43,7 @@ class _Running:
         self._start_grpc(plugin)
 
     def _start_fast_path(self, plugin: "OpenTelemetryPlugin", provider: MeterProvider) -> None:
-        from ._calls import CallRecorder
+        from ._call_metrics import CallRecorder
         from ._transport import TransportInstruments
 
         try:
@@ -52,12 +52,12 @@ class _Running:
             core = None  # every call goes over plain gRPC: grpc's plugin records them
         self.recorder = CallRecorder(provider, core, plugin.target_attribute_filter,
                                      plugin.generic_method_attribute_filter,
-                                     _observe.registered_client_methods,
-                                     _observe.registered_server_methods)
+                                     _metrics_hooks.registered_client_methods,
+                                     _metrics_hooks.registered_server_methods)
         self.instruments = TransportInstruments(provider, self.recorder.drain)
         self.recorder.on_dropped = self.instruments.records_dropped
         self.recorder.start()
-        _observe.set_sink(self)
+        _metrics_hooks.set_sink(self)
 
     def _start_grpc(self, plugin: "OpenTelemetryPlugin") -> None:
         if _GrpcPlugin is None:
@@ -75,7 +75,7 @@ class _Running:
             return
         self.grpc_plugin = grpc_plugin
 
-    # -- the facade's hooks (argrpc._observe.Sink)
+    # -- the facade's hooks (argrpc._metrics_hooks.Sink)
     def fallback(self, kind: str) -> None:
         self.instruments.fallback(kind)
 
@@ -84,7 +84,7 @@ class _Running:
         self.recorder.grpc_call_ended(method, target, code, duration)
 
     def stop(self) -> None:
-        _observe.set_sink(None)
+        _metrics_hooks.set_sink(None)
         if self.instruments is not None:
             self.instruments.active = False
         if self.recorder is not None:

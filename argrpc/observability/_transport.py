@@ -3,7 +3,7 @@
 The engine keeps its counters always (relaxed atomics: connections, bytes by path, pool,
 keepalive failures); these observable instruments read them when a reader collects, so
 they cost nothing between collections. Fallbacks are counted as channels settle, through
-the facade's hook (``argrpc._observe``).
+the facade's hook (``argrpc._metrics_hooks``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 
-from .. import _observe
+from .. import _metrics_hooks
 from .._engine import peek_engine
 from .._version import __version__
 
@@ -85,7 +85,7 @@ class TransportInstruments:
         stats = self._stats() or {}
         out = [Observation(s.get("connections_open", 0), {TRANSPORT: t})
                for t, s in sorted(stats.items())]
-        on_grpc = sum(1 for channel in _observe.channels() if channel._on_grpc)
+        on_grpc = sum(1 for channel in _metrics_hooks.channels() if channel._on_grpc)
         out.append(Observation(on_grpc, {TRANSPORT: GRPC_TRANSPORT}))
         return out
 

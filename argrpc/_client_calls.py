@@ -22,8 +22,8 @@ from typing import Any, Callable, Iterator, Optional, cast
 
 import grpc
 
-from . import _grpc_log, _observe
-from ._buffers import nbytes as _nbytes
+from . import _grpc_log, _metrics_hooks
+from ._grpc_payloads import nbytes as _nbytes
 from ._bases import (FutureBase, StreamStreamBase, StreamUnaryBase, UnaryStreamBase,
                      UnaryUnaryBase)
 from ._client.call_site import CallSite
@@ -618,9 +618,9 @@ class _MultiCallable:
         multicallable = self._grpc if via is channel else via.multicallable(
             self._kind, self._method, self._ser, self._deser, self._registered)
         grpc_fn = getattr(multicallable, how) if how else multicallable
-        observer = _observe.sink()
+        observer = _metrics_hooks.sink()
         if observer is not None:
-            return None, None, _observe.timed_grpc_call(
+            return None, None, _metrics_hooks.timed_grpc_call(
                 observer, self._method, self._channel._target, grpc_fn, arg, timeout=timeout,
                 metadata=metadata, credentials=credentials, wait_for_ready=wait_for_ready,
                 compression=compression)

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 import grpc
 
-from . import _config, _observe
+from . import _config, _metrics_hooks
 from ._subchannels import SUBCHANNELS, Shared
 
 if TYPE_CHECKING:
     from ._bootstrap import Negotiation
 
-__all__ = ["Routing", "encrypts"]
+__all__ = ["NegotiationState", "encrypts"]
 
 _LOGGER = logging.getLogger("argrpc")
 
@@ -50,13 +50,13 @@ class Balanced(Protocol):
     def fallback_reason(self) -> str: ...
 
 
-class Routing:
+class NegotiationState:
     _cfg: _config.Config
     _target: str
     _pool_key: Any  # what a shared connection must match (_subchannels.pool_key)
     _balancer: Optional["Balanced"] = None  # a channel's round-robin balancer, if any
 
-    def _init_routing(self, track: bool = True) -> None:
+    def _init_negotiation(self, track: bool = True) -> None:
         self._fast: Any = None
         self._fast_name = ""
         self._shared: Optional[Shared] = None  # what _fast is a handle on
@@ -67,7 +67,7 @@ class Routing:
         self._logged = False
         self._closed = False
         if track:  # a channel, not one of its subchannels
-            _observe.track_channel(self)
+            _metrics_hooks.track_channel(self)
 
     def _closing(self) -> bool:
         """close() has begun: no new fast connection."""
@@ -141,7 +141,7 @@ class Routing:
         if conn is not None:
             conn.close()
         if self._state == NEW:  # retries of an unreachable server are one fallback
-            _observe.fallback(neg.kind or "other")
+            _metrics_hooks.fallback(neg.kind or "other")
         self._reason = neg.reason or "no fast transport"
         self._forced_error = neg.forced_error
         if neg.retryable:
