@@ -16,6 +16,7 @@ from typing import Any, Callable, Literal, Optional
 
 import grpc
 
+from . import _status
 from . import _config, _grpc_originals, _grpc_payloads, _metrics_hooks
 from ._client.balancer import Balancer
 from ._client.model import client_model
@@ -237,9 +238,9 @@ class Channel(NegotiationState, grpc.Channel):
             self._closed = True
             fast, self._fast = self._fast, None
         if fast is not None:
-            self._let_go(fast, "Channel closed!")
+            self._let_go(fast, _status.CHANNEL_CLOSED)
         if self._balancer is not None:
-            for address_channel in self._balancer.close("Channel closed!"):
+            for address_channel in self._balancer.close(_status.CHANNEL_CLOSED):
                 address_channel.close()
         self._watcher.close()
         # A request-iterator thread in argrpc's code ends at once now that its call has:
@@ -271,10 +272,10 @@ class Channel(NegotiationState, grpc.Channel):
             if fast is not None:
                 self._closed = True
                 self._fast = None
-                self._let_go(fast, "Channel closed!")
+                self._let_go(fast, _status.CHANNEL_CLOSED)
             balancer = self._balancer
             if balancer is not None and not balancer.closed:
-                balancer.close("Channel closed!")
+                balancer.close(_status.CHANNEL_CLOSED)
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
 

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator, Optional, cast
 
 import grpc
 
+from . import _status
 from . import _grpc_log, _metrics_hooks
 from ._grpc_payloads import nbytes as _nbytes
 from ._bases import (FutureBase, StreamStreamBase, StreamUnaryBase, UnaryStreamBase,
@@ -43,16 +44,11 @@ _CANCELLED = grpc.StatusCode.CANCELLED
 _UNKNOWN = grpc.StatusCode.UNKNOWN
 _INTERNAL = grpc.StatusCode.INTERNAL
 _RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
-_UNAVAILABLE_INT = grpc.StatusCode.UNAVAILABLE.value[0]
-_CANCELLED_INT = grpc.StatusCode.CANCELLED.value[0]
 
 _SERIALIZE_FAILED = "Exception serializing request!"
 _DESERIALIZE_FAILED = "Exception deserializing response!"
 _ITERATE_FAILED = "Exception iterating requests!"
-_LOCAL_CANCEL = "Locally cancelled by application!"
 _GC_CANCEL = "Cancelled upon garbage collection!"
-# grpc 1.85 reports an in-flight unary call of a closed channel as CANCELLED with this text.
-CHANNEL_CLOSED = "Channel closed!"
 
 
 def _too_large(n: int, limit: int) -> _RpcError:
@@ -68,7 +64,7 @@ def _core_metadata(metadata: Any) -> list[Any]:
         return [kv for kv in md if kv[0] != "user-agent"] if md else md
     except InvalidMetadataError as e:
         _LOGGER.error("%s", e)
-        raise local_error(_INTERNAL, "Invalid metadata", "") from None
+        raise local_error(_INTERNAL, _status.INVALID_METADATA, "") from None
 
 
 def _deadline(timeout: Optional[float]) -> Optional[float]:
@@ -78,18 +74,19 @@ def _deadline(timeout: Optional[float]) -> Optional[float]:
 def _closed_by_us(channel: CallSite, code: int) -> bool:
     # conn.close() ends the calls of the connection (UNAVAILABLE per core-api.md, CANCELLED
     # in the current engine); when it was our close(), grpc's answer is CANCELLED.
-    return (code == _UNAVAILABLE_INT or code == _CANCELLED_INT) and channel._closed
+    return (code == _status.UNAVAILABLE or code == _status.CANCELLED) and channel._closed
 
 
 def _map_status(channel: CallSite, code: int, details: str) -> tuple[grpc.StatusCode, str]:
-    if _closed_by_us(channel, code) and details != _LOCAL_CANCEL:
-        return _CANCELLED, CHANNEL_CLOSED
+    if _closed_by_us(channel, code) and details != _status.LOCALLY_CANCELLED:
+        return _CANCELLED, _status.CHANNEL_CLOSED
     return code_from_int(code, details)
 
 
 def _status_exception(channel: CallSite, code: int, details: str, imd: Any, tmd: Any) -> _RpcError:
     if _closed_by_us(channel, code):
-        return local_error(_CANCELLED, CHANNEL_CLOSED, f"CANCELLED:{CHANNEL_CLOSED}")
+        return local_error(_CANCELLED, _status.CHANNEL_CLOSED,
+                           f"CANCELLED:{_status.CHANNEL_CLOSED}")
     return status_error(code, details, imd, tmd)
 
 
@@ -361,8 +358,8 @@ class _Call(grpc.RpcError, grpc.Call, FutureBase):
         with self._lock:
             if self._code is not None:
                 return False
-            if self._core.cancel(_CANCELLED.value[0], _LOCAL_CANCEL):
-                self._code, self._details, self._debug = _CANCELLED, _LOCAL_CANCEL, None
+            if self._core.cancel(_CANCELLED.value[0], _status.LOCALLY_CANCELLED):
+                self._code, self._details, self._debug = _CANCELLED, _status.LOCALLY_CANCELLED, None
                 self._tmd = ()
                 self._cancelled = True
                 callbacks, self._callbacks = self._callbacks, None

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, NoReturn, Optional, Se
 
 import grpc
 
+from . import _status
 from . import _grpc_log, _metadata
 
 if TYPE_CHECKING:
@@ -195,7 +196,7 @@ class _ServicerContext(FastPathPeer, grpc.ServicerContext):  # type: ignore[misc
             # grpc does not raise here: its core fails the call with INTERNAL.
             _LOGGER.error("invalid initial metadata: %s", exc)
             state.finished = True
-            state.sc.finish(grpc.StatusCode.INTERNAL.value[0], "Invalid metadata", [], None)
+            state.sc.finish(_status.INTERNAL, _status.INVALID_METADATA, [], None)
             return
         state.sc.send_initial_metadata(md)
 

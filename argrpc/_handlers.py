@@ -12,19 +12,14 @@ from typing import Any, Callable, Iterator, Optional, cast
 
 import grpc
 
+from . import _status
 from . import _grpc_log, _metadata
 from ._context import _CallState, _ServicerContext
 from ._errors import USER_CODE_FAILED, user_codec
 
 _LOGGER = _grpc_log.SERVER
 
-_OK = grpc.StatusCode.OK.value[0]
-_UNKNOWN = grpc.StatusCode.UNKNOWN.value[0]
-_INTERNAL = grpc.StatusCode.INTERNAL.value[0]
-_UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
-_RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
 
-INVALID_METADATA = "Invalid metadata"
 
 # Sentinel: "no request; the call was already ended (or is dead)".
 _NO_REQUEST = object()
@@ -34,7 +29,7 @@ def code_int(code: Any) -> int:
     """grpc maps anything that is not a StatusCode to UNKNOWN."""
     if isinstance(code, grpc.StatusCode):
         return code.value[0]
-    return _UNKNOWN
+    return _status.UNKNOWN
 
 
 def _finish(state: _CallState, code: int, details: str, message: Any = None) -> None:
@@ -49,7 +44,7 @@ def _finish(state: _CallState, code: int, details: str, message: Any = None) -> 
         except (ValueError, TypeError) as exc:
             # grpc's core refuses the status batch; its client sees this.
             _LOGGER.error("invalid trailing metadata: %s", exc)
-            code, details, message = _INTERNAL, INVALID_METADATA, None
+            code, details, message = _status.INTERNAL, _status.INVALID_METADATA, None
     state.sc.finish(code, details, trailing, message)
 
 
@@ -61,15 +56,15 @@ def _finish_with_state(state: _CallState, default_code: int, default_details: st
 
 
 def _finish_ok(state: _CallState, message: Any) -> None:
-    code = _OK if state.code is None else code_int(state.code)
+    code = _status.OK if state.code is None else code_int(state.code)
     details = "" if state.details is None else state.details
     # A response next to an error status is discarded by every client: don't ship it.
-    _finish(state, code, details, message if code == _OK else None)
+    _finish(state, code, details, message if code == _status.OK else None)
 
 
 def _on_exception(state: _CallState, exc: BaseException, what: str) -> None:
     if state.aborted:
-        _finish_with_state(state, _UNKNOWN, "RPC Aborted")
+        _finish_with_state(state, _status.UNKNOWN, "RPC Aborted")
         return
     if exc in state.rpc_errors:
         # We raised it because the call died; there is nobody to report to.
@@ -80,7 +75,7 @@ def _on_exception(state: _CallState, exc: BaseException, what: str) -> None:
     except Exception:  # an exception whose __str__ raises
         details = "Calling application raised unprintable Exception!"
     _LOGGER.exception(details)
-    _finish_with_state(state, _UNKNOWN, details)
+    _finish_with_state(state, _status.UNKNOWN, details)
 
 
 def _deserialize(state: _CallState, raw: Any, deserializer: Optional[Callable[..., Any]]) -> Any:
@@ -89,7 +84,7 @@ def _deserialize(state: _CallState, raw: Any, deserializer: Optional[Callable[..
     request = user_codec(deserializer, raw, "deserializing")
     if request is None or request is USER_CODE_FAILED:
         # grpc treats a None result like a failure too.
-        _finish(state, _INTERNAL, "Exception deserializing request!")
+        _finish(state, _status.INTERNAL, "Exception deserializing request!")
         return _NO_REQUEST
     return request
 
@@ -101,13 +96,13 @@ def _serialize(state: _CallState, response: Any, serializer: Optional[Callable[.
     serialized = (response if serializer is None
                   else user_codec(serializer, response, "serializing"))
     if serialized is None or serialized is USER_CODE_FAILED:
-        _finish_with_state(state, _INTERNAL, "Failed to serialize response!")
+        _finish_with_state(state, _status.INTERNAL, "Failed to serialize response!")
         return None
     if max_send >= 0:
         size = len(serialized) if type(serialized) is bytes else memoryview(serialized).nbytes
         if size > max_send:
             # grpc's exact text, "SERVER: " prefix included.
-            _finish(state, _RESOURCE_EXHAUSTED,
+            _finish(state, _status.RESOURCE_EXHAUSTED,
                     "SERVER: Sent message larger than max ({} vs. {})".format(size, max_send))
             return None
     return serialized
@@ -126,7 +121,7 @@ def _no_request(state: _CallState) -> Any:
     if sc.cancelled or not sc.is_active():
         state.finished = True
         return _NO_REQUEST
-    _finish(state, _UNIMPLEMENTED,
+    _finish(state, _status.UNIMPLEMENTED,
             '"{}" requires exactly one request message.'.format(state.method))
     return _NO_REQUEST
 
@@ -165,7 +160,7 @@ def _call(state: _CallState, behavior: Callable[..., Any], argument: Any,
     try:
         return behavior(argument, context), True
     except Exception as exc:
-        _on_exception(state, exc, "Exception calling application")
+        _on_exception(state, exc, _status.EXCEPTION_CALLING)
         return None, False
 
 
@@ -230,7 +225,7 @@ def _run_non_blocking(state: _CallState, behavior: Callable[..., Any], argument:
         behavior(argument, context, send_response)
     except Exception as exc:
         with lock:
-            _on_exception(state, exc, "Exception calling application")
+            _on_exception(state, exc, _status.EXCEPTION_CALLING)
     return not state.finished
 
 
@@ -252,7 +247,7 @@ def _run_unary_unary(state: _CallState, context: _ServicerContext,
         # ignore: a handler without the behaviour fails here as the application's error
         response = handler.unary_unary(request, context)  # type: ignore[misc]
     except Exception as exc:
-        _on_exception(state, exc, "Exception calling application")
+        _on_exception(state, exc, _status.EXCEPTION_CALLING)
         return
     if (state.finished or state.code is not None or state.details is not None
             or state.trailing_metadata):
@@ -261,7 +256,7 @@ def _run_unary_unary(state: _CallState, context: _ServicerContext,
     serialized = _serialize(state, response, handler.response_serializer, max_send)
     if serialized is not None:
         state.finished = True
-        state.sc.finish(_OK, "", [], serialized)
+        state.sc.finish(_status.OK, "", [], serialized)
 
 
 def run(state: _CallState, context: _ServicerContext, handler: grpc.RpcMethodHandler[Any, Any],

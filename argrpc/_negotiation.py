@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 import grpc
 
+from . import _status
 from . import _config, _metrics_hooks
 from ._subchannels import SUBCHANNELS, Shared
 
@@ -87,7 +88,7 @@ class NegotiationState:
         self._state = NEW
         _LOGGER.info("argrpc: %s connection to %s lost (%s); renegotiating", self._fast_name,
                      self._target, fast.error or "closed")
-        self._let_go(fast, "Channel closed!")
+        self._let_go(fast, _status.CHANNEL_CLOSED)
 
     def _let_go(self, fast: Any, why: str) -> None:
         """This channel is done with its handle `fast`: its own calls end CANCELLED `why`,
@@ -108,7 +109,7 @@ class NegotiationState:
             return False
         handle, shared = got
         if self._closing():
-            SUBCHANNELS.release(shared, handle, "Channel closed!")
+            SUBCHANNELS.release(shared, handle, _status.CHANNEL_CLOSED)
             return False
         self._adopt(handle, shared)
         return True

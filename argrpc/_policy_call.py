@@ -22,13 +22,12 @@ from typing import Any, Callable, Optional
 
 import grpc
 
+from . import _status
 from ._grpc_payloads import nbytes
 from ._client.service_config import Attempts, Hedge, response_began
 
 __all__ = ["PolicyCore", "RequestBuffer"]
 
-_CANCELLED = grpc.StatusCode.CANCELLED.value[0]
-_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 _POLL_S = 0.002  # how often hedged attempts are looked at (no engine wake-up here)
 
 # start(extra metadata or None, timeout) -> an engine call (for a unary request, with the
@@ -172,7 +171,7 @@ class PolicyCore:
                 if self._wake.wait(_POLL_S if wait is None else min(wait, _POLL_S)):
                     return hedge.last
         finally:
-            hedge.cancel_rest(lambda core: core.cancel(_CANCELLED, "attempt overtaken"))
+            hedge.cancel_rest(lambda core: core.cancel(_status.CANCELLED, "attempt overtaken"))
 
     def _begun(self, hedge: Any) -> Any:
         """A running attempt whose response began, or None. Looked at before the ends:
@@ -201,7 +200,7 @@ class PolicyCore:
         if self._cancel is not None:  # the call object recorded this end already
             return (self._cancel[0], self._cancel[1], [])
         if self._final is None:
-            return (_UNAVAILABLE, self._error or "argrpc: no attempt could start", [])
+            return (_status.UNAVAILABLE, self._error or "argrpc: no attempt could start", [])
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
         status = self._final.status(left)
         return None if status is None else tuple(status)

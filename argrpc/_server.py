@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Se
 
 import grpc
 
+from . import _status
 from . import (_bootstrap, _config, _engine, _grpc_log, _grpc_originals, _grpc_payloads, _handlers,
                _metrics_hooks, _serving)
 from ._context import _CallState, _ServicerContext
@@ -45,10 +46,6 @@ _LOGGER = logging.getLogger(__name__)
 _ACCEPT_TIMEOUT = _config.LIMITS.server_poll_s
 _SPARE_WORKER_IDLE = _config.LIMITS.spare_worker_idle_s
 _LAST_WORKER_IDLE = _config.LIMITS.last_worker_idle_s
-_UNKNOWN = grpc.StatusCode.UNKNOWN.value[0]
-_UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
-_RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
-_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 
 
 class _Stage(enum.Enum):
@@ -99,7 +96,7 @@ _REFUSED = "refused"
 
 
 def _refuse_over_limit(request_iterator: Any, context: grpc.ServicerContext) -> None:
-    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, _serving.OVER_LIMIT_DETAILS)
+    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, _status.OVER_LIMIT)
 
 
 # Request-streaming, so grpc runs it without waiting for a request message: the gate's
@@ -456,7 +453,7 @@ class _Server(grpc.Server):
                 break
             time.sleep(min(remaining, 0.005))
         if self._core is not None:
-            self._core.cancel_all(_serving.STOP_CODE, _serving.STOP_DETAILS)
+            self._core.cancel_all(_status.STOP_CODE, _status.STOPPED)
             # cancel_all is ours, not the peer's: the dispatcher does not see these calls.
             for state in list(self._calls.values()):
                 state.run_callbacks()
@@ -534,7 +531,7 @@ class _Server(grpc.Server):
                 if self._accepting:
                     _LOGGER.error("argrpc server: the thread pool refused to run a call: %s",
                                   exc)
-                core.cancel_pending(_UNAVAILABLE,
+                core.cancel_pending(_status.UNAVAILABLE,
                                     f"server's thread pool refused to run the call: {exc}")
                 return
 
@@ -610,7 +607,7 @@ class _Server(grpc.Server):
         """A call over the limit: the interceptors see it, then grpc's status ends it."""
         state = _CallState(sc, sc.method)
         if contextvars.Context().run(self._find_handler, state) is not None:
-            self._reject(state, _RESOURCE_EXHAUSTED, _serving.OVER_LIMIT_DETAILS)
+            self._reject(state, _status.RESOURCE_EXHAUSTED, _status.OVER_LIMIT)
 
     # --- one fast-path call ----------------------------------------------------------
     def _serve(self, sc: Any) -> None:
@@ -627,7 +624,7 @@ class _Server(grpc.Server):
             _LOGGER.exception("argrpc: unexpected error serving %s", state.method)
             if not state.finished:
                 state.finished = True
-                state.sc.finish(_UNKNOWN, "Unexpected server error", [], None)
+                state.sc.finish(_status.UNKNOWN, "Unexpected server error", [], None)
         finally:
             if not goes_on:
                 self._end_call(state)
@@ -667,10 +664,10 @@ class _Server(grpc.Server):
             handler = self._lookup(state)
         except Exception as exc:  # noqa: BLE001 - grpc's answer to a failing lookup
             _grpc_log.SERVER.exception("Exception servicing handler: %s", exc)
-            self._reject(state, _UNKNOWN, "Error in service handler!")
+            self._reject(state, _status.UNKNOWN, "Error in service handler!")
             return None
         if handler is None:
-            self._reject(state, _UNIMPLEMENTED, "Method not found!")
+            self._reject(state, _status.UNIMPLEMENTED, "Method not found!")
         return handler
 
     @staticmethod

@@ -16,13 +16,6 @@ from . import _config, _engine
 
 _LOGGER = logging.getLogger("argrpc._server")
 
-# grpc's words for a call over maximum_concurrent_rpcs.
-OVER_LIMIT_DETAILS = "Concurrent RPC limit exceeded!"
-# What grpc's own server gives the client for calls still running when stop()'s grace
-# ends; on the server side those calls are cancelled (is_active() false, callbacks run).
-STOP_CODE = grpc.StatusCode.UNAVAILABLE.value[0]
-STOP_DETAILS = "Cancelling all calls"
-
 
 class HandlerCallDetails(grpc.HandlerCallDetails):
     """What generic handlers and interceptors are given about a fast-path call; its

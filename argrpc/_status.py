@@ -17,7 +17,8 @@ INTERNAL = grpc.StatusCode.INTERNAL.value[0]
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 DATA_LOSS = grpc.StatusCode.DATA_LOSS.value[0]
 
-# A call its channel's close() ended.
+# A call its channel's close() ended (grpc reports an in-flight call of a closed channel as
+# CANCELLED with this text).
 CHANNEL_CLOSED = "Channel closed!"
 # A call its caller cancelled.
 LOCALLY_CANCELLED = "Locally cancelled by application!"

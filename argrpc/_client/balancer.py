@@ -23,6 +23,7 @@ import time
 import weakref
 from typing import Any, Callable, Optional
 
+from .. import _status
 from .. import _config
 from .subchannel import Subchannel
 from .target import Resolver
@@ -67,7 +68,7 @@ class Balancer:
             old = {s.address: s for s in self._subs}
             self._subs = [old.pop(a) if a in old else Subchannel(self, a) for a in addresses]
             for gone in old.values():
-                grpc_channel = gone.let_go("Channel closed!")
+                grpc_channel = gone.let_go(_status.CHANNEL_CLOSED)
                 if grpc_channel is not None:
                     retired.append(grpc_channel)
         for grpc_channel in retired:

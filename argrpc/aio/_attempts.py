@@ -24,6 +24,7 @@ from typing import Any, Awaitable, Callable, Optional
 
 from grpc import aio
 
+from .. import _status
 from .._grpc_payloads import nbytes
 from .._client.service_config import (Attempts, Hedge, HedgingPolicy, RetryPolicy,
                                       response_began)
@@ -39,8 +40,6 @@ Launch = Callable[[Any, list[Any], Optional[float]], Awaitable[Optional[Any]]]
 
 _LOGGER = logging.getLogger("argrpc")
 _POLL_S = 0.002  # how often running hedged response streams are looked at
-_API_STYLE_ERROR = "The iterator and read/write APIs may not be mixed on a single RPC."
-_ALREADY_FINISHED = "RPC already finished."
 _HALF_CLOSED = 'RPC is half closed after calling "done_writing".'
 
 
@@ -228,19 +227,19 @@ class _Fed(PendingCall):
     async def write(self, request: Any) -> None:
         feed = self._feed
         if feed.iterating:
-            raise aio.UsageError(_API_STYLE_ERROR)
+            raise aio.UsageError(_status.MIXED_APIS)
         if self.done():
-            raise asyncio.InvalidStateError(_ALREADY_FINISHED)
+            raise asyncio.InvalidStateError(_status.RPC_FINISHED)
         if feed.buffer.closed:
             raise asyncio.InvalidStateError(_HALF_CLOSED)
         await feed.put(request)
         if self.done():
-            raise asyncio.InvalidStateError(_ALREADY_FINISHED)
+            raise asyncio.InvalidStateError(_status.RPC_FINISHED)
 
     async def done_writing(self) -> None:
         feed = self._feed
         if feed.iterating:
-            raise aio.UsageError(_API_STYLE_ERROR)
+            raise aio.UsageError(_status.MIXED_APIS)
         if self.done() or feed.buffer.closed:
             return
         await feed.close()

@@ -20,6 +20,7 @@ from typing import (TYPE_CHECKING, Any, AsyncIterable, AsyncIterator, Callable, 
 import grpc
 from grpc import aio
 
+from .. import _status
 from .. import _grpc_log
 from .._grpc_payloads import nbytes
 from .._errors import code_from_int, received_too_large
@@ -37,17 +38,9 @@ __all__ = ["FastCall", "StreamStreamCall", "StreamUnaryCall", "UnaryStreamCall",
 
 _LOGGER = _grpc_log.AIO_CALL
 
-LOCAL_CANCEL = "Locally cancelled by application!"
 _GC_CANCEL = "Cancelled upon garbage collection!"
-_ALREADY_FINISHED = "RPC already finished."
 _HALF_CLOSED = 'RPC is half closed after calling "done_writing".'
-_API_STYLE_ERROR = "The iterator and read/write APIs may not be mixed on a single RPC."
-CHANNEL_CLOSED = "Channel closed!"
 _CANCELLED = grpc.StatusCode.CANCELLED
-_CANCELLED_INT = _CANCELLED.value[0]
-_DEADLINE_INT = grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
-_INTERNAL_INT = grpc.StatusCode.INTERNAL.value[0]
-_RESOURCE_EXHAUSTED_INT = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
 _CORE_WRITE_FAILED = "Internal error from Core"  # what grpc.aio's write() raises then
 
 
@@ -214,7 +207,7 @@ class FastCall:
         try:
             if not self._ended:
                 if not self._core.done():
-                    self._core.cancel(_CANCELLED_INT, _GC_CANCEL)
+                    self._core.cancel(_status.CANCELLED, _GC_CANCEL)
                 self._bridge.finished()
                 self._channel.inflight -= 1
                 if self._channel.closing:
@@ -241,7 +234,7 @@ class FastCall:
             return False
         # The engine's answer decides: the server's status may have ended the call since
         # done() looked (the progress thread does not wait for the loop).
-        if not self._core.cancel(_CANCELLED_INT, LOCAL_CANCEL):
+        if not self._core.cancel(_status.CANCELLED, _status.LOCALLY_CANCELLED):
             return False
         self._locally_cancelled = True
         for task in (self._request_poller, self._sender):
@@ -284,11 +277,12 @@ class FastCall:
             if raw is None:
                 return None
             code, details, tmd = raw
-            if code == _CANCELLED_INT and details == CHANNEL_CLOSED and self._channel.closing:
+            if (code == _status.CANCELLED and details == _status.CHANNEL_CLOSED
+                    and self._channel.closing):
                 # grpc.aio's close() cancels the calls in flight, as cancel() does: the
                 # engine's close of the connection stands for that here.
                 self._locally_cancelled = True
-                status, details = _CANCELLED, LOCAL_CANCEL
+                status, details = _CANCELLED, _status.LOCALLY_CANCELLED
             else:
                 status, details = code_from_int(code, details)
             self._status = (status, details, tmd)
@@ -355,7 +349,7 @@ class FastCall:
                 if self._core.try_send(payload, half_close, True) == 1:
                     return True
                 if not self._core.done():
-                    self._core.cancel(_DEADLINE_INT, "Deadline Exceeded")
+                    self._core.cancel(_status.DEADLINE_EXCEEDED, "Deadline Exceeded")
                 return False
             fut = self._future()
             timer = self._loop.call_later(delay, _set_done, fut)
@@ -398,7 +392,7 @@ class FastCall:
         status = (grpc.StatusCode.RESOURCE_EXHAUSTED, received_too_large(n, self.max_response),
                   ended[2] if ended is not None else [])
         self._status = status
-        self._core.cancel(_RESOURCE_EXHAUSTED_INT, status[1])
+        self._core.cancel(_status.RESOURCE_EXHAUSTED, status[1])
         await self._raise_for_status()
 
     def _drained(self) -> bool:
@@ -570,7 +564,7 @@ def _send_request(call: FastCall, core: Any, request: Any) -> None:
         sent = core.try_send(request, True)
     except TypeError as e:  # not a buffer: the server never hears of the call
         call._send_error = e
-        core.cancel(_INTERNAL_INT, str(e))
+        core.cancel(_status.INTERNAL, str(e))
         return
     if sent < 0:
         call._sender = call._loop.create_task(call._send(request, True))
@@ -600,7 +594,7 @@ def _update_response_style(call: Any, style: int) -> None:
     if call._response_style == _UNKNOWN_STYLE:
         call._response_style = style
     elif call._response_style != style:
-        raise aio.UsageError(_API_STYLE_ERROR)
+        raise aio.UsageError(_status.MIXED_APIS)
 
 
 async def _read_message(call: Any) -> Any:
@@ -660,7 +654,7 @@ def _init_requests(call: Any, request_iterator: Any, serializer: Optional[Callab
 
 async def _write_one(call: Any, request: Any) -> None:
     if call.done():
-        raise asyncio.InvalidStateError(_ALREADY_FINISHED)
+        raise asyncio.InvalidStateError(_status.RPC_FINISHED)
     if call._done_writing_flag:
         raise asyncio.InvalidStateError(_HALF_CLOSED)
     payload = serialize(call._serializer, request)
@@ -673,9 +667,9 @@ async def _write_one(call: Any, request: Any) -> None:
             # As grpc.aio: the write fails with core's words; the call ends with grpc's
             # limit, except a stream-stream call, whose pending read gets core's words.
             if call.over_limit_ends_in_core_error:
-                call._core.cancel(_INTERNAL_INT, _CORE_WRITE_FAILED)
+                call._core.cancel(_status.INTERNAL, _CORE_WRITE_FAILED)
             else:
-                call._core.cancel(_RESOURCE_EXHAUSTED_INT, too_large_details(n, call.max_send))
+                call._core.cancel(_status.RESOURCE_EXHAUSTED, too_large_details(n, call.max_send))
             raise rpc_error(grpc.StatusCode.INTERNAL, _CORE_WRITE_FAILED)
     if not await call._send(payload):
         await call._raise_for_status()
@@ -712,13 +706,13 @@ async def _done_writing(call: Any) -> None:
 
 async def _write(self: Any, request: Any) -> None:
     if self._request_style != _READER_WRITER_STYLE:
-        raise aio.UsageError(_API_STYLE_ERROR)
+        raise aio.UsageError(_status.MIXED_APIS)
     await _write_one(self, request)
 
 
 async def _public_done_writing(self: Any) -> None:
     if self._request_style != _READER_WRITER_STYLE:
-        raise aio.UsageError(_API_STYLE_ERROR)
+        raise aio.UsageError(_status.MIXED_APIS)
     await _done_writing(self)
 
 
@@ -744,7 +738,7 @@ class FailedCall:
     @staticmethod
     def cancelled_call(kind: str) -> Any:
         """A call cancelled before it started, as by close() of its channel."""
-        return _FAILED[kind](rpc_error(_CANCELLED, LOCAL_CANCEL), True)
+        return _FAILED[kind](rpc_error(_CANCELLED, _status.LOCALLY_CANCELLED), True)
 
     def _raise(self) -> NoReturn:
         if self._cancelled:
@@ -799,7 +793,7 @@ class FailedCall:
         self._raise()
 
     async def write(self, request: Any) -> None:
-        raise asyncio.InvalidStateError(_ALREADY_FINISHED)
+        raise asyncio.InvalidStateError(_status.RPC_FINISHED)
 
     async def done_writing(self) -> None:
         return None

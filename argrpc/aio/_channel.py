@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional, cast
 import grpc
 from grpc import aio
 
+from .. import _status
 from .._bases import (AioStreamStreamBase, AioStreamUnaryBase, AioUnaryStreamBase,
                       AioUnaryUnaryBase)
 from .. import _bootstrap, _config, _grpc_log, _grpc_originals, _grpc_payloads, _metrics_hooks
@@ -216,9 +217,9 @@ class Channel(NegotiationState, aio.Channel):
             self._closed = True
             fast, self._closing_fast = self._closing_fast, None
             if fast is not None:
-                self._let_go(fast, _call.CHANNEL_CLOSED)
+                self._let_go(fast, _status.CHANNEL_CLOSED)
             if self._balancer is not None:
-                self._balancer.close(_call.CHANNEL_CLOSED)  # their gRPC channels closed above
+                self._balancer.close(_status.CHANNEL_CLOSED)  # their gRPC channels closed above
 
     def call_ended(self) -> None:
         """A fast-path call ended while close(grace) waits for them."""
@@ -266,11 +267,11 @@ class Channel(NegotiationState, aio.Channel):
             for fast in (self._fast, self._closing_fast):
                 if fast is not None:
                     self.closing = self._closed = True
-                    self._let_go(fast, _call.CHANNEL_CLOSED)
+                    self._let_go(fast, _status.CHANNEL_CLOSED)
             self._fast = self._closing_fast = None
             balancer = self._balancer
             if balancer is not None and not balancer.closed:
-                balancer.close(_call.CHANNEL_CLOSED)
+                balancer.close(_status.CHANNEL_CLOSED)
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
 
@@ -388,7 +389,7 @@ class _MultiCallable:
             except InvalidMetadataError as e:
                 _grpc_log.AIO.error("%s", e)
                 return _call.FailedCall.make(self._kind, _call.rpc_error(
-                    grpc.StatusCode.INTERNAL, "Invalid metadata"))
+                    grpc.StatusCode.INTERNAL, _status.INVALID_METADATA))
             except TypeError:
                 b = None  # grpc.aio's own TypeError, raised where the call is awaited
             else:

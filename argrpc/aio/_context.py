@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, NoReturn, Optional, Protocol, Sequenc
 import grpc
 from grpc import aio
 
+from .. import _status
 from .. import _grpc_log, _metadata
 from .._context import FastPathPeer
 
@@ -44,16 +45,7 @@ class ServerSide(Protocol):
     async def _intercepted_handler(self, state: "RpcState"
                                    ) -> Optional[grpc.RpcMethodHandler[Any, Any]]: ...
 
-_OK = grpc.StatusCode.OK.value[0]
-_UNKNOWN = grpc.StatusCode.UNKNOWN.value[0]
-_CANCELLED = grpc.StatusCode.CANCELLED.value[0]
-_INTERNAL = grpc.StatusCode.INTERNAL.value[0]
-_RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
-_DATA_LOSS = grpc.StatusCode.DATA_LOSS.value[0]
 
-_RPC_FINISHED_DETAILS = "RPC already finished."
-_SERVER_STOPPED_DETAILS = "Server already stopped."
-_INVALID_METADATA = "Invalid metadata"
 _TYPE_METADATA_STRING = "Tuple[Tuple[str, Union[str, bytes]]...]"
 
 # A send the engine cannot take yet is retried when the call's watch fires (stream
@@ -83,12 +75,12 @@ class ServerStoppedError(aio.BaseError):
 def status_code_int(code: Any) -> int:
     """grpc.aio's get_status_code: a StatusCode or an int in range; else UNKNOWN."""
     if isinstance(code, int):
-        return code if _OK <= code <= _DATA_LOSS else _UNKNOWN
+        return code if _status.OK <= code <= _status.DATA_LOSS else _status.UNKNOWN
     try:
         value: int = code.value[0]
         return value
     except (KeyError, AttributeError, TypeError, IndexError):
-        return _UNKNOWN
+        return _status.UNKNOWN
 
 
 def check_trailing_metadata(metadata: Any) -> None:
@@ -194,7 +186,7 @@ class RpcState:
         self.abort_exception: Optional[BaseException] = None
         self.metadata_sent = False
         self.status_sent = False
-        self.status_code = _OK
+        self.status_code = _status.OK
         self.py_status_code: Any = None
         self.status_details = ""
         self.trailing_metadata: tuple[Any, ...] = ()
@@ -288,8 +280,8 @@ class RpcState:
             # the failed batch.
             _LOGGER.error("invalid initial metadata: %s", exc)
             self.status_sent = True
-            await self._finish(_INTERNAL, _INVALID_METADATA, [], None)
-            raise ExecuteBatchError(_INVALID_METADATA) from None
+            await self._finish(_status.INTERNAL, _status.INVALID_METADATA, [], None)
+            raise ExecuteBatchError(_status.INVALID_METADATA) from None
         if not self.sc.send_initial_metadata(md):
             await self._ended()
 
@@ -301,7 +293,7 @@ class RpcState:
             md = _metadata.to_core(trailing)
         except (ValueError, TypeError) as exc:  # InvalidMetadataError is a ValueError
             _LOGGER.error("invalid trailing metadata: %s", exc)
-            code, details, md, message = _INTERNAL, _INVALID_METADATA, [], None
+            code, details, md, message = _status.INTERNAL, _status.INVALID_METADATA, [], None
         await self._finish(code, details, md, message)
 
     def try_send_status(self, message: Any) -> bool:
@@ -339,7 +331,7 @@ class RpcState:
         """grpc's core fails an oversized send with RESOURCE_EXHAUSTED; the handler sees
         its batch fail."""
         self.status_sent = True
-        await self._finish(_RESOURCE_EXHAUSTED, why, [], None)
+        await self._finish(_status.RESOURCE_EXHAUSTED, why, [], None)
         raise ExecuteBatchError(why)
 
     # --- grpc.aio's RPCState ----------------------------------------------------------
@@ -347,9 +339,9 @@ class RpcState:
         if self.abort_exception is not None:
             raise self.abort_exception
         if self.status_sent:
-            raise aio.UsageError(_RPC_FINISHED_DETAILS)
+            raise aio.UsageError(_status.RPC_FINISHED)
         if self.server._is_stopped():
-            raise ServerStoppedError(_SERVER_STOPPED_DETAILS)
+            raise ServerStoppedError(_status.SERVER_STOPPED)
 
     def invocation_metadata(self) -> tuple[Any, ...]:
         # Converted lazily: a registered method without interceptors never looks at it.
@@ -480,7 +472,7 @@ class ServicerContext(FastPathPeer, aio.ServicerContext[Any, Any]):
 
     def cancelled(self) -> bool:
         # grpc.aio's answer: the status this call is to end with is CANCELLED.
-        return self._state.status_code == _CANCELLED
+        return self._state.status_code == _status.CANCELLED
 
 
 class SyncServicerContext:

@@ -12,6 +12,7 @@ from typing import Any, AsyncIterator, Generator, Optional
 import grpc
 from grpc import aio
 
+from .. import _status
 from ._pending import PendingCall, RequestProxy
 
 __all__ = ["intercept", "split"]
@@ -22,7 +23,6 @@ _KINDS = (
     (aio.StreamUnaryClientInterceptor, "stream_unary", "intercept_stream_unary"),
     (aio.StreamStreamClientInterceptor, "stream_stream", "intercept_stream_stream"),
 )
-_ALREADY_FINISHED = "RPC already finished."
 _CALL_CLASS = {"unary_unary": aio.UnaryUnaryCall, "unary_stream": aio.UnaryStreamCall,
                "stream_unary": aio.StreamUnaryCall, "stream_stream": aio.StreamStreamCall}
 
@@ -162,7 +162,7 @@ class _Response(_Outcome, aio.UnaryUnaryCall[Any, Any],  # type: ignore[misc]
         yield  # noqa: unreachable - makes this a generator
 
     async def write(self, request: Any) -> None:
-        raise asyncio.InvalidStateError(_ALREADY_FINISHED)
+        raise asyncio.InvalidStateError(_status.RPC_FINISHED)
 
     async def done_writing(self) -> None:
         return None

@@ -17,12 +17,11 @@ from typing import Any, AsyncIterator, Callable, Coroutine, Generator, Optional,
 import grpc
 from grpc import aio
 
+from .. import _status
+
 __all__ = ["PendingCall"]
 
-_LOCAL_CANCEL = "Locally cancelled by application!"
-_ALREADY_FINISHED = "RPC already finished."
 _HALF_CLOSED = 'RPC is half closed after calling "done_writing".'
-_API_STYLE_ERROR = "The iterator and read/write APIs may not be mixed on a single RPC."
 _FINISH = object()  # the end of a write-style request stream
 
 
@@ -149,7 +148,7 @@ class PendingCall:
         call, error = await self._settled()
         if call is None:
             # an error that ended a call carries its details (grpc's stubs allow None)
-            return cast(str, error.details()) if error is not None else _LOCAL_CANCEL
+            return cast(str, error.details()) if error is not None else _status.LOCALLY_CANCELLED
         return await call.details()
 
     async def debug_error_string(self) -> Optional[str]:
@@ -218,27 +217,27 @@ class _InterceptedStreamRequest(PendingCall):
     async def write(self, request: Any) -> None:
         requests = self._requests
         if requests is None:
-            raise aio.UsageError(_API_STYLE_ERROR)
+            raise aio.UsageError(_status.MIXED_APIS)
         try:
             call = await self._task
         except (asyncio.CancelledError, aio.AioRpcError):
-            raise asyncio.InvalidStateError(_ALREADY_FINISHED) from None
+            raise asyncio.InvalidStateError(_status.RPC_FINISHED) from None
         if call.done():
-            raise asyncio.InvalidStateError(_ALREADY_FINISHED)
+            raise asyncio.InvalidStateError(_status.RPC_FINISHED)
         if getattr(call, "_done_writing_flag", False):
             raise asyncio.InvalidStateError(_HALF_CLOSED)
         await requests.put(request, call)
         if call.done():
-            raise asyncio.InvalidStateError(_ALREADY_FINISHED)
+            raise asyncio.InvalidStateError(_status.RPC_FINISHED)
 
     async def done_writing(self) -> None:
         requests = self._requests
         if requests is None:
-            raise aio.UsageError(_API_STYLE_ERROR)
+            raise aio.UsageError(_status.MIXED_APIS)
         try:
             call = await self._task
         except asyncio.CancelledError:
-            raise asyncio.InvalidStateError(_ALREADY_FINISHED) from None
+            raise asyncio.InvalidStateError(_status.RPC_FINISHED) from None
         await requests.put(_FINISH, call)
 
 

@@ -26,6 +26,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, Sequen
 import grpc
 from grpc import aio
 
+from .. import _status
 from .. import (_bootstrap, _config, _engine, _grpc_originals, _grpc_payloads, _metrics_hooks,
                 _proto, _serving)
 from .._transports import Caller
@@ -67,7 +68,7 @@ class _Stage(enum.Enum):
 
 # --- the gRPC port ----------------------------------------------------------------------
 async def _refuse_over_limit(request_iterator: Any, context: aio.ServicerContext[Any, Any]) -> None:
-    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, _serving.OVER_LIMIT_DETAILS)
+    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, _status.OVER_LIMIT)
 
 
 # Request-streaming, so grpc.aio runs it without waiting for a request message.
@@ -307,7 +308,7 @@ class Server(aio.Server):
         try:
             core = self._core
             if core is not None:
-                core.cancel_all(_serving.STOP_CODE, _serving.STOP_DETAILS)
+                core.cancel_all(_status.STOP_CODE, _status.STOPPED)
             states = list(self._calls.values())
             for state in states:
                 state.close_from_peer()

@@ -18,17 +18,13 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, 
 import grpc
 from grpc import aio
 
+from .. import _status
 from .. import _grpc_log
-from .._serving import OVER_LIMIT_DETAILS
 from ._context import (ExecuteBatchError, RpcState, ServerSide, ServerStoppedError, ServicerContext,
                        SyncServicerContext, deserialize, serialize)
 
 _LOGGER = _grpc_log.AIO
 
-_OK = grpc.StatusCode.OK.value[0]
-_UNKNOWN = grpc.StatusCode.UNKNOWN.value[0]
-_UNIMPLEMENTED = grpc.StatusCode.UNIMPLEMENTED.value[0]
-_RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
 
 
 _ASYNC_SEEN: dict[Any, bool] = {}
@@ -134,12 +130,12 @@ async def _unary_response(state: RpcState, behavior: Any, request: Any,
             callback()
     state.raise_for_termination()
     raw = None
-    if state.status_code == _OK:
+    if state.status_code == _status.OK:
         raw = serialize(serializer, response)
         too_big = state.check_size(raw)
         if too_big is not None:
             state.status_sent = True
-            await state.send_status(_RESOURCE_EXHAUSTED, too_big, ())
+            await state.send_status(_status.RESOURCE_EXHAUSTED, too_big, ())
             return
     # A response beside an error status is dropped by every client: not sent.
     state.metadata_sent = True
@@ -212,12 +208,12 @@ async def _handle_rpc(server: ServerSide, state: RpcState, refused: bool) -> Non
         else await server._intercepted_handler(state)
     if handler is None:
         state.status_sent = True
-        await state.send_status(_UNIMPLEMENTED, "Method not found!", ())
+        await state.send_status(_status.UNIMPLEMENTED, "Method not found!", ())
         return
     if refused:
         # Over maximum_concurrent_rpcs: the interceptors saw it, then grpc's status.
         state.status_sent = True
-        await state.send_status(_RESOURCE_EXHAUSTED, OVER_LIMIT_DETAILS, ())
+        await state.send_status(_status.RESOURCE_EXHAUSTED, _status.OVER_LIMIT, ())
         return
     await _handle(state, handler)
 
@@ -251,7 +247,7 @@ async def serve(server: ServerSide, state: RpcState, refused: bool = False) -> N
                           type(exc).__name__, method)
         if not state.status_sent and not state.client_closed and not server._is_stopped():
             # A code the handler set wins over UNKNOWN.
-            code = _UNKNOWN if state.status_code == _OK else state.status_code
+            code = _status.UNKNOWN if state.status_code == _status.OK else state.status_code
             state.status_sent = True
             try:
                 details = "Unexpected %s: %s" % (type(exc), exc)
