@@ -18,7 +18,7 @@
 #include "engine/connection.h"
 #include "engine/engine.h"
 #include "engine/server.h"
-#include "tunables.h"
+#include "engine_config.h"
 
 namespace argrpc {
 struct ShmPeer;
@@ -318,6 +318,7 @@ T get_or(const pybind11::dict& d, const char* key, T dflt) {
 // config.cc: the structs from argrpc._config's dicts, checked against the knobs' bounds.
 EngineConfig engine_config(const pybind11::dict& d);
 ConnConfig conn_config(const pybind11::dict& d);
+VerbsConfig verbs_config(const pybind11::dict& d);
 void add_config(pybind11::module_& m);      // config.cc: _config_defaults
 void add_heap_stats(pybind11::module_& m);  // heap_stats.cc: _heap_stats
 void add_buffers(pybind11::module_& m);     // buffers.cc: RecvBuffer
