@@ -26,8 +26,10 @@ void read_knob(const py::dict& d, const char* field, const knobs::Knob& k, T& ou
   const int64_t v = int64_t(out);
   if (k.zero_off && v == 0) return;
   const bool pow2_ok = !k.power_of_two || power_of_two(uint64_t(v));
-  const std::string extra = std::string(k.power_of_two ? std::string(": ") + field + " must be a power of two" : "") +
-                            (k.zero_off ? " or 0 (off)" : "");
+  if (pow2_ok && in_bounds(k, v)) return;
+  std::string extra;
+  if (k.power_of_two) extra += std::string(": ") + field + " must be a power of two";
+  if (k.zero_off) extra += " or 0 (off)";
   check_knob(k, v, pow2_ok, extra.c_str());
 }
 
