@@ -16,6 +16,9 @@ from typing import Any, Iterable, Literal, Mapping
 __all__ = [
     "Config",
     "ConfigError",
+    "ENGINE_ARGS",
+    "ENGINE_STRUCTS",
+    "EngineArg",
     "FIXED",
     "LIMITS",
     "KNOBS",
@@ -96,8 +99,9 @@ class Knob:
     """One TF_RDMA_* variable: everything argrpc and its engine know about it.
 
     Declared once, as the metadata of its `Config` field. The README table, the
-    validation and its messages, and the engine's header `csrc/knobs.h` (defaults and
-    bounds the C++ side uses) are all generated from these records.
+    validation and its messages, and the engine's header `csrc/knobs.h` (defaults, bounds
+    and the fields of the config struct named by `engine`) are all generated from these
+    records.
     """
 
     name: str
@@ -115,7 +119,13 @@ class Knob:
     zero_off: bool = False        # 0 is accepted too and means off
     also: str = ""                # a limit that depends on another knob, checked by load()
     default_text: str = ""        # when the default is decided at run time
+    ctype: str = ""               # C++ type of the engine's field ("": from the kind)
     field: str = ""               # the Config field (set from the dataclass)
+
+    @property
+    def cxx_type(self) -> str:
+        """The C++ type of the field in the engine's config struct."""
+        return self.ctype or {"bool": "bool", "size": "size_t"}.get(self.kind, "int")
 
     @property
     def process_wide(self) -> bool:
@@ -235,119 +245,106 @@ class Config:
 
     enabled: bool = _knob(
         "TF_RDMA_ENABLED", "bool", True,
-        "`false`: every channel and server is plain gRPC")
+        "`false`: every channel and server is plain gRPC.")
     transport: str = _knob(
         "TF_RDMA_TRANSPORT", "choice", "auto",
-        "`auto`: shared memory on one host, RDMA verbs across hosts when both ends have "
-        "a usable device, else gRPC; `verbs`/`shm`: require that transport, also on one "
-        "host (calls fail UNAVAILABLE with the reason instead of falling back); `grpc`: "
-        "never use a fast path. `argrpc doctor --target HOST:PORT` tells which one a "
-        "channel gets and why", choices=TRANSPORTS)
+        "Which fast path to use: `auto` (shared memory on one host, RDMA verbs across hosts "
+        "when both ends have a usable device, else gRPC), `verbs` or `shm` (required: calls "
+        "fail UNAVAILABLE instead of falling back) or `grpc` (none).", choices=TRANSPORTS)
     dev_name: str | None = _knob(
         "TF_RDMA_DEV_NAME", "name", None,
-        "RDMA device used by the verbs fabric; a named device that is missing or has no "
-        "ACTIVE port is an error, not a fallback",
+        "RDMA device the verbs fabric uses; a named device that is missing or has no ACTIVE "
+        "port is an error, not a fallback.",
         what="non-empty RDMA device name such as mlx5_0",
         default_text="the device whose GID carries this host's address on the route to the "
                      "peer; without one, `mlx5_0` if present, else the first device with an "
                      "ACTIVE port")
     port_num: int | None = _knob(
         "TF_RDMA_PORT_NUM", "int", None,
-        "port of the RDMA device (verbs only); a named port that is not ACTIVE is an error",
+        "Port number on the RDMA device (verbs only); a named port that is not ACTIVE is an "
+        "error.",
         lo=1, hi=255, auto="the device's first ACTIVE port", what="port number")
     gid_index: int | None = _knob(
         "TF_RDMA_GID_INDEX", "int", None,
-        "GID table index used as the source address of the verbs queue pairs",
+        "GID table index used as the source address of the verbs queue pairs.",
         lo=0, hi=65535, what="GID table index",
         auto="the RoCE GID holding this host's address on the route to the peer; without "
              "one, RoCEv2 with an IPv4-mapped address, else RoCEv2, else RoCEv1, else "
              "InfiniBand (LID)")
     qps: int = _knob(
         "TF_RDMA_QPS", "int", 1,
-        "RC queue pairs per verbs connection: rendezvous reads are spread over them. "
-        "Across two Soft-RoCE hosts one moved 64 MiB at 135 % of ib_write_bw and two at "
-        "36 %: two queue pairs' READ answers at once overran the reading host and were "
-        "retransmitted (docs/benchmarks.md); in one host 1, 2 and 4 measured equal. Raise "
-        "it where one queue pair does not fill the link",
+        "RC queue pairs per verbs connection, over which rendezvous reads are spread; raise "
+        "it where one queue pair does not fill the link.",
         lo=1, hi=16, engine="VerbsConfig")
     qp_timeout: int = _knob(
         "TF_RDMA_QP_TIMEOUT", "int", 18,
-        "verbs local ACK timeout exponent: a queue pair waits 4.096 µs × 2^value for an "
-        "acknowledgement before it retries (18: 1.07 s). A busy peer host acks late (two "
-        "loaded Soft-RoCE hosts exceeded 7 × 67 ms, the value 14 gives): lower it only "
-        "where acks are prompt, to find dead peers sooner",
+        "Verbs local ACK timeout exponent: a queue pair waits 4.096 µs × 2^value for an "
+        "acknowledgement before it retries (18: 1.07 s). Lower it only where peers ack "
+        "promptly.",
         lo=1, hi=31, engine="VerbsConfig")
     qp_retry: int = _knob(
         "TF_RDMA_QP_RETRY", "int", 6,
-        "verbs transport and RNR retries before a send fails; with the timeout they bound "
-        "how long a dead peer's connection takes to fail (7 × 1.07 s at the defaults; 7 "
-        "makes RNR retries endless, leaving it to the keepalive)",
+        "Verbs transport and RNR retries before a send fails (7: RNR retries never end); "
+        "with the timeout it bounds how long a dead peer's connection takes to fail.",
         lo=0, hi=7, engine="VerbsConfig")
     cq_depth: int = _knob(
         "TF_RDMA_CQ_DEPTH", "int", 8192,
-        "completion queue entries per verbs connection, shared by its receive slots "
-        "(1024) and its queue pairs' send queues (capped at the device's max_cqe; too "
-        "few for 16 sends per queue pair is an error that names this variable)",
+        "Completion queue entries per verbs connection, shared by its receive slots and its "
+        "queue pairs' send queues (capped at the device's max_cqe).",
         lo=256, hi=4194304, engine="VerbsConfig")
     chunk_size: int = _knob(
         "TF_RDMA_CHUNK_SIZE", "size", 4 * MiB,
-        "rendezvous chunk size: large messages are pulled in chunks of this size",
+        "Rendezvous chunk size in bytes: large messages are pulled in chunks of this size.",
         lo=64 * KiB, hi=1 * GiB, engine="ConnConfig")
     acc_size: int = _knob(
         "TF_RDMA_ACC_SIZE", "size", 8 * KiB,
-        "eager/coalescing size: smaller messages are batched into one write, larger "
-        "ones go rendezvous",
+        "Eager (coalescing) limit in bytes: smaller messages are batched into one write, "
+        "larger ones go rendezvous.",
         lo=1 * KiB, hi=1 * MiB, also="at most TF_RDMA_RING_SIZE/4", engine="ConnConfig")
     buf_size: int = _knob(
         "TF_RDMA_BUF_SIZE", "size", 1 * GiB,
-        "registered, pre-faulted buffer pool of the process (any size in range, not only "
-        "whole GiB); process-wide: environment only",
+        "Size in bytes of the process's registered, pre-faulted buffer pool; process-wide: "
+        "environment only.",
         lo=64 * MiB, hi=64 * GiB, scope="process", engine="EngineConfig")
     ring_size: int = _knob(
         "TF_RDMA_RING_SIZE", "size", 1 * MiB,
-        "receive ring per connection and direction",
+        "Receive ring size in bytes, per connection and direction.",
         lo=64 * KiB, hi=256 * MiB, power_of_two=True, engine="ConnConfig")
     spin_us: int = _knob(
         "TF_RDMA_SPIN_US", "int", 50,
-        "how long a waiting thread spins (yielding) before it blocks; process-wide: "
-        "environment only",
+        "Microseconds a waiting thread spins (yielding) before it blocks; process-wide: "
+        "environment only.",
         lo=0, hi=100000, what="integer number of microseconds", scope="process",
         engine="EngineConfig")
     reads_in_flight: int = _knob(
         "TF_RDMA_READS_IN_FLIGHT", "int", 4,
-        "rendezvous chunks pulled concurrently per message",
+        "Rendezvous chunks pulled concurrently per message.",
         lo=1, hi=64, engine="ConnConfig")
     stream_window: int = _knob(
         "TF_RDMA_STREAM_WINDOW", "size", 1 * MiB,
-        "eager bytes one stream may have unread at the receiver (flow control)",
+        "Eager bytes one stream may have unread at the receiver (flow control).",
         lo=64 * KiB, hi=1 * GiB, engine="ConnConfig")
     keepalive_timeout_ms: int = _knob(
         "TF_RDMA_KEEPALIVE_TIMEOUT_MS", "int", 10000,
-        "a PING the peer leaves unanswered this long fails the connection and its calls "
-        "(UNAVAILABLE): the peer died where the fabric cannot tell, or it hangs. Anything "
-        "the peer's process writes (a batch, returned ring credits) answers it; raise it "
-        "for peers whose handlers hold the GIL or whose CPUs are starved for longer",
-        lo=1000, hi=3_600_000, what="integer number of milliseconds", engine="ConnConfig")
+        "Milliseconds a PING may go unanswered before the connection and its calls fail "
+        "(UNAVAILABLE); raise it for peers whose handlers hold the GIL or whose CPUs are "
+        "starved for longer.",
+        lo=1000, hi=3_600_000, what="integer number of milliseconds", engine="ConnConfig",
+        ctype="uint32_t")
     zero_copy_min: int = _knob(
         "TF_RDMA_ZERO_COPY_MIN", "size", 1 * MiB,
-        "shm only: a received message at least this big is handed to the deserializer "
-        "as a read-only view of the sender's pool block (one copy fewer); the sender's "
-        "block returns when the view is released. At most 1/4 of the sender's pool is "
-        "lent per connection, beyond that messages are copied",
+        "Shm only: a received message of at least this many bytes is handed to the "
+        "deserializer as a read-only view of the sender's pool block instead of a copy.",
         lo=4 * KiB, hi=64 * GiB, zero_off=True, engine="ConnConfig")
     over_tls: bool = _knob(
         "TF_RDMA_OVER_TLS", "bool", False,
         "`true`: allow the fast path for `secure_channel`/`add_secure_port` (the "
-        "shared-memory data path is not encrypted)")
+        "shared-memory data path is not encrypted).")
     malloc_tuning: bool = _knob(
         "TF_RDMA_MALLOC_TUNING", "bool", True,
-        "`true`: keep freed heap memory for reuse so protobuf's fresh multi-MiB "
-        "buffers do not page-fault on every message: when argrpc is imported, one glibc "
-        "heap for threads that allocate from then on (`M_ARENA_MAX`=1), and when the fast "
-        "path starts `M_MMAP_THRESHOLD`=32M, `M_MMAP_MAX`=0 (blocks of any size come "
-        "from the heap), `M_TRIM_THRESHOLD`=384M, and what the heap keeps free is capped "
-        "at 384M (the malloc_retain_max limit); "
-        "`false`: leave malloc alone; process-wide: environment only",
+        "`true`: tune glibc malloc to keep freed heap memory for reuse (see the malloc_* "
+        "limits), so protobuf's multi-MiB buffers do not page-fault on every message; "
+        "process-wide: environment only.",
         scope="process", engine="EngineConfig")
 
 
@@ -385,12 +382,17 @@ class Fixed:
     value: int | float
     meaning: str
     engine: bool = False   # the C++ engine uses it (generated into csrc/knobs.h)
+    struct: str = ""       # the engine's config struct that carries it as a field, if any
+    ctype: str = ""        # that field's C++ type
     field: str = ""
 
 
-def _fixed(value: int | float, meaning: str, engine: bool = False) -> Any:
+def _fixed(value: int | float, meaning: str, engine: bool = False, struct: str = "",
+           ctype: str = "") -> Any:
+    assert bool(struct) == bool(ctype) and (engine or not struct), meaning
     return dataclasses.field(default=value, metadata={
-        "fixed": Fixed(value=value, meaning=meaning, engine=engine)})
+        "fixed": Fixed(value=value, meaning=meaning, engine=engine, struct=struct,
+                       ctype=ctype)})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -427,16 +429,19 @@ class Limits:
         "keepalives fails the connection (the peer stopped reading)", engine=True)
     keepalive_ms: int = _fixed(
         1000, "a connection with calls in flight that heard nothing from its peer for "
-        "this long sends a PING", engine=True)
+        "this long sends a PING", engine=True,
+        struct="ConnConfig", ctype="uint32_t")
     idle_keepalive_ms: int = _fixed(
         2000, "the same for an idle connection on a fabric without a liveness fd (verbs), "
-        "so a peer that died between calls is found before the next call", engine=True)
+        "so a peer that died between calls is found before the next call", engine=True,
+        struct="ConnConfig", ctype="uint32_t")
     interrupt_poll_ms: int = _fixed(
         50, "a sleeping wait on the main thread runs Python's signal handlers this often",
         engine=True)
     cq_slots: int = _fixed(
         1024, "eager batches a connection may have in flight before the receiver "
-        "consumes them", engine=True)
+        "consumes them", engine=True,
+        struct="ConnConfig", ctype="uint32_t")
     credit_owe_fraction: int = _fixed(
         8, "verbs: ring credits a reader may owe, as a fraction of its ring and of its "
         "receive slots, before it returns them (each return is an RDMA write and an ACK of "
@@ -487,39 +492,66 @@ class Limits:
         "sides' rings both ways, so a server with many clients pins little per connection",
         engine=True)
     pull_ahead: int = _fixed(
-        2, "large messages pulled ahead of the reader per stream", engine=True)
+        2, "large messages pulled ahead of the reader per stream", engine=True,
+        struct="ConnConfig", ctype="int")
     slab_size: int = _fixed(
         16 * MiB, "the buffer pool's first growth step (pre-faulted); later steps double",
-        engine=True)
+        engine=True,
+        struct="EngineConfig", ctype="size_t")
     parallel_copy_min: int = _fixed(
-        2 * MiB, "copies at least this big use two threads", engine=True)
+        2 * MiB, "copies at least this big use two threads", engine=True,
+        struct="EngineConfig", ctype="size_t")
     malloc_mmap_threshold: int = _fixed(
         32 * MiB, "glibc M_MMAP_THRESHOLD under TF_RDMA_MALLOC_TUNING (glibc's maximum)",
-        engine=True)
+        engine=True,
+        struct="EngineConfig", ctype="size_t")
     malloc_trim_threshold: int = _fixed(
         384 * MiB, "glibc M_TRIM_THRESHOLD under TF_RDMA_MALLOC_TUNING: a free top of the "
         "heap above it goes back at once; at 64 MiB a protobuf client frees 256 MiB there "
-        "between calls (upb's 128 MiB encode block and two 64 MiB messages)", engine=True)
+        "between calls (upb's 128 MiB encode block and two 64 MiB messages)", engine=True,
+        struct="EngineConfig", ctype="size_t")
     malloc_mmap_max: int = _fixed(
         0, "glibc M_MMAP_MAX under TF_RDMA_MALLOC_TUNING: no block is a mapping of its own, "
         "so blocks above the 32M threshold (a 64 MiB protobuf message's buffers) are reused "
         "from the heap instead of mapped and page-faulted afresh for every message; what the "
-        "heap keeps is bounded by malloc_retain_max", engine=True)
+        "heap keeps is bounded by malloc_retain_max", engine=True,
+        struct="EngineConfig", ctype="int")
     malloc_arena_max: int = _fixed(
         1, "glibc M_ARENA_MAX under TF_RDMA_MALLOC_TUNING (set when argrpc is imported, "
         "again when the fast path starts): threads that first allocate after that share "
         "the main heap instead of per-thread ones, which map anything near 64M afresh "
-        "every time", engine=True)
+        "every time", engine=True,
+        struct="EngineConfig", ctype="int")
     malloc_retain_max: int = _fixed(
         384 * MiB, "under TF_RDMA_MALLOC_TUNING, freed heap memory kept for reuse: when a "
         "message of at least malloc_mmap_threshold is sent or received and the heap holds "
-        "more than this free, argrpc gives all of it back (glibc malloc_trim(0), about "
-        "0.25 ms per MiB given back); again 0.1, 1 and 10 s after such messages stop. A message "
+        "more than this free, argrpc gives all of it back (glibc malloc_trim(0)); again 0.1, 1 and 10 s after such messages stop. A message "
         "above a quarter of this gives all free memory back at those checks, whatever the "
-        "amount (its buffers could not be kept anyway)", engine=True)
+        "amount (its buffers could not be kept anyway)", engine=True,
+        struct="EngineConfig", ctype="size_t")
 
 
 LIMITS = Limits()
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineArg:
+    """A field of an engine config struct that is neither a knob nor fixed: Python passes
+    it from the channel's or server's grpc options."""
+
+    struct: str
+    field: str
+    ctype: str
+    default: int
+    meaning: str
+
+
+ENGINE_ARGS: tuple[EngineArg, ...] = (
+    EngineArg("ConnConfig", "max_recv", "int64_t", GRPC_DEFAULT_MAX_RECV,
+              "grpc.max_receive_message_length (-1: unlimited)"),
+)
+# The engine's config structs (csrc/engine_config.h), whose fields csrc/knobs.h lists.
+ENGINE_STRUCTS = ("EngineConfig", "ConnConfig", "VerbsConfig")
 FIXED: tuple[Fixed, ...] = tuple(dataclasses.replace(f.metadata["fixed"], field=f.name)
                                  for f in dataclasses.fields(Limits))
 

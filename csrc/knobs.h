@@ -6,80 +6,72 @@
 namespace argrpc::knobs {
 
 // A TF_RDMA_* variable the engine uses: its name (for error messages), default and
-// inclusive bounds. Python validates user input against the same bounds.
+// inclusive bounds, whether it must be a power of two and whether 0 means off. Python
+// validates user input against the same bounds.
 struct Knob {
   const char* name;
   int64_t def, lo, hi;
+  bool power_of_two, zero_off;
 };
 
-// VerbsConfig::qps: RC queue pairs per verbs connection: rendezvous reads are spread over
-// them. Across two Soft-RoCE hosts one moved 64 MiB at 135 % of ib_write_bw and two at 36
-// %: two queue pairs' READ answers at once overran the reading host and were
-// retransmitted (docs/benchmarks.md); in one host 1, 2 and 4 measured equal. Raise it
-// where one queue pair does not fill the link
-inline constexpr Knob kQps{"TF_RDMA_QPS", 1, 1, 16};
+// VerbsConfig::qps: RC queue pairs per verbs connection, over which rendezvous reads are
+// spread; raise it where one queue pair does not fill the link.
+inline constexpr Knob kQps{"TF_RDMA_QPS", 1, 1, 16, false, false};
 
-// VerbsConfig::qp_timeout: verbs local ACK timeout exponent: a queue pair waits 4.096 µs
-// × 2^value for an acknowledgement before it retries (18: 1.07 s). A busy peer host acks
-// late (two loaded Soft-RoCE hosts exceeded 7 × 67 ms, the value 14 gives): lower it only
-// where acks are prompt, to find dead peers sooner
-inline constexpr Knob kQpTimeout{"TF_RDMA_QP_TIMEOUT", 18, 1, 31};
+// VerbsConfig::qp_timeout: Verbs local ACK timeout exponent: a queue pair waits 4.096 µs
+// × 2^value for an acknowledgement before it retries (18: 1.07 s). Lower it only where
+// peers ack promptly.
+inline constexpr Knob kQpTimeout{"TF_RDMA_QP_TIMEOUT", 18, 1, 31, false, false};
 
-// VerbsConfig::qp_retry: verbs transport and RNR retries before a send fails; with the
-// timeout they bound how long a dead peer's connection takes to fail (7 × 1.07 s at the
-// defaults; 7 makes RNR retries endless, leaving it to the keepalive)
-inline constexpr Knob kQpRetry{"TF_RDMA_QP_RETRY", 6, 0, 7};
+// VerbsConfig::qp_retry: Verbs transport and RNR retries before a send fails (7: RNR
+// retries never end); with the timeout it bounds how long a dead peer's connection takes
+// to fail.
+inline constexpr Knob kQpRetry{"TF_RDMA_QP_RETRY", 6, 0, 7, false, false};
 
-// VerbsConfig::cq_depth: completion queue entries per verbs connection, shared by its
-// receive slots (1024) and its queue pairs' send queues (capped at the device's max_cqe;
-// too few for 16 sends per queue pair is an error that names this variable)
-inline constexpr Knob kCqDepth{"TF_RDMA_CQ_DEPTH", 8192, 256, 4194304};
+// VerbsConfig::cq_depth: Completion queue entries per verbs connection, shared by its
+// receive slots and its queue pairs' send queues (capped at the device's max_cqe).
+inline constexpr Knob kCqDepth{"TF_RDMA_CQ_DEPTH", 8192, 256, 4194304, false, false};
 
-// ConnConfig::chunk_size: rendezvous chunk size: large messages are pulled in chunks of
-// this size
-inline constexpr Knob kChunkSize{"TF_RDMA_CHUNK_SIZE", 4194304, 65536, 1073741824};
+// ConnConfig::chunk_size: Rendezvous chunk size in bytes: large messages are pulled in
+// chunks of this size.
+inline constexpr Knob kChunkSize{"TF_RDMA_CHUNK_SIZE", 4194304, 65536, 1073741824, false, false};
 
-// ConnConfig::acc_size: eager/coalescing size: smaller messages are batched into one
-// write, larger ones go rendezvous
-inline constexpr Knob kAccSize{"TF_RDMA_ACC_SIZE", 8192, 1024, 1048576};
+// ConnConfig::acc_size: Eager (coalescing) limit in bytes: smaller messages are batched
+// into one write, larger ones go rendezvous.
+inline constexpr Knob kAccSize{"TF_RDMA_ACC_SIZE", 8192, 1024, 1048576, false, false};
 
-// EngineConfig::buf_size: registered, pre-faulted buffer pool of the process (any size in
-// range, not only whole GiB); process-wide: environment only
-inline constexpr Knob kBufSize{"TF_RDMA_BUF_SIZE", 1073741824, 67108864, 68719476736};
+// EngineConfig::buf_size: Size in bytes of the process's registered, pre-faulted buffer
+// pool; process-wide: environment only.
+inline constexpr Knob kBufSize{"TF_RDMA_BUF_SIZE", 1073741824, 67108864, 68719476736, false, false};
 
-// ConnConfig::ring_size: receive ring per connection and direction
-inline constexpr Knob kRingSize{"TF_RDMA_RING_SIZE", 1048576, 65536, 268435456};
+// ConnConfig::ring_size: Receive ring size in bytes, per connection and direction.
+inline constexpr Knob kRingSize{"TF_RDMA_RING_SIZE", 1048576, 65536, 268435456, true, false};
 
-// EngineConfig::spin_us: how long a waiting thread spins (yielding) before it blocks;
-// process-wide: environment only
-inline constexpr Knob kSpinUs{"TF_RDMA_SPIN_US", 50, 0, 100000};
+// EngineConfig::spin_us: Microseconds a waiting thread spins (yielding) before it blocks;
+// process-wide: environment only.
+inline constexpr Knob kSpinUs{"TF_RDMA_SPIN_US", 50, 0, 100000, false, false};
 
-// ConnConfig::reads_in_flight: rendezvous chunks pulled concurrently per message
-inline constexpr Knob kReadsInFlight{"TF_RDMA_READS_IN_FLIGHT", 4, 1, 64};
+// ConnConfig::reads_in_flight: Rendezvous chunks pulled concurrently per message.
+inline constexpr Knob kReadsInFlight{"TF_RDMA_READS_IN_FLIGHT", 4, 1, 64, false, false};
 
-// ConnConfig::stream_window: eager bytes one stream may have unread at the receiver (flow
-// control)
-inline constexpr Knob kStreamWindow{"TF_RDMA_STREAM_WINDOW", 1048576, 65536, 1073741824};
+// ConnConfig::stream_window: Eager bytes one stream may have unread at the receiver (flow
+// control).
+inline constexpr Knob kStreamWindow{"TF_RDMA_STREAM_WINDOW", 1048576, 65536, 1073741824, false, false};
 
-// ConnConfig::keepalive_timeout_ms: a PING the peer leaves unanswered this long fails the
-// connection and its calls (UNAVAILABLE): the peer died where the fabric cannot tell, or
-// it hangs. Anything the peer's process writes (a batch, returned ring credits) answers
-// it; raise it for peers whose handlers hold the GIL or whose CPUs are starved for longer
-inline constexpr Knob kKeepaliveTimeoutMs{"TF_RDMA_KEEPALIVE_TIMEOUT_MS", 10000, 1000, 3600000};
+// ConnConfig::keepalive_timeout_ms: Milliseconds a PING may go unanswered before the
+// connection and its calls fail (UNAVAILABLE); raise it for peers whose handlers hold the
+// GIL or whose CPUs are starved for longer.
+inline constexpr Knob kKeepaliveTimeoutMs{"TF_RDMA_KEEPALIVE_TIMEOUT_MS", 10000, 1000, 3600000, false, false};
 
-// ConnConfig::zero_copy_min: shm only: a received message at least this big is handed to
-// the deserializer as a read-only view of the sender's pool block (one copy fewer); the
-// sender's block returns when the view is released. At most 1/4 of the sender's pool is
-// lent per connection, beyond that messages are copied
-inline constexpr Knob kZeroCopyMin{"TF_RDMA_ZERO_COPY_MIN", 1048576, 4096, 68719476736};
+// ConnConfig::zero_copy_min: Shm only: a received message of at least this many bytes is
+// handed to the deserializer as a read-only view of the sender's pool block instead of a
+// copy.
+inline constexpr Knob kZeroCopyMin{"TF_RDMA_ZERO_COPY_MIN", 1048576, 4096, 68719476736, false, true};
 
-// EngineConfig::malloc_tuning: `true`: keep freed heap memory for reuse so protobuf's
-// fresh multi-MiB buffers do not page-fault on every message: when argrpc is imported,
-// one glibc heap for threads that allocate from then on (`M_ARENA_MAX`=1), and when the
-// fast path starts `M_MMAP_THRESHOLD`=32M, `M_MMAP_MAX`=0 (blocks of any size come from
-// the heap), `M_TRIM_THRESHOLD`=384M, and what the heap keeps free is capped at 384M (the
-// malloc_retain_max limit); `false`: leave malloc alone; process-wide: environment only
-inline constexpr Knob kMallocTuning{"TF_RDMA_MALLOC_TUNING", 1, 0, 1};
+// EngineConfig::malloc_tuning: `true`: tune glibc malloc to keep freed heap memory for
+// reuse (see the malloc_* limits), so protobuf's multi-MiB buffers do not page-fault on
+// every message; process-wide: environment only.
+inline constexpr Knob kMallocTuning{"TF_RDMA_MALLOC_TUNING", 1, 0, 1, false, false};
 
 // Fixed limits and timeouts: not settable, each with its reason.
 
@@ -183,10 +175,57 @@ inline constexpr int64_t kMallocArenaMax = 1;
 
 // under TF_RDMA_MALLOC_TUNING, freed heap memory kept for reuse: when a message of at
 // least malloc_mmap_threshold is sent or received and the heap holds more than this free,
-// argrpc gives all of it back (glibc malloc_trim(0), about 0.25 ms per MiB given back);
-// again 0.1, 1 and 10 s after such messages stop. A message above a quarter of this gives
-// all free memory back at those checks, whatever the amount (its buffers could not be
-// kept anyway)
+// argrpc gives all of it back (glibc malloc_trim(0)); again 0.1, 1 and 10 s after such
+// messages stop. A message above a quarter of this gives all free memory back at those
+// checks, whatever the amount (its buffers could not be kept anyway)
 inline constexpr int64_t kMallocRetainMax = 402653184;
 
+// Values Python passes from grpc's options: their defaults.
+
+// ConnConfig::max_recv: grpc.max_receive_message_length (-1: unlimited)
+inline constexpr int64_t kMaxRecv = 4194304;
+
 }  // namespace argrpc::knobs
+
+// Each config struct's fields (csrc/engine_config.h) as X(kind, type, field, constant):
+// KNOB, a knob Python passes and the engine checks against the knob's bounds; FIXED, a
+// fixed limit Python does not pass; ARG, a value Python passes from grpc's options (its
+// constant is the default).
+
+#define ARGRPC_ENGINE_CONFIG_FIELDS(X) \
+  X(KNOB, size_t, buf_size, kBufSize) \
+  X(KNOB, int, spin_us, kSpinUs) \
+  X(KNOB, bool, malloc_tuning, kMallocTuning) \
+  X(FIXED, size_t, slab_size, kSlabSize) \
+  X(FIXED, size_t, parallel_copy_min, kParallelCopyMin) \
+  X(FIXED, size_t, malloc_mmap_threshold, kMallocMmapThreshold) \
+  X(FIXED, size_t, malloc_trim_threshold, kMallocTrimThreshold) \
+  X(FIXED, int, malloc_mmap_max, kMallocMmapMax) \
+  X(FIXED, int, malloc_arena_max, kMallocArenaMax) \
+  X(FIXED, size_t, malloc_retain_max, kMallocRetainMax)
+
+#define ARGRPC_CONN_CONFIG_FIELDS(X) \
+  X(KNOB, size_t, chunk_size, kChunkSize) \
+  X(KNOB, size_t, acc_size, kAccSize) \
+  X(KNOB, size_t, ring_size, kRingSize) \
+  X(KNOB, int, reads_in_flight, kReadsInFlight) \
+  X(KNOB, size_t, stream_window, kStreamWindow) \
+  X(KNOB, uint32_t, keepalive_timeout_ms, kKeepaliveTimeoutMs) \
+  X(KNOB, size_t, zero_copy_min, kZeroCopyMin) \
+  X(FIXED, uint32_t, keepalive_ms, kKeepaliveMs) \
+  X(FIXED, uint32_t, idle_keepalive_ms, kIdleKeepaliveMs) \
+  X(FIXED, uint32_t, cq_slots, kCqSlots) \
+  X(FIXED, int, pull_ahead, kPullAhead) \
+  X(ARG, int64_t, max_recv, kMaxRecv)
+
+#define ARGRPC_VERBS_CONFIG_FIELDS(X) \
+  X(KNOB, int, qps, kQps) \
+  X(KNOB, int, qp_timeout, kQpTimeout) \
+  X(KNOB, int, qp_retry, kQpRetry) \
+  X(KNOB, int, cq_depth, kCqDepth)
+
+// The config structs, as X(struct, its field list).
+#define ARGRPC_CONFIG_STRUCTS(X) \
+  X(EngineConfig, ARGRPC_ENGINE_CONFIG_FIELDS) \
+  X(ConnConfig, ARGRPC_CONN_CONFIG_FIELDS) \
+  X(VerbsConfig, ARGRPC_VERBS_CONFIG_FIELDS)

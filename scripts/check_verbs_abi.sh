@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The verbs ABI check: argrpc declares the part of libibverbs it uses itself
-# (csrc/fabric/verbs/ibv_abi.h), so the extension builds without rdma-core's headers;
+# (csrc/fabric/verbs/ibv_types.h), so the extension builds without rdma-core's headers;
 # this compiles and runs tests/abi/verbs_abi_check.cc, which compares those declarations
 # (sizes, offsets, field types, enum values, function types) with rdma-core's
 # <infiniband/verbs.h> wherever the compiler finds it.
 #
 # Usage: scripts/check_verbs_abi.sh [compiler args]   e.g. -I/opt/rdma-core/include
-# The arguments come before -Icsrc, so -I DIR also puts another fabric/verbs/ibv_abi.h
+# The arguments come before -Icsrc, so -I DIR also puts another fabric/verbs/ibv_types.h
 # first (tests/test_verbs_abi.py checks a perturbed copy that way).
 # Environment: CXX (default g++).
 # Exit: 0 they match; 1 they differ (the compiler's static_assert names what);
@@ -31,11 +31,11 @@ WORK="$(mktemp -d "${TMPDIR:-/tmp}/argrpc-verbs-abi.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 if ! "${CXX_CMD[@]}" -std=c++17 -Wall -Wextra "$@" -I"$ROOT/csrc" \
         "$ROOT/tests/abi/verbs_abi_check.cc" -o "$WORK/check"; then
-    log "csrc/fabric/verbs/ibv_abi.h differs from $header (see the static_asserts above)" >&2
+    log "csrc/fabric/verbs/ibv_types.h differs from $header (see the static_asserts above)" >&2
     exit 1
 fi
 if ! "$WORK/check"; then
-    log "csrc/fabric/verbs/ibv_abi.h differs from $header" >&2
+    log "csrc/fabric/verbs/ibv_types.h differs from $header" >&2
     exit 1
 fi
-log "csrc/fabric/verbs/ibv_abi.h matches $header"
+log "csrc/fabric/verbs/ibv_types.h matches $header"

@@ -50,11 +50,11 @@ class FakeVerbsEngine:
         self.endpoints: list[FakeVerbsEndpoint] = []
         self.attached: list[FakeVerbsConnection] = []
 
-    def new_verbs_endpoint(self, conn_cfg: dict, select: dict, qps: int) -> FakeVerbsEndpoint:
+    def new_verbs_endpoint(self, conn_cfg: dict, select: dict) -> FakeVerbsEndpoint:
         assert conn_cfg["ring_size"] > 0 and select["device"] == "rxe0"
         if self.fail_endpoint:
             raise RuntimeError(self.fail_endpoint)
-        ep = FakeVerbsEndpoint(self.name, qps)
+        ep = FakeVerbsEndpoint(self.name, conn_cfg["qps"])
         self.endpoints.append(ep)
         return ep
 

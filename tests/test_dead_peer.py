@@ -191,7 +191,7 @@ def test_server_killed_while_idle_next_call_recovers(spawn: Callable[..., Server
         server.kill()
 
 
-KEEPALIVE_TIMEOUT_S = 10.0  # ConnConfig::keepalive_timeout_ms (csrc/tunables.h)
+KEEPALIVE_TIMEOUT_S = 10.0  # ConnConfig::keepalive_timeout_ms (csrc/engine_config.h)
 
 
 def test_hung_server_fails_calls_after_the_keepalive_timeout(

@@ -1,5 +1,7 @@
 """Each knob and fixed limit is declared once (argrpc/_config.py): the engine's header is
-generated from that table, and no other file names a TF_RDMA_* variable the table lacks."""
+generated from that table (the constants and each config struct's field list, from which
+the structs, their reading from Python and their defaults are loops), and no other file
+names a TF_RDMA_* variable the table lacks."""
 from __future__ import annotations
 
 import re
@@ -26,6 +28,30 @@ def test_every_engine_knob_and_limit_is_in_the_header() -> None:
         assert (f'"{k.name}"' in text) == bool(k.engine), k.name
     for f in _config.FIXED:
         assert (f" = {f.value!r};" in text) or not f.engine, f.field
+
+
+def test_each_config_struct_is_its_generated_field_list() -> None:
+    text = _knob_header.render()
+    for struct in _config.ENGINE_STRUCTS:
+        fields = _knob_header.struct_fields(struct)
+        macro = f"#define {_knob_header._macro(struct)}(X)"
+        assert macro in text, struct
+        for kind, ctype, field, const in fields:
+            assert f"X({kind}, {ctype}, {field}, {const})" in text
+            assert f" {const}" in text.split(macro)[0], const  # the constant is declared
+    # every engine knob, struct-carried limit and argument is a field of a known struct
+    for k in _config.TABLE:
+        assert not k.engine or k.engine in _config.ENGINE_STRUCTS, k.name
+    for f in _config.FIXED:
+        assert not f.struct or (f.engine and f.struct in _config.ENGINE_STRUCTS), f.field
+    for a in _config.ENGINE_ARGS:
+        assert a.struct in _config.ENGINE_STRUCTS, a.field
+    # and the structs declare no field by hand: each body is its list
+    header = (ROOT / "csrc" / "engine_config.h").read_text()
+    for struct in _config.ENGINE_STRUCTS:
+        body = re.search(r"struct %s \{(.*?)\};" % struct, header, re.S)
+        assert body, struct
+        assert body.group(1).strip() == f"{_knob_header._macro(struct)}(ARGRPC_CONFIG_FIELD)"
 
 
 def test_no_file_names_a_variable_the_table_lacks() -> None:
@@ -59,10 +85,14 @@ def test_the_engine_defaults_are_the_tables() -> None:
     for k in _config.TABLE:
         if k.engine:
             assert bound[k.engine][k.field] == k.default, k.name
-    fixed = {name: value for struct in bound.values() for name, value in struct.items()}
     for f in _config.FIXED:
-        if f.field in fixed:
-            assert fixed[f.field] == f.value, f.field
+        if f.struct:
+            assert bound[f.struct][f.field] == f.value, f.field
+    for a in _config.ENGINE_ARGS:
+        assert bound[a.struct][a.field] == a.default, a.field
+    # each struct has exactly the fields its list declares
+    for struct in _config.ENGINE_STRUCTS:
+        assert set(bound[struct]) == {f for _, _, f, _ in _knob_header.struct_fields(struct)}
     # every field the engine reads from Python has its knob, and every engine knob a field
     passed = set(_config.engine_config(_config.Config())) | set(
         _config.conn_config(_config.Config(), -1)) - {"max_recv"}
@@ -87,5 +117,33 @@ def test_the_engine_checks_the_same_bounds() -> None:
                 assert knob_name in str(e) and f"[{k.lo}, {k.hi}]" in str(e), str(e)
             else:
                 raise AssertionError(f"{key}={bad} was accepted")
+    finally:
+        engine.shutdown()
+
+
+def test_the_engine_checks_every_knob_it_reads() -> None:
+    from argrpc import _core
+
+    engine = _core.Engine({"buf_size": 64 << 20})
+    try:
+        # The verbs knobs are read and checked before any device is looked for.
+        for key, knob_name, bad in [("qps", "TF_RDMA_QPS", 17),
+                                    ("qp_timeout", "TF_RDMA_QP_TIMEOUT", 0),
+                                    ("qp_retry", "TF_RDMA_QP_RETRY", 8),
+                                    ("cq_depth", "TF_RDMA_CQ_DEPTH", 255)]:
+            try:
+                engine.new_verbs_endpoint({key: bad}, {})
+            except _core.CoreError as e:
+                assert knob_name in str(e), str(e)
+            else:
+                raise AssertionError(f"{key}={bad} was accepted")
+        # What the table declares beyond the bounds: a power of two, 0 meaning off.
+        try:
+            engine.new_shm_endpoint({"ring_size": 3 << 20})
+        except _core.CoreError as e:
+            assert "TF_RDMA_RING_SIZE" in str(e) and "power of two" in str(e), str(e)
+        else:
+            raise AssertionError("a ring size that is no power of two was accepted")
+        engine.new_shm_endpoint({"zero_copy_min": 0})
     finally:
         engine.shutdown()

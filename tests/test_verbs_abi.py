@@ -1,4 +1,4 @@
-"""The verbs ABI argrpc declares itself (csrc/fabric/verbs/ibv_abi.h): the declarations
+"""The verbs ABI argrpc declares itself (csrc/fabric/verbs/ibv_types.h): the declarations
 match rdma-core's <infiniband/verbs.h> (scripts/check_verbs_abi.sh), the check fails on a
 wrong one and covers every one, and the extension compiles with no rdma-core header."""
 from __future__ import annotations
@@ -19,8 +19,8 @@ from tests.support.procs import REPO_ROOT
 SCRIPT = REPO_ROOT / "scripts" / "check_verbs_abi.sh"
 CHECK = REPO_ROOT / "tests" / "abi" / "verbs_abi_check.cc"
 CSRC = REPO_ROOT / "csrc"
-ABI_H = CSRC / "fabric" / "verbs" / "ibv_abi.h"
-API_H = CSRC / "fabric" / "verbs" / "ibv_api.h"
+TYPES_H = CSRC / "fabric" / "verbs" / "ibv_types.h"
+LOADER_H = CSRC / "fabric" / "verbs" / "ibv_loader.h"
 CXX = shlex.split(os.environ.get("CXX", "g++"))
 
 
@@ -49,7 +49,7 @@ def checked() -> subprocess.CompletedProcess[str]:
 
 def test_declarations_match_rdma_core(checked: subprocess.CompletedProcess[str]) -> None:
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert re.search(r"ibv_abi\.h matches \S+/infiniband/verbs\.h", checked.stdout), checked.stdout
+    assert re.search(r"ibv_types\.h matches \S+/infiniband/verbs\.h", checked.stdout), checked.stdout
 
 
 # One wrong declaration each, as an edit of the real header: (what, text, wrong text,
@@ -72,12 +72,12 @@ PERTURBATIONS = [
 @pytest.mark.parametrize("what,text,wrong,message", PERTURBATIONS, ids=[p[0] for p in PERTURBATIONS])
 def test_check_fails_on_a_wrong_declaration(checked: subprocess.CompletedProcess[str], tmp_path: Path,
                                             what: str, text: str, wrong: str, message: str) -> None:
-    header = ABI_H.read_text()
-    assert header.count(text) == 1, f"ibv_abi.h changed: update this test's {what!r}"
-    copy = tmp_path / "fabric" / "verbs" / "ibv_abi.h"
+    header = TYPES_H.read_text()
+    assert header.count(text) == 1, f"ibv_types.h changed: update this test's {what!r}"
+    copy = tmp_path / "fabric" / "verbs" / "ibv_types.h"
     copy.parent.mkdir(parents=True)
     copy.write_text(header.replace(text, wrong))
-    # -I puts the copy before csrc's, for the checker and for ibv_api.h alike.
+    # -I puts the copy before csrc's, for the checker and for ibv_loader.h alike.
     r = run_check(f"-I{tmp_path}")
     assert r.returncode == 1, r.stdout + r.stderr
     assert message in r.stderr, r.stderr[-4000:]
@@ -97,7 +97,7 @@ def _block(text: str, open_at: int) -> str:
         depth += {"{": 1, "}": -1}.get(text[i], 0)
         if depth == 0:
             return text[open_at + 1:i]
-    raise AssertionError("unbalanced braces in ibv_abi.h")
+    raise AssertionError("unbalanced braces in ibv_types.h")
 
 
 def _fields(body: str, prefix: str = "") -> list[str]:
@@ -122,8 +122,8 @@ def _fields(body: str, prefix: str = "") -> list[str]:
 
 
 def expected_checks() -> set[str]:
-    """The checker line each declaration in ibv_abi.h (and dispatch in ibv_api.h) needs."""
-    abi = _without_comments(ABI_H.read_text())
+    """The checker line each declaration in ibv_types.h (and dispatch in ibv_loader.h) needs."""
+    abi = _without_comments(TYPES_H.read_text())
     want: set[str] = set()
     for m in re.finditer(r"^struct (\w+);", abi, re.M):  # opaque
         want.add(f"SAME_TYPE({m.group(1)})")
@@ -142,7 +142,7 @@ def expected_checks() -> set[str]:
             want.add(f"VALUE({v})" if name else f"CONSTANT({v})")
     for m in re.finditer(r"^using (\w+_fn) = ", abi, re.M):
         want.add(f"EXPORTED({m.group(1)},")
-    for m in re.finditer(r"^inline [\w*]+\s*\*?\s*(\w+)\(", API_H.read_text(), re.M):
+    for m in re.finditer(r"^inline [\w*]+\s*\*?\s*(\w+)\(", LOADER_H.read_text(), re.M):
         want.add(f"INLINE({m.group(1)},")
     return want
 
@@ -156,8 +156,8 @@ def test_every_declaration_is_checked() -> None:
     assert len(want) > 250, len(want)
     lines = [ln.strip() for ln in CHECK.read_text().splitlines()]
     missing = sorted(w for w in want if not any(ln.startswith(w) for ln in lines))
-    assert not missing, f"declared in ibv_abi.h/ibv_api.h but not checked in {CHECK.name}: {missing}"
-    structs = re.findall(r"^(?:struct|union) (\w+) \{", _without_comments(ABI_H.read_text()), re.M)
+    assert not missing, f"declared in ibv_types.h/ibv_loader.h but not checked in {CHECK.name}: {missing}"
+    structs = re.findall(r"^(?:struct|union) (\w+) \{", _without_comments(TYPES_H.read_text()), re.M)
     # Each struct says whether it is exact or a prefix (verbs_context has its own).
     unsized = [s for s in structs if s != "verbs_context"
                and f"EXACT({s})" not in lines and f"PREFIX({s})" not in lines]
@@ -196,7 +196,7 @@ def test_extension_compiles_without_rdma_core_headers(tmp_path: Path) -> None:
         failed = {str(s.relative_to(REPO_ROOT)): r.stderr[-2000:] for s, r in zip(sources, deps) if r.returncode}
         assert not failed, failed
         # The units that use the verbs declarations compile against them alone.
-        verbs_units = [s for s, r in zip(sources, deps) if "fabric/verbs/ibv_abi.h" in r.stdout]
+        verbs_units = [s for s, r in zip(sources, deps) if "fabric/verbs/ibv_types.h" in r.stdout]
         expected = {*CSRC.glob("fabric/verbs/*.cc"), CSRC / "bindings" / "verbs.cc"}
         assert expected <= set(verbs_units), sorted(str(s) for s in expected - set(verbs_units))
         compiled = list(pool.map(lambda s: cc("-fsyntax-only", str(s)), verbs_units))

@@ -158,7 +158,7 @@ class Verbs(Transport):
         sel = verbs_probe(cfg, peer=target_address(target) if target else "")
         try:
             engine = get_engine(cfg)
-            endpoint = engine.new_verbs_endpoint(conn_config(cfg, max_recv), sel, cfg.qps)
+            endpoint = engine.new_verbs_endpoint(conn_config(cfg, max_recv), sel)
         except Exception as e:  # EngineUnavailable or CoreError (e.g. memlock too low)
             raise VerbsUnavailable(f"cannot create a verbs endpoint: {e}") from None
         info = _endpoint_info(sel, bytes(endpoint.blob))
@@ -240,7 +240,7 @@ class VerbsServer(TransportServer):
             return Declined(mismatch)
         try:
             engine = env.engine_factory()
-            endpoint = engine.new_verbs_endpoint(env.conn_cfg, sel, env.cfg.qps)
+            endpoint = engine.new_verbs_endpoint(env.conn_cfg, sel)
         except Exception as e:  # CoreError (e.g. memlock too low) or no engine
             return Declined(f"the server cannot create a verbs endpoint: {e}")
         if self._closed:

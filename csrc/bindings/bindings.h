@@ -1,7 +1,8 @@
-// What the binding units share: module.cc binds the engine, connections, calls and the
-// server, and each fabric's unit (shm.cc, verbs.cc) binds its endpoint and extends
-// Engine with the methods that make one and attach a connection over it, so a fabric's
-// bindings are one unit plus one add_* call in the module init.
+// What the binding units share. Each bound object has its unit (engine.cc,
+// connection.cc, client_call.cc, server.cc, server_call.cc, buffers.cc, ...) exposing an
+// add_* function, and module.cc calls them in order; each fabric's unit (shm.cc,
+// verbs.cc) binds its endpoint and extends Engine with the methods that make one and
+// attach a connection over it, so a fabric's bindings are one unit plus one add_* call.
 #pragma once
 #include <pybind11/pybind11.h>
 
@@ -13,10 +14,11 @@
 
 #include "common/error.h"
 #include "common/fork.h"
+#include "common/interrupt.h"
 #include "engine/connection.h"
 #include "engine/engine.h"
 #include "engine/server.h"
-#include "tunables.h"
+#include "engine_config.h"
 
 namespace argrpc {
 struct ShmPeer;
@@ -62,6 +64,44 @@ class NoGil {
   }
   PyThreadState* state_;
 };
+
+// Python's signal handlers run while the main thread waits in a call, as grpc runs them:
+// once the wait sleeps, it takes the GIL every kInterruptPoll to run them. A handler that
+// raises (Ctrl-C's KeyboardInterrupt) ends the wait, and its exception reaches the caller.
+class SignalCheck final : public WaitInterrupt {
+ public:
+  bool interrupted() override {
+    if (_Py_IsFinalizing()) return false;
+    const PyGILState_STATE g = PyGILState_Ensure();
+    const bool raised = PyErr_CheckSignals() != 0;  // the exception stays set
+    PyGILState_Release(g);
+    return raised;
+  }
+};
+
+// Runs `wait` without the GIL, interruptible by signal handlers on the main thread (the
+// only one Python runs them on). On interruption `s` is cancelled when `cancel` is set:
+// the call was the caller's alone (a blocking unary call); a call object the caller
+// still holds is cancelled when it is dropped, as grpc's is.
+// `s` may be set by `wait` itself (a call it starts): the GIL is taken back once, at
+// the end, since a thread that takes it back while the interpreter finalizes is ended
+// by CPython, which pybind11's frames do not survive.
+template <class Wait>
+auto interruptible(const std::shared_ptr<Stream>& s, bool cancel, Wait&& wait) -> decltype(wait()) {
+  SignalCheck check;
+  const bool main = _PyOS_IsMainThread() != 0;
+  try {
+    NoGil nogil;
+    InterruptScope scope(main ? &check : nullptr);
+    return wait();
+  } catch (const Interrupted&) {
+  }
+  if (cancel && s) {
+    NoGil nogil;
+    s->conn->cancel(s, kCancelled, "Cancelled");
+  }
+  throw pybind11::error_already_set();
+}
 
 // What a Python object holds of the engine: the engine, a call, a received block. A
 // forked child inherits it as a copy of the parent's (common/fork.h), so there it is
@@ -153,7 +193,7 @@ struct PyConnection {
   CallEnd gone_end() const;
   // Test-only fail point "route": the next for_call() fails the connection and waits
   // until nothing holds it any more, as if another thread had dropped it between the
-  // channel's choice and this use (module.cc).
+  // channel's choice and this use (test_probes.cc).
   bool fail_before_use = false;
 };
 
@@ -275,7 +315,21 @@ T get_or(const pybind11::dict& d, const char* key, T dflt) {
   return d.contains(key) ? d[key].cast<T>() : dflt;
 }
 
-ConnConfig conn_config(const pybind11::dict& d);  // module.cc
+// config.cc: the structs from argrpc._config's dicts, checked against the knobs' bounds.
+EngineConfig engine_config(const pybind11::dict& d);
+ConnConfig conn_config(const pybind11::dict& d);
+VerbsConfig verbs_config(const pybind11::dict& d);
+void add_config(pybind11::module_& m);      // config.cc: _config_defaults
+void add_heap_stats(pybind11::module_& m);  // heap_stats.cc: _heap_stats
+void add_buffers(pybind11::module_& m);     // buffers.cc: RecvBuffer
+void add_peer_info(pybind11::module_& m);   // peer_info.cc: PeerInfo
+pybind11::class_<PyEngine> add_engine(pybind11::module_& m);              // engine.cc
+pybind11::class_<PyConnection> add_connection(pybind11::module_& m);      // connection.cc
+pybind11::class_<PyClientCall> add_client_call(pybind11::module_& m);     // client_call.cc
+pybind11::class_<PyServer> add_server(pybind11::module_& m);              // server.cc
+pybind11::class_<PyServerCall> add_server_call(pybind11::module_& m);     // server_call.cc
+// test_probes.cc: test-only hooks (_without_gil_for_test, Connection._probe_*)
+void add_test_probes(pybind11::module_& m, pybind11::class_<PyConnection>& connection);
 
 void add_shm(pybind11::module_& m, pybind11::class_<PyEngine>& engine);    // shm.cc
 // shm.cc: a peer's fabric half as the handshake received it; owns its fds from the start.

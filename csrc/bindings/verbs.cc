@@ -9,7 +9,7 @@
 #include "bindings/bindings.h"
 #include "common/error.h"
 #include "fabric/verbs/device.h"
-#include "fabric/verbs/ibv_api.h"
+#include "fabric/verbs/ibv_loader.h"
 #include "fabric/verbs/verbs_fabric.h"
 #include "pool/pool.h"
 
@@ -84,14 +84,12 @@ void add_verbs(py::module_& m, py::class_<PyEngine>& engine) {
 
   engine
       .def("new_verbs_endpoint",
-           [](PyEngine& e, py::dict cfg, py::dict select, int qps) {
+           [](PyEngine& e, py::dict cfg, py::dict select) {
+             // One dict carries the connection's and the verbs fabric's knobs
+             // (argrpc._config.conn_config).
              PyVerbsEndpoint ep;
              ep.cfg = conn_config(cfg);
-             VerbsConfig v;
-             v.qps = qps;
-             v.qp_timeout = get_or<int>(cfg, "qp_timeout", v.qp_timeout);
-             v.qp_retry = get_or<int>(cfg, "qp_retry", v.qp_retry);
-             v.cq_depth = get_or<int>(cfg, "cq_depth", v.cq_depth);
+             const VerbsConfig v = verbs_config(cfg);
              const verbs::Selection sel = selection_arg(select);
              {
                NoGil nogil;  // registration can take a while
@@ -100,7 +98,7 @@ void add_verbs(py::module_& m, py::class_<PyEngine>& engine) {
              ep.blob = ep.ep->blob();
              return ep;
            },
-           py::arg("conn_config"), py::arg("select"), py::arg("qps") = VerbsConfig().qps)
+           py::arg("conn_config"), py::arg("select"))
       .def("attach_verbs",
            [](PyEngine& e, PyVerbsEndpoint& ep, py::bytes peer_blob, py::object server,
               PeerInfo remote) {

@@ -1,7 +1,7 @@
-// Spin-then-block support. Measurements on 2-vCPU machines (docs/design.md): a waiter that
-// spins ~50 us calling sched_yield() gets woken in a few us, a futex wake-up costs
-// 60-90 us, and a PAUSE-only spin starves the thread it waits for. So every wait in the
-// engine first spins with sched_yield() for spin_us, then blocks.
+// Spin-then-block support. A waiter that spins calling sched_yield() sees its wake-up
+// much sooner than one asleep on a futex, and a PAUSE-only spin starves the thread it
+// waits for when the two share a CPU (docs/design.md has the figures). So every wait in
+// the engine first spins with sched_yield() for spin_us, then blocks.
 #pragma once
 #include <sched.h>
 #include <cstdint>

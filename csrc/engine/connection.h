@@ -19,7 +19,7 @@
 #include "engine/stream.h"
 #include "engine/transport_stats.h"
 #include "fabric/fabric.h"
-#include "tunables.h"
+#include "engine_config.h"
 
 namespace argrpc {
 

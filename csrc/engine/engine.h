@@ -20,7 +20,7 @@
 #include "common/unique_fd.h"
 #include "engine/peer_info.h"
 #include "engine/transport_stats.h"
-#include "tunables.h"
+#include "engine_config.h"
 
 namespace argrpc {
 

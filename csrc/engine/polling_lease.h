@@ -20,7 +20,7 @@
 #pragma once
 #include <chrono>
 
-#include "tunables.h"
+#include "engine_config.h"
 
 namespace argrpc {
 

@@ -15,7 +15,7 @@
 #include "common/clock.h"
 #include "common/mapping.h"
 #include "common/unique_fd.h"
-#include "tunables.h"
+#include "engine_config.h"
 
 namespace argrpc {
 

@@ -1,4 +1,4 @@
-// argrpc's declarations of the verbs ABI (csrc/fabric/verbs/ibv_abi.h) against
+// argrpc's declarations of the verbs ABI (csrc/fabric/verbs/ibv_types.h) against
 // rdma-core's <infiniband/verbs.h>: sizes, alignments, field offsets and types, enum
 // values and types, the function types argrpc looks up and the data-path dispatches it
 // defines. Almost all of it is static_asserts, so a mismatch fails the compilation and
@@ -12,8 +12,8 @@
 #include <type_traits>
 #include <utility>
 
-#include "fabric/verbs/ibv_abi.h"
-#include "fabric/verbs/ibv_api.h"
+#include "fabric/verbs/ibv_types.h"
+#include "fabric/verbs/ibv_loader.h"
 
 namespace ours = argrpc::verbs;
 
@@ -492,7 +492,7 @@ EXPORTED(ibv_destroy_qp_fn, ibv_destroy_qp)
 EXPORTED(ibv_wc_status_str_fn, ibv_wc_status_str)
 EXPORTED(ibv_port_state_str_fn, ibv_port_state_str)
 
-// A call verbs.h defines inline and ibv_api.h defines again: the same signature.
+// A call verbs.h defines inline and ibv_loader.h defines again: the same signature.
 #define INLINE(ours_fn, fn)                                                    \
   static_assert(std::is_same<Theirs<decltype(&ours::ours_fn)>, decltype(&::fn)>::value, \
                 #fn ": signature differs");

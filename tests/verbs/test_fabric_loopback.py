@@ -93,8 +93,8 @@ def _own_pair(rdma: SimpleNamespace,
     sets its own knobs): (client connection, server connection)."""
     core = rdma.core
     eng = core.Engine({"buf_size": 64 * MiB})  # a new pool: a new verbs domain
-    ep_c = eng.new_verbs_endpoint(conn_cfg or {}, rdma.select, 2)
-    ep_s = eng.new_verbs_endpoint(conn_cfg or {}, rdma.select, 2)
+    ep_c = eng.new_verbs_endpoint({**(conn_cfg or {}), "qps": 2}, rdma.select)
+    ep_s = eng.new_verbs_endpoint({**(conn_cfg or {}), "qps": 2}, rdma.select)
     echo = EchoServer(core, eng)
     try:
         server_conn = eng.attach_verbs(ep_s, ep_c.blob, echo.server, "peer")
@@ -112,9 +112,9 @@ def loop(rdma: SimpleNamespace) -> Iterator[SimpleNamespace]:
         pytest.skip("this build of argrpc._core has no attach_verbs")
     # A small pool: the guest has 2 GiB and registration pins what is used.
     eng = core.Engine({"buf_size": 256 * MiB})
-    cfg = {"max_recv": -1}
-    ep_client = eng.new_verbs_endpoint(cfg, rdma.select, 2)
-    ep_server = eng.new_verbs_endpoint(cfg, rdma.select, 2)
+    cfg = {"max_recv": -1, "qps": 2}
+    ep_client = eng.new_verbs_endpoint(cfg, rdma.select)
+    ep_server = eng.new_verbs_endpoint(cfg, rdma.select)
     assert ep_client.qps == 2 and ep_client.blob and ep_server.blob
     echo = EchoServer(core, eng)
     server_conn = eng.attach_verbs(ep_server, ep_client.blob, echo.server, "loop-client")
@@ -159,7 +159,7 @@ def test_unary_byte_exact(loop: SimpleNamespace, size: int) -> None:
 def test_verbs_knobs_are_checked_by_the_engine(loop: SimpleNamespace, rdma: SimpleNamespace,
                                               cfg: dict[str, int], qps: int, name: str) -> None:
     with pytest.raises(loop.core.CoreError, match=name):
-        loop.engine.new_verbs_endpoint(cfg, rdma.select, qps)
+        loop.engine.new_verbs_endpoint({**cfg, "qps": qps}, rdma.select)
 
 
 def test_verbs_knobs_set_the_queue_pairs(rdma: SimpleNamespace) -> None:
@@ -250,7 +250,7 @@ def test_select_default_and_named(rdma: SimpleNamespace) -> None:
 
 
 def test_attach_rejects_a_bad_blob(loop: SimpleNamespace, rdma: SimpleNamespace) -> None:
-    ep = loop.engine.new_verbs_endpoint({}, rdma.select, 1)
+    ep = loop.engine.new_verbs_endpoint({"qps": 1}, rdma.select)
     with pytest.raises(loop.core.CoreError, match="blob"):
         loop.engine.attach_verbs(ep, b"\0" * 16, None, "bad")
 
@@ -354,8 +354,8 @@ def test_rings_past_the_budget_are_small_and_both_sides_use_the_smaller(
         for i in range(60):
             # The first pair's sides differ on purpose: a small ring on the server's.
             server_cfg = {"max_recv": -1, **({"ring_size": 128 * KiB} if i == 0 else {})}
-            ep_c = eng.new_verbs_endpoint({"max_recv": -1}, rdma.select, 1)
-            ep_s = eng.new_verbs_endpoint(server_cfg, rdma.select, 1)
+            ep_c = eng.new_verbs_endpoint({"max_recv": -1, "qps": 1}, rdma.select)
+            ep_s = eng.new_verbs_endpoint({**server_cfg, "qps": 1}, rdma.select)
             rings = (ep_c.ring_size, ep_s.ring_size)
             server_conn = eng.attach_verbs(ep_s, ep_c.blob, echo.server, f"c{i}")
             client_conn = eng.attach_verbs(ep_c, ep_s.blob, None, f"s{i}")

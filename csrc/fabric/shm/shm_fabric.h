@@ -17,7 +17,7 @@
 #include "common/mapping.h"
 #include "common/unique_fd.h"
 #include "fabric/fabric.h"
-#include "tunables.h"
+#include "engine_config.h"
 
 namespace argrpc {
 

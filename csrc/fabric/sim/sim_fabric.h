@@ -12,7 +12,7 @@
 #include <string>
 
 #include "fabric/fabric.h"
-#include "tunables.h"
+#include "engine_config.h"
 
 namespace argrpc {
 

@@ -15,7 +15,7 @@
 
 #include "common/error.h"
 #include "common/unique_fd.h"
-#include "fabric/verbs/ibv_api.h"
+#include "fabric/verbs/ibv_loader.h"
 
 namespace argrpc {
 namespace verbs {

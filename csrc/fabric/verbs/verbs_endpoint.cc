@@ -76,10 +76,6 @@ std::unique_ptr<VerbsEndpoint> VerbsEndpoint::create(const ConnConfig& cfg, cons
   ibv_context* ctx = ep->dom_->ctx();
   const ibv_device_attr& da = ep->dom_->attr();
   const int n = vcfg.qps;
-  check_knob(knobs::kQps, n);
-  check_knob(knobs::kQpTimeout, vcfg.qp_timeout);
-  check_knob(knobs::kQpRetry, vcfg.qp_retry);
-  check_knob(knobs::kCqDepth, vcfg.cq_depth);
   if (int64_t(cfg.cq_slots) > da.max_qp_wr)
     throw CoreError("cq_slots " + std::to_string(cfg.cq_slots) + " exceeds the device's max_qp_wr " +
                     std::to_string(da.max_qp_wr));

@@ -1,5 +1,5 @@
 // The verbs fabric: the Fabric interface over RC queue pairs (libibverbs, loaded at run
-// time through ibv_api.h). Per connection:
+// time through ibv_loader.h). Per connection:
 //   QP 0     eager batches as RDMA WRITE_WITH_IMM into the peer's receive ring (the
 //            immediate is the batch length; one RECV WR per CQ slot, reposted as each
 //            completes), and ring credits as a plain RDMA WRITE of {consumed_bytes,
@@ -31,8 +31,8 @@
 #include "common/mapping.h"
 #include "fabric/fabric.h"
 #include "fabric/verbs/device.h"
-#include "fabric/verbs/ibv_api.h"
-#include "tunables.h"
+#include "fabric/verbs/ibv_loader.h"
+#include "engine_config.h"
 
 namespace argrpc {
 

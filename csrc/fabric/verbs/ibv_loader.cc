@@ -1,4 +1,4 @@
-#include "fabric/verbs/ibv_api.h"
+#include "fabric/verbs/ibv_loader.h"
 
 #include <dlfcn.h>
 #include <cstddef>

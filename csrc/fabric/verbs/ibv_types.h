@@ -1,6 +1,6 @@
 // The part of libibverbs' ABI that argrpc uses, declared here so that the extension
 // compiles without rdma-core's headers (libibverbs itself is loaded at run time:
-// ibv_api.h). Written from the ABI libibverbs 1.1 documents and keeps stable; the names
+// ibv_loader.h). Written from the ABI libibverbs 1.1 documents and keeps stable; the names
 // are libibverbs' own, so its documentation reads for them, but they live in
 // argrpc::verbs and never meet rdma-core's in one scope. tests/abi/verbs_abi_check.cc
 // compares every size, offset, field type, enum value and function type below with
@@ -384,7 +384,7 @@ struct ibv_qp {  // prefix
   ibv_qp_type qp_type;
 };
 
-// The provider's data-path entry points (ibv_api.h dispatches through them). Exact in
+// The provider's data-path entry points (ibv_loader.h dispatches through them). Exact in
 // size, since ibv_context embeds it; the slots argrpc never calls are placeholders.
 struct ibv_context_ops {
   void (*unused_0_6[7])();

@@ -1,5 +1,5 @@
 // libibverbs, loaded at run time. The extension never links -libverbs and is compiled
-// without rdma-core's headers (ibv_abi.h declares what it uses): `import argrpc` and the
+// without rdma-core's headers (ibv_types.h declares what it uses): `import argrpc` and the
 // shm/gRPC paths must work on a host without rdma-core, so every exported verbs function
 // we use is looked up once with dlopen("libibverbs.so.1") + dlsym into one table (its
 // names drop the ibv_ prefix). The data-path calls are not exported: libibverbs defines
@@ -8,7 +8,7 @@
 #include <cerrno>
 #include <string>
 
-#include "fabric/verbs/ibv_abi.h"
+#include "fabric/verbs/ibv_types.h"
 
 namespace argrpc {
 namespace verbs {

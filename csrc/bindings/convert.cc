@@ -1,0 +1,72 @@
+// Conversions the binding units share: metadata, received messages, timeouts and a
+// call's end as Python sees them (bindings.h declares them).
+#include <pybind11/pybind11.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "bindings/bindings.h"
+
+namespace py = pybind11;
+
+namespace argrpc {
+namespace bindings {
+
+Metadata to_metadata(const py::object& o) {
+  Metadata md;
+  if (o.is_none()) return md;
+  for (auto item : o) {
+    auto t = py::reinterpret_borrow<py::tuple>(item);
+    if (t.size() != 2) throw py::value_error("metadata entries must be (key, value) pairs");
+    md.emplace_back(t[0].cast<std::string>(), t[1].cast<std::string>());
+  }
+  return md;
+}
+
+py::list from_metadata(const Metadata& md) {
+  py::list l;
+  for (auto& kv : md) l.append(py::make_tuple(py::str(kv.first), py::bytes(kv.second)));
+  return l;
+}
+
+py::tuple user_agent_only(const std::string& ua) {
+  if (ua.empty()) return py::tuple();
+  // Most calls carry no metadata of their own, so their metadata is the same one-entry
+  // tuple every time: built once per user-agent (the facade's conversion of it is then
+  // a cache hit). Under the GIL; never freed, as the interpreter may be gone at exit.
+  static std::string* last_ua = new std::string();
+  static py::object* last = new py::object();
+  if (!*last || *last_ua != ua) {
+    *last = py::make_tuple(py::make_tuple(py::str("user-agent"), py::bytes(ua)));
+    *last_ua = ua;
+  }
+  return py::reinterpret_borrow<py::tuple>(*last);
+}
+
+py::object to_python(Payload&& p) {
+  if (p.is_inline) return py::bytes(p.inline_bytes.data(), p.inline_bytes.size());
+  return py::memoryview(py::cast(std::make_unique<RecvBuffer>(std::move(p))));
+}
+
+double timeout_arg(const py::object& t) { return t.is_none() ? -1.0 : t.cast<double>(); }
+
+Deadline deadline_arg(const py::object& t) {
+  return t.is_none() ? Deadline::never() : Deadline::after_seconds(t.cast<double>());
+}
+
+py::tuple status_tuple(Stream& s) {
+  std::lock_guard<std::mutex> g(s.mu);
+  return py::make_tuple(s.code, py::str(s.details), from_metadata(s.trailing_md));
+}
+
+py::tuple status_tuple(const CallEnd& e) {
+  return py::make_tuple(e.code, lenient_str(e.details), py::list());
+}
+
+py::tuple unary_tuple(const CallEnd& e) {
+  return py::make_tuple(e.code, lenient_str(e.details), py::list(), py::list(), py::none());
+}
+
+}  // namespace bindings
+}  // namespace argrpc
