@@ -33,6 +33,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable, NamedTuple
 
+from argrpc._config import LIMITS
 from argrpc._fd_limit import exhausted_text, near_limit_reason
 from argrpc._transports.base import Caller, Connections, ServerEnv
 
@@ -53,8 +54,8 @@ __all__ = [
 log = logging.getLogger("argrpc")
 
 SECRET_LEN = 32
-SECRET_TTL = 30.0
-IO_TIMEOUT = 5.0
+SECRET_TTL = LIMITS.handshake_secret_ttl_s
+IO_TIMEOUT = LIMITS.handshake_io_timeout_s
 HANDSHAKE_VERSION = 2
 _HEADER = struct.Struct("!2sI")
 _MAX_PAYLOAD = 64 * 1024
