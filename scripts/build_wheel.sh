@@ -65,6 +65,9 @@ export PATH="$TOOLS/bin:$PATH"   # auditwheel runs patchelf from PATH
 # ------------------------------------------------------------------ sdist + wheel
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/argrpc-wheel.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
+# The wheel is what users run: without the engine's test hooks, whatever the caller's
+# environment says (setup.py reads ARGRPC_TEST_HOOKS).
+unset ARGRPC_TEST_HOOKS
 log "python -m build (sdist, then the wheel from the sdist; the C++ engine takes a while)"
 t_build=$SECONDS
 "$TOOLS/bin/python" -m build --outdir "$WORK/raw" "$ROOT" >"$WORK/build.log" 2>&1 || {

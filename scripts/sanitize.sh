@@ -54,7 +54,7 @@ log "copy of $ROOT in $SRC"
 log "building argrpc._core with ASan+UBSan (gcc; a few minutes on 2 cores)"
 (
     cd "$SRC"
-    export CC=gcc CXX=g++ ARGRPC_SANITIZE=address,undefined
+    export CC=gcc CXX=g++ ARGRPC_SANITIZE=address,undefined ARGRPC_TEST_HOOKS=1
     export CPPFLAGS="${CPPFLAGS:+$CPPFLAGS }-fno-sanitize-recover=undefined -fno-wrapv"
     "$PY" setup.py build_ext --inplace
 ) >"$WORK/build.log" 2>&1 || { cat "$WORK/build.log" >&2; log "build failed" >&2; exit 1; }

@@ -101,9 +101,9 @@ needs_build() {
     # Imported from / : the editable install must be registered too, or code run outside
     # the checkout would not find argrpc; and it must resolve to THIS checkout.
     local where
-    where="$(cd / && "$PY" -c 'import argrpc, argrpc._core; print(argrpc.__file__)' 2>/dev/null)" \
-        || return 0
-    [ "$where" = "$ROOT/argrpc/__init__.py" ] || { log "rebuild: argrpc resolves to $where"; return 0; }
+    where="$(cd / && "$PY" -c 'import argrpc, argrpc._core as c; print(argrpc.__file__, c.test_hooks)' \
+        2>/dev/null)" || return 0
+    [ "$where" = "$ROOT/argrpc/__init__.py True" ] || { log "rebuild: argrpc resolves to $where"; return 0; }
     return 1
 }
 
@@ -111,7 +111,9 @@ if needs_build; then
     log "building argrpc (pip install -e .; the C++ engine takes a minute on 2 cores)"
     # No build isolation: the build requirements were installed just above, so the build
     # needs no network and reuses the installed pybind11.
-    pip_install --no-build-isolation -e "$ROOT"
+    # With the engine's test hooks (the sim fabric, fail points, probes): the suite and
+    # the sanitizer run use them; the wheel (scripts/build_wheel.sh) leaves them out.
+    ARGRPC_TEST_HOOKS=1 pip_install --no-build-isolation -e "$ROOT"
 else
     log "argrpc is up to date ($(ls argrpc/_core*.so))"
 fi

@@ -26,6 +26,7 @@ from argrpc._client import lb_policy
 from argrpc._client.target import Resolver, addresses, parse
 from argrpc._subchannels import SUBCHANNELS
 from tests.support import inproc
+from tests.support.hooks import needs_test_hooks
 
 HANG_S = 30  # a bound on a hang, for a loaded machine
 STACKS = ["grpc", "argrpc"]
@@ -269,6 +270,7 @@ def test_aio_round_robin_and_a_replica_that_comes_back(stack: str) -> None:
     asyncio.run(main())
 
 
+@needs_test_hooks
 @pytest.mark.parametrize("retries", ["transparent", "off"])
 @pytest.mark.parametrize("api", ["threaded", "asyncio"])
 def test_a_call_that_never_left_is_started_on_another_replica(api: str, retries: str) -> None:

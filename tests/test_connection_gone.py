@@ -30,6 +30,7 @@ from tests.support import payload
 from tests.support.clients import UNLIMITED, UNLIMITED_SERVER_ARGS, make_channel
 from tests.support.procs import ServerProcess
 from tests.test_sim_fabric import rig, sim_pair  # noqa: F401 - rig is a fixture
+from tests.support.hooks import needs_test_hooks
 
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 CANCELLED = grpc.StatusCode.CANCELLED.value[0]
@@ -78,6 +79,7 @@ def _start(conn: Any, how: str) -> tuple[int, str]:
 STARTS = ("unary", "start_call", "start_watched", "start_unary_watched")
 
 
+@needs_test_hooks
 @pytest.mark.parametrize("how", STARTS)
 def test_sim_call_on_a_connection_failed_and_dropped_after_the_route(
         sim: SimpleNamespace, how: str) -> None:
@@ -92,6 +94,7 @@ def test_sim_call_on_a_connection_failed_and_dropped_after_the_route(
     assert _start(sim.client, how) == (code, details)
 
 
+@needs_test_hooks
 def test_sim_a_call_that_never_left_is_handed_back(sim: SimpleNamespace) -> None:
     """Asked to (retry_unsent), the engine hands back a call that ended UNAVAILABLE before
     its HEADERS were written, for the channel to start again elsewhere; a closed
@@ -105,6 +108,7 @@ def test_sim_a_call_that_never_left_is_handed_back(sim: SimpleNamespace) -> None
     assert sim.client.unary(ECHO, [], 10.0, b"x")[0] == UNAVAILABLE
 
 
+@needs_test_hooks
 def test_sim_a_closed_connections_calls_are_not_handed_back(sim: SimpleNamespace) -> None:
     sim.client.close()
     code, details, _, _, _ = sim.client.unary(ECHO, [], 10.0, b"x", True)
@@ -113,6 +117,7 @@ def test_sim_a_closed_connections_calls_are_not_handed_back(sim: SimpleNamespace
     assert call is not None and call.done()
 
 
+@needs_test_hooks
 @pytest.mark.parametrize("how", STARTS)
 def test_sim_call_on_a_connection_closed_by_another_thread(sim: SimpleNamespace,
                                                             how: str) -> None:
@@ -163,6 +168,7 @@ THREADED = ("unary", "unary.with_call", "unary.future", "server_stream", "client
 RETRIES = {"transparent": UNLIMITED, "off": UNLIMITED + [("grpc.enable_retries", 0)]}
 
 
+@needs_test_hooks
 @pytest.mark.parametrize("retries", RETRIES)
 @pytest.mark.parametrize("api", THREADED)
 def test_threaded_call_on_a_connection_dropped_after_the_route(
@@ -201,6 +207,7 @@ async def _aio_call(stub: Any, pb2: Any, arity: str) -> Any:
     return [r async for r in stub.Bidi(iter([req, req]), timeout=HANG_S)]
 
 
+@needs_test_hooks
 @pytest.mark.parametrize("retries", RETRIES)
 @pytest.mark.parametrize("arity", AIO)
 def test_aio_call_on_a_connection_dropped_after_the_route(

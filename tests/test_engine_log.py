@@ -9,6 +9,7 @@ import json
 import textwrap
 
 from tests.support.procs import run_python
+from tests.support.hooks import needs_test_hooks
 
 # Starts the engine the facade's way, which starts the taker, and records what the
 # "argrpc.engine" logger emits.
@@ -112,6 +113,7 @@ def test_a_stalled_handler_bounds_the_queue_and_says_what_was_dropped() -> None:
     assert result["last"] == "burst 4095"
 
 
+@needs_test_hooks
 def test_a_failed_connection_with_calls_in_flight_is_a_warning() -> None:
     # A real engine message: a fabric write fails under calls in flight (the test fabric
     # injects it), and the connection's failure names the calls it ended.
@@ -134,6 +136,7 @@ def test_a_failed_connection_with_calls_in_flight_is_a_warning() -> None:
     assert "calls affected" not in stderr, stderr
 
 
+@needs_test_hooks
 def test_a_call_whose_status_went_out_is_neither_lost_nor_cancelled() -> None:
     # The server's connection fails right after a call's status went out and before the
     # serving thread has ended the call, as when a client exits the moment it has its
@@ -190,6 +193,7 @@ def test_a_forked_child_takes_its_own_messages() -> None:
     assert result == {"child": True, "parent": True}
 
 
+@needs_test_hooks
 def test_a_client_that_closes_with_a_call_open_loses_no_call() -> None:
     # A channel closed while one of its streams is still open (clients of many frameworks
     # do it every time): as with grpc the server sees that call CANCELLED, and the hang-up

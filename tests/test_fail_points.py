@@ -36,6 +36,9 @@ from tests.support import payload
 from tests.support.clients import UNLIMITED_SERVER_ARGS
 from tests.support.faults import ShmClient
 from tests.support.procs import ServerProcess
+from tests.support.hooks import needs_test_hooks
+
+pytestmark = needs_test_hooks
 
 BIG = 100 * 1024          # rendezvous (over TF_RDMA_ACC_SIZE), below the zero-copy minimum
 BOUND_S = 2.0             # the failed call ends within this (it should be at once)

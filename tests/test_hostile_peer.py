@@ -20,6 +20,9 @@ from tests.support.clients import UNLIMITED_SERVER_ARGS
 from tests.support.faults import Baseline, ShmClient
 from tests.support.frames import FIN, HEADERS, MESSAGE, PING, RTS, frame, headers, rts
 from tests.support.procs import ServerProcess
+from tests.support.hooks import needs_test_hooks
+
+pytestmark = needs_test_hooks
 
 SETTLE_S = 10.0
 # A client stream id above any the warm-up calls used (ids must grow and be odd).

@@ -24,6 +24,7 @@ import grpc
 import pytest
 
 from argrpc import _core as core
+from tests.support.hooks import needs_test_hooks
 
 ECHO = "/lease.Test/Echo"
 HANG_S = 30.0
@@ -70,6 +71,7 @@ def answer(call: Any) -> None:
     assert call.finish(OK, "", [], request)
 
 
+@needs_test_hooks
 def test_the_accepting_thread_holds_it_until_accept(rig: SimpleNamespace) -> None:
     caller = Caller(rig.client)
     call = rig.server.accept(HANG_S)
@@ -83,6 +85,7 @@ def test_the_accepting_thread_holds_it_until_accept(rig: SimpleNamespace) -> Non
     assert [r[0] for r in caller.join()] == [OK]
 
 
+@needs_test_hooks
 def test_another_thread_finishing_takes_none(rig: SimpleNamespace) -> None:
     caller = Caller(rig.client)
     call = rig.server.accept(HANG_S)
@@ -94,6 +97,7 @@ def test_another_thread_finishing_takes_none(rig: SimpleNamespace) -> None:
     assert [r[0] for r in caller.join()] == [OK]
 
 
+@needs_test_hooks
 def test_none_while_another_call_waits(rig: SimpleNamespace) -> None:
     caller = Caller(rig.client, n=2)
     first = rig.server.accept(HANG_S)
@@ -116,6 +120,7 @@ def test_none_while_another_call_waits(rig: SimpleNamespace) -> None:
     assert [r[0] for r in caller.join()] == [OK, OK]
 
 
+@needs_test_hooks
 def test_the_threads_end_ends_it(rig: SimpleNamespace) -> None:
     caller = Caller(rig.client)
     held = []
@@ -139,6 +144,7 @@ def test_the_threads_end_ends_it(rig: SimpleNamespace) -> None:
     assert [r[0] for r in caller.join()] == [OK]
 
 
+@needs_test_hooks
 def test_a_held_up_holder_holds_back_no_waiting_call() -> None:
     """A lease taken while the server's progress thread sleeps long (up to
     longest_sleep_ms) and then held, as by a worker preempted on its way back to

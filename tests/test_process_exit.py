@@ -17,6 +17,7 @@ import pytest
 
 from tests.support.clients import SHM_AND_REFERENCE, UNLIMITED_SERVER_ARGS, pair_id
 from tests.support.procs import REPO_ROOT, child_env
+from tests.support.hooks import needs_test_hooks
 
 EXIT_BUDGET_S = 20.0  # generous on a loaded 2-core machine; a hang is what is caught
 
@@ -103,6 +104,7 @@ print("EXITING", flush=True)
 '''
 
 
+@needs_test_hooks
 def test_a_thread_retaking_the_gil_as_finalizing_begins_does_not_abort() -> None:
     """CPython ends such a thread from inside PyEval_RestoreThread; it parks instead.
 

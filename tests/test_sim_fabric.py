@@ -29,6 +29,9 @@ import pytest
 
 from argrpc import _core as core
 from tests.support import payload
+from tests.support.hooks import needs_test_hooks
+
+pytestmark = needs_test_hooks
 
 KiB, MiB = 1024, 1024 * 1024
 ACC = 8 * KiB          # the default eager limit: ACC - 16 is the largest eager message

@@ -21,6 +21,7 @@ import pytest
 import argrpc
 from argrpc._subchannels import SUBCHANNELS
 from tests.support import inproc
+from tests.support.hooks import needs_test_hooks
 
 HANG_S = 30  # a bound on a hang, for a loaded machine
 
@@ -179,6 +180,7 @@ def _churn(mod: Any, target: str, rng: random.Random) -> list[str]:
     return failures
 
 
+@needs_test_hooks
 def test_a_shared_connection_that_fails_is_negotiated_again(served: tuple[Any, str]) -> None:
     server, target = served
     channels = [argrpc.insecure_channel(target) for _ in range(5)]

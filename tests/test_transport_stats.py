@@ -18,6 +18,7 @@ import pytest
 from argrpc import _core as core
 from tests.support import payload
 from tests.support.clients import UNLIMITED, UNLIMITED_SERVER_ARGS, make_channel
+from tests.support.hooks import needs_test_hooks
 
 KiB, MiB = 1 << 10, 1 << 20
 KEYS = {"connections_open", "eager_bytes_sent", "eager_bytes_received", "rendezvous_bytes_sent",
@@ -169,6 +170,7 @@ def sim(rig: SimpleNamespace) -> dict[str, int]:
     return dict(rig.engine.transport_stats().get("sim", {}))
 
 
+@needs_test_hooks
 def test_sim_both_sides_count_every_byte_once(rig: SimpleNamespace) -> None:
     assert rig.engine.transport_stats() == {}
     client, served, _link = core._sim_pair(rig.engine, rig.server, {}, {"max_recv": -1})
@@ -191,6 +193,7 @@ def test_sim_both_sides_count_every_byte_once(rig: SimpleNamespace) -> None:
     assert wait_for(lambda: sim(rig)["connections_open"] == 0), sim(rig)
 
 
+@needs_test_hooks
 def test_pool_waits_count_allocations_that_waited(rig: SimpleNamespace) -> None:
     # A silent peer never pulls (nor FINs) what it was announced: the first 40 MiB stays
     # in the 64 MiB pool, and the second must wait for room until its deadline.
@@ -217,6 +220,7 @@ def test_pool_waits_count_allocations_that_waited(rig: SimpleNamespace) -> None:
         served.close()
 
 
+@needs_test_hooks
 def test_keepalive_failures_count_a_silent_peer(rig: SimpleNamespace) -> None:
     # PING after 100 ms of silence, fail after 1 s unanswered.
     client, served, _link = core._sim_pair(

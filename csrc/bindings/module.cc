@@ -33,13 +33,20 @@ PYBIND11_MODULE(_core, m) {
   auto client_call = add_client_call(m);
   auto server = add_server(m);
   auto server_call = add_server_call(m);
+#ifdef ARGRPC_TEST_HOOKS
   add_test_probes(m, connection);
+#endif
 
   // Each fabric's endpoint and the Engine methods that make and attach one; after
   // Connection, which attach returns.
   add_shm(m, engine);
   add_verbs(m, engine);
+#ifdef ARGRPC_TEST_HOOKS
   add_sim(m);  // the test fabric (docs/core-api.md, "Test fabric")
+  m.attr("test_hooks") = true;
+#else
+  m.attr("test_hooks") = false;  // setup.py: built without ARGRPC_TEST_HOOKS=1
+#endif
   add_log(m);
   add_call_stats(m, connection);
   add_aio(m, engine, connection, client_call, server, server_call);

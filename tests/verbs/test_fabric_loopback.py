@@ -19,6 +19,7 @@ from types import SimpleNamespace
 from typing import Any, Iterator
 
 import pytest
+from tests.support.hooks import needs_test_hooks
 
 KiB, MiB = 1024, 1024 * 1024
 ACC = 8 * KiB  # the default eager limit (acc_size): 8K±1 straddles eager/rendezvous
@@ -269,6 +270,7 @@ def test_peer_qp_gone_fails_calls_with_unavailable(rdma: SimpleNamespace) -> Non
         assert not conn.alive
 
 
+@needs_test_hooks
 @pytest.mark.parametrize("windows", [True, False], ids=["windows", "no-windows"])
 def test_remote_read_only_of_announced_blocks(rdma: SimpleNamespace, windows: bool,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
@@ -301,6 +303,7 @@ def test_remote_read_only_of_announced_blocks(rdma: SimpleNamespace, windows: bo
             assert server_conn._probe_read(addr + length, key, 4096, 60.0) == ""
 
 
+@needs_test_hooks
 def test_remote_read_is_limited_to_the_announced_block(rdma: SimpleNamespace) -> None:
     """While a block is announced, the peer can READ exactly that block and nothing
     next to it. Three large messages go to a handler that reads none: two are pulled
