@@ -27,7 +27,7 @@ from argrpc._config import Config
 from argrpc._engine import get_engine
 from argrpc._fd_limit import near_limit_reason
 from argrpc._host import HostIdentity, local_identity, same_host_reason, target_is_local
-from argrpc._transports import (TRANSPORTS, Caller, ServerEnv, Transport, TransportServer,
+from argrpc._transports import (REGISTRY, Caller, ServerEnv, Transport, TransportServer,
                                 Unavailable, by_name, selected)
 
 __all__ = ["BOOTSTRAP_METHOD", "FastPathListener", "Negotiation", "client_offer", "negotiate",
@@ -63,7 +63,7 @@ def client_offer(cfg: Config) -> tuple[list[str], dict[str, str]]:
     """
     offered: list[str] = []
     why_not: dict[str, str] = {}
-    for t in TRANSPORTS:
+    for t in REGISTRY:
         if cfg.transport not in ("auto", t.name):
             why_not[t.name] = f"TF_RDMA_TRANSPORT={cfg.transport}"
         elif why := t.why_unavailable(cfg):
@@ -323,7 +323,7 @@ class FastPathListener:
                  compression_disabled: int = 0,
                  host: HostIdentity | None = None,
                  engine_factory: Callable[[], Any] | None = None,
-                 transports: Sequence[Transport] = TRANSPORTS) -> None:
+                 transports: Sequence[Transport] = REGISTRY) -> None:
         self._core_server = core_server
         self._cfg = cfg
         self._compression_disabled = compression_disabled

@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from argrpc._config import TRANSPORTS
+from argrpc._config import TRANSPORT_CHOICES
 from argrpc._version import __version__
 
 __all__ = ["build_parser", "main"]
@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--target", metavar="HOST:PORT",
                         help="an argrpc (or plain gRPC) server: negotiate with it as a channel "
                              "would and report the transport and the reason")
-    doctor.add_argument("--transport", choices=TRANSPORTS,
+    doctor.add_argument("--transport", choices=TRANSPORT_CHOICES,
                         help="TF_RDMA_TRANSPORT for the --target check (default: environment)")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     return parser

@@ -236,7 +236,7 @@ def _knob(name: str, kind: Kind, default: Any, meaning: str, **kw: Any) -> Any:
         "knob": Knob(name=name, kind=kind, default=default, meaning=meaning, **kw)})
 
 
-TRANSPORTS = ("auto", "verbs", "shm", "grpc")
+TRANSPORT_CHOICES = ("auto", "verbs", "shm", "grpc")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,7 +250,7 @@ class Config:
         "TF_RDMA_TRANSPORT", "choice", "auto",
         "Which fast path to use: `auto` (shared memory on one host, RDMA verbs across hosts "
         "when both ends have a usable device, else gRPC), `verbs` or `shm` (required: calls "
-        "fail UNAVAILABLE instead of falling back) or `grpc` (none).", choices=TRANSPORTS)
+        "fail UNAVAILABLE instead of falling back) or `grpc` (none).", choices=TRANSPORT_CHOICES)
     dev_name: str | None = _knob(
         "TF_RDMA_DEV_NAME", "name", None,
         "RDMA device the verbs fabric uses; a named device that is missing or has no ACTIVE "

@@ -24,7 +24,6 @@ import collections
 import concurrent.futures
 import concurrent.futures.thread as _futures_thread
 import contextvars
-import enum
 import logging
 import os
 import threading
@@ -46,13 +45,6 @@ _LOGGER = logging.getLogger(__name__)
 _ACCEPT_TIMEOUT = _config.LIMITS.server_poll_s
 _SPARE_WORKER_IDLE = _config.LIMITS.spare_worker_idle_s
 _LAST_WORKER_IDLE = _config.LIMITS.last_worker_idle_s
-
-
-class _Stage(enum.Enum):
-    NEW = "new"
-    STARTED = "started"
-    GRACE = "grace"
-    STOPPED = "stopped"
 
 
 # --- interpreter exit ------------------------------------------------------------------
@@ -302,10 +294,8 @@ class _Server(grpc.Server):
         self._max_send = _config.max_send_length(grpc_options)
         self._pool = thread_pool
         self._interceptors = tuple(interceptors or ())
-        self._generic: list[grpc.GenericRpcHandler] = []
-        self._registered: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
         self._lock = threading.RLock()
-        self._stage = _Stage.NEW
+        self._stage = _serving.Stage.NEW
         self._pid = os.getpid()
         # In-flight fast-path calls, keyed by ServerCall.key; the dict length is the
         # active count (dict ops are atomic under the GIL: no lock on the hot path).
@@ -338,6 +328,7 @@ class _Server(grpc.Server):
             options=grpc_options,
             compression=compression,
         )
+        self._handlers = _serving.Handlers(self._grpc)
         # Served on the grpc port even when the fast path is off, so a client learns why.
         self._listener = _bootstrap.FastPathListener(
             self._core, cfg, max_recv,
@@ -351,26 +342,15 @@ class _Server(grpc.Server):
     def add_generic_rpc_handlers(self, generic_rpc_handlers: Iterable[grpc.GenericRpcHandler]) -> None:
         generic_rpc_handlers = tuple(generic_rpc_handlers)
         _serving.validate_generic_handlers(generic_rpc_handlers)
-        self._grpc.add_generic_rpc_handlers(
-            tuple(_grpc_payloads.GrpcGenericHandler(h) for h in generic_rpc_handlers))
         with self._lock:
-            self._generic.extend(generic_rpc_handlers)
+            self._handlers.add_generic(generic_rpc_handlers)
 
     def add_registered_method_handlers(self, service_name: str,
                                        method_handlers: Mapping[str, grpc.RpcMethodHandler[Any, Any]]
                                        ) -> None:
-        for method in method_handlers:
-            _metrics_hooks.register_server_method(service_name, method)
         with self._lock:
-            started = self._stage is not _Stage.NEW
-        # grpc warns and ignores once started; forwarding keeps its exact behaviour.
-        self._grpc.add_registered_method_handlers(service_name, {
-            name: _grpc_payloads.grpc_method_handler(h) for name, h in method_handlers.items()})
-        if started:
-            return
-        with self._lock:
-            for method, handler in method_handlers.items():
-                self._registered["/{}/{}".format(service_name, method)] = handler
+            self._handlers.add_registered(service_name, method_handlers,
+                                          started=self._stage is not _serving.Stage.NEW)
 
     # --- ports --------------------------------------------------------------------------
     def add_insecure_port(self, address: str) -> int:
@@ -382,9 +362,9 @@ class _Server(grpc.Server):
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         with self._lock:
-            if self._stage is not _Stage.NEW:
+            if self._stage is not _serving.Stage.NEW:
                 raise ValueError("Cannot start already-started server!")
-            self._stage = _Stage.STARTED
+            self._stage = _serving.Stage.STARTED
             if self._core is not None:
                 # No pool thread is taken here: workers start with the first call.
                 self._accepting = True
@@ -403,7 +383,7 @@ class _Server(grpc.Server):
     def __del__(self) -> None:
         # grpc's server defines __del__ and code calls it to stop a server: start the
         # stop, without waiting (a finalizer must not block), as grpc does.
-        if getattr(self, "_stage", _Stage.NEW) is _Stage.STARTED and not self._inherited():
+        if getattr(self, "_stage", _serving.Stage.NEW) is _serving.Stage.STARTED and not self._inherited():
             try:
                 self.stop(0)
             except Exception:  # noqa: BLE001 - interpreter teardown: best effort
@@ -415,7 +395,7 @@ class _Server(grpc.Server):
             event.set()
             return event
         with self._lock:
-            if self._stage is _Stage.STOPPED or self._stage is _Stage.NEW:
+            if self._stage is _serving.Stage.STOPPED or self._stage is _serving.Stage.NEW:
                 # grpc: stopping a server that is not running is a no-op.
                 event.set()
                 return event
@@ -425,8 +405,8 @@ class _Server(grpc.Server):
             # A later stop() may shorten the grace, never lengthen it (as grpc).
             if self._stop_deadline is None or deadline < self._stop_deadline:
                 self._stop_deadline = deadline
-            first = self._stage is _Stage.STARTED
-            self._stage = _Stage.GRACE
+            first = self._stage is _serving.Stage.STARTED
+            self._stage = _serving.Stage.STOPPING
             if first:
                 self._accepting = False
                 # From now on grpc's work goes to the user's pool: workers leave as soon
@@ -463,7 +443,7 @@ class _Server(grpc.Server):
         if self._grpc_stopped is not None:
             self._grpc_stopped.wait()
         with self._lock:
-            self._stage = _Stage.STOPPED
+            self._stage = _serving.Stage.STOPPED
             events = list(self._stop_events)
         self._release_workers()
         if self._dispatcher is not None:
@@ -516,7 +496,7 @@ class _Server(grpc.Server):
                 self._refuse(sc)
             elif kind == "starved":
                 self._start_workers(n)
-            elif self._stage is not _Stage.STARTED and time.monotonic() - began < 0.01:
+            elif self._stage is not _serving.Stage.STARTED and time.monotonic() - began < 0.01:
                 time.sleep(0.05)  # engine shut down returns at once: don't spin
             sc = None
 
@@ -641,7 +621,7 @@ class _Server(grpc.Server):
         if handler is None:
             # A registered method without interceptors is one lookup: the common call
             # skips the general path's frames.
-            handler = None if self._interceptors else self._registered.get(state.method)
+            handler = None if self._interceptors else self._handlers.registered(state.method)
             if handler is None:
                 handler = self._find_handler(state)
             if handler is None:
@@ -678,28 +658,19 @@ class _Server(grpc.Server):
     def _lookup(self, state: _CallState) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
         method = state.method
         if not self._interceptors:
-            handler = self._registered.get(method)
+            handler = self._handlers.registered(method)
             if handler is not None:
                 return handler
-            return self._query_generic(
-                _serving.HandlerCallDetails(method, state))
+            return self._handlers.generic(_serving.HandlerCallDetails(method, state))
 
         def query(details: grpc.HandlerCallDetails) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
             # grpc resolves a registered method by the call's own name, generic ones
             # through the (possibly interceptor-rewritten) details.
-            handler = self._registered.get(method)
-            return handler if handler is not None else self._query_generic(details)
+            handler = self._handlers.registered(method)
+            return handler if handler is not None else self._handlers.generic(details)
 
         return _intercept(self._interceptors, 0, query,
                           _serving.HandlerCallDetails(method, state))
-
-    def _query_generic(self, details: grpc.HandlerCallDetails
-                       ) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
-        for generic in self._generic:
-            handler: Optional[grpc.RpcMethodHandler[Any, Any]] = generic.service(details)
-            if handler is not None:
-                return handler
-        return None
 
     @property
     def transport_enabled(self) -> bool:

@@ -1,20 +1,72 @@
 """What serving means on both front ends (`argrpc.server` and `argrpc.aio.server`): the
 engine's server for the fast path, the one `maximum_concurrent_rpcs` count, the handler
-a call runs, the statuses grpc gives for refused and stopped calls, and how a server
-answers its first handler registrations. The threaded and asyncio servers differ only in
-how they run handlers and wait; neither imports the other."""
+registry and lookup, the behaviour of a handler's arity, the details a generic handler
+and an interceptor are given, and a server's stages. The threaded and asyncio servers
+differ only in how they run handlers, apply interceptors (grpc's sync and async
+interceptor APIs) and wait; neither imports the other."""
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 import grpc
 
-from . import _config, _engine
+from . import _config, _engine, _grpc_payloads, _metrics_hooks
 
 _LOGGER = logging.getLogger("argrpc._server")
+
+
+class Stage(enum.Enum):
+    """Where a server is in its life: handlers registered after NEW are grpc's to warn
+    about and ignore; STOPPING is stop()'s grace."""
+    NEW = "new"
+    STARTED = "started"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+class Handlers:
+    """A server's method handlers, looked up as grpc looks them up: a registered method by
+    its full name first, then the generic handlers in the order they were added. Each is
+    also handed to the gRPC server beside the fast path (the serializer output made bytes
+    for it), so both ports serve the same methods."""
+
+    def __init__(self, grpc_server: Any) -> None:
+        self._grpc = grpc_server
+        self._generic: list[grpc.GenericRpcHandler] = []
+        self._registered: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+
+    def add_generic(self, handlers: tuple[grpc.GenericRpcHandler, ...]) -> None:
+        self._grpc.add_generic_rpc_handlers(
+            tuple(_grpc_payloads.GrpcGenericHandler(h) for h in handlers))
+        self._generic.extend(handlers)
+
+    def add_registered(self, service_name: str,
+                       method_handlers: Mapping[str, grpc.RpcMethodHandler[Any, Any]],
+                       started: bool) -> None:
+        for method in method_handlers:
+            _metrics_hooks.register_server_method(service_name, method)
+        # grpc warns and ignores once started; forwarding keeps its exact behaviour.
+        self._grpc.add_registered_method_handlers(service_name, {
+            name: _grpc_payloads.grpc_method_handler(h) for name, h in method_handlers.items()})
+        if started:
+            return
+        for method, handler in method_handlers.items():
+            self._registered[f"/{service_name}/{method}"] = handler
+
+    def registered(self, method: str) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
+        return self._registered.get(method)
+
+    def generic(self, details: grpc.HandlerCallDetails
+                ) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
+        for generic in self._generic:
+            handler: Optional[grpc.RpcMethodHandler[Any, Any]] = generic.service(details)
+            if handler is not None:
+                return handler
+        return None
 
 
 class HandlerCallDetails(grpc.HandlerCallDetails):

@@ -8,18 +8,18 @@ import pytest
 
 from argrpc import _config, _transports
 from argrpc._bootstrap import client_offer
-from argrpc._transports import TRANSPORTS, Connections, Transport, by_name, names, selected
+from argrpc._transports import REGISTRY, Connections, Transport, by_name, names, selected
 
 
 def test_registry_names_are_unique_and_shared_memory_wins_on_one_host() -> None:
-    assert len(set(names())) == len(TRANSPORTS)
-    assert names()[0] == "shm" and TRANSPORTS[0].same_host_only
-    assert all(isinstance(t, Transport) and t.name and t.what for t in TRANSPORTS)
+    assert len(set(names())) == len(REGISTRY)
+    assert names()[0] == "shm" and REGISTRY[0].same_host_only
+    assert all(isinstance(t, Transport) and t.name and t.what for t in REGISTRY)
     assert by_name("verbs") is _transports.verbs.VERBS and by_name("none") is None
 
 
 def test_config_accepts_exactly_the_registered_transports() -> None:
-    assert set(_config.TRANSPORTS) == {"auto", "grpc", *names()}
+    assert set(_config.TRANSPORT_CHOICES) == {"auto", "grpc", *names()}
 
 
 def test_benchmark_transports_come_from_the_registry() -> None:
@@ -28,7 +28,7 @@ def test_benchmark_transports_come_from_the_registry() -> None:
     assert argrpc_bench.TRANSPORTS == ("grpc", *names())
 
 
-@pytest.mark.parametrize("mode", _config.TRANSPORTS)
+@pytest.mark.parametrize("mode", _config.TRANSPORT_CHOICES)
 def test_selection_and_client_offer_follow_tf_rdma_transport(mode: str) -> None:
     cfg = _config.Config(transport=mode)
     chosen = [t.name for t in selected(cfg)]
@@ -84,7 +84,7 @@ def test_listener_closes_every_transports_connections() -> None:
             closed.append(self.name)
 
     transports = []
-    for t in TRANSPORTS:
+    for t in REGISTRY:
         fake = type(t)()
         fake.server = lambda env, name=t.name: Half(name)  # type: ignore[method-assign]
         transports.append(fake)

@@ -1,7 +1,7 @@
 """The fast transports this build negotiates: one module each, one line each below.
 
 Negotiation (both halves), the channel, `argrpc doctor` and the benchmark iterate
-TRANSPORTS; docs/transports.md says how to add one.
+REGISTRY; docs/transports.md says how to add one.
 """
 
 from __future__ import annotations
@@ -14,24 +14,24 @@ from argrpc._transports.base import (Caller, Connections, Declined, ServerEnv, T
 from argrpc._transports.shm import SHM
 from argrpc._transports.verbs import VERBS
 
-__all__ = ["TRANSPORTS", "Caller", "Connections", "Declined", "ServerEnv", "Transport", "TransportServer",
+__all__ = ["REGISTRY", "Caller", "Connections", "Declined", "ServerEnv", "Transport", "TransportServer",
            "Unavailable", "by_name", "names", "selected"]
 
 # In order of preference: where several are possible (one host), the first wins.
-TRANSPORTS: tuple[Transport, ...] = (
+REGISTRY: tuple[Transport, ...] = (
     SHM,
     VERBS,
 )
 
 
 def names() -> tuple[str, ...]:
-    return tuple(t.name for t in TRANSPORTS)
+    return tuple(t.name for t in REGISTRY)
 
 
-def by_name(name: str, transports: Sequence[Transport] = TRANSPORTS) -> Transport | None:
+def by_name(name: str, transports: Sequence[Transport] = REGISTRY) -> Transport | None:
     return next((t for t in transports if t.name == name), None)
 
 
-def selected(cfg: Config, transports: Sequence[Transport] = TRANSPORTS) -> list[Transport]:
+def selected(cfg: Config, transports: Sequence[Transport] = REGISTRY) -> list[Transport]:
     """The transports TF_RDMA_TRANSPORT lets this process use (auto: all of them)."""
     return [t for t in transports if cfg.transport in ("auto", t.name)]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import enum
 import logging
 import sys
 import weakref
@@ -57,13 +56,6 @@ def _refs_of_a_local_passed_on() -> int:
 # References to a call's state while _end_call runs for a call answered at once, when
 # nothing else holds it (see _end_call).
 _ONLY_OURS = _refs_of_a_local_passed_on()
-
-
-class _Stage(enum.Enum):
-    NEW = "new"
-    STARTED = "started"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
 
 
 # --- the gRPC port ----------------------------------------------------------------------
@@ -152,9 +144,7 @@ class Server(aio.Server):
         self._max_send = _config.max_send_length(grpc_options)
         self._thread_pool = thread_pool
         self._interceptors = interceptors
-        self._generic: list[grpc.GenericRpcHandler] = []
-        self._registered: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
-        self._stage = _Stage.NEW
+        self._stage = _serving.Stage.NEW
         # In-flight fast-path calls by ServerCall.key.
         self._calls: dict[int, RpcState] = {}
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -184,6 +174,7 @@ class Server(aio.Server):
             options=grpc_options,
             compression=compression,
         )
+        self._handlers = _serving.Handlers(self._grpc)
         # Served on the gRPC port even when the fast path is off, so a client learns why.
         self._listener = _bootstrap.FastPathListener(
             self._core, cfg, max_recv,
@@ -206,23 +197,13 @@ class Server(aio.Server):
     # --- handlers -----------------------------------------------------------------------
     def add_generic_rpc_handlers(self, generic_rpc_handlers: Iterable[grpc.GenericRpcHandler]
                                  ) -> None:
-        generic_rpc_handlers = tuple(generic_rpc_handlers)
-        self._grpc.add_generic_rpc_handlers(
-            tuple(_grpc_payloads.GrpcGenericHandler(h) for h in generic_rpc_handlers))
-        self._generic.extend(generic_rpc_handlers)
+        self._handlers.add_generic(tuple(generic_rpc_handlers))
 
     def add_registered_method_handlers(self, service_name: str,
                                        method_handlers: Mapping[str, grpc.RpcMethodHandler[Any, Any]]
                                        ) -> None:
-        for method in method_handlers:
-            _metrics_hooks.register_server_method(service_name, method)
-        # grpc.aio warns and ignores once started; forwarding keeps its exact behaviour.
-        self._grpc.add_registered_method_handlers(service_name, {
-            name: _grpc_payloads.grpc_method_handler(h) for name, h in method_handlers.items()})
-        if self._stage is not _Stage.NEW:
-            return
-        for method, handler in method_handlers.items():
-            self._registered[f"/{service_name}/{method}"] = handler
+        self._handlers.add_registered(service_name, method_handlers,
+                                      started=self._stage is not _serving.Stage.NEW)
 
     # --- ports --------------------------------------------------------------------------
     def add_insecure_port(self, address: str) -> int:
@@ -233,9 +214,9 @@ class Server(aio.Server):
 
     # --- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
-        if self._stage is _Stage.STARTED:
+        if self._stage is _serving.Stage.STARTED:
             return
-        if self._stage is not _Stage.NEW:
+        if self._stage is not _serving.Stage.NEW:
             raise aio.UsageError("Server not in ready state")
         loop = asyncio.get_running_loop()
         self._loop = loop
@@ -259,11 +240,11 @@ class Server(aio.Server):
             self._token = b.register(on_events)
             b.started()  # a server taking calls: the loop polls the engine before sleeping
             core.watch(b.notifier, self._token)
-        self._stage = _Stage.STARTED
+        self._stage = _serving.Stage.STARTED
         await self._grpc.start()
 
     async def stop(self, grace: Optional[float]) -> None:
-        if self._stage is _Stage.NEW or self._stage is _Stage.STOPPED:
+        if self._stage is _serving.Stage.NEW or self._stage is _serving.Stage.STOPPED:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() if grace is None else loop.time() + grace
@@ -272,8 +253,8 @@ class Server(aio.Server):
             self._stop_deadline = deadline
             assert self._changed is not None
             self._changed.set()
-        if self._stage is _Stage.STARTED:
-            self._stage = _Stage.STOPPING
+        if self._stage is _serving.Stage.STARTED:
+            self._stage = _serving.Stage.STOPPING
             self._listener.close()
             if self._core is not None:
                 self._core.shutdown()  # no new fast-path calls
@@ -323,7 +304,7 @@ class Server(aio.Server):
             try:
                 await self._grpc.wait_for_termination()
             finally:
-                self._stage = _Stage.STOPPED
+                self._stage = _serving.Stage.STOPPED
                 assert self._terminated is not None
                 self._terminated.set()
 
@@ -354,12 +335,12 @@ class Server(aio.Server):
             await self._stoppers_gone.wait()  # they return in the turns that follow
 
     def _is_stopped(self) -> bool:
-        return self._stage is _Stage.STOPPED
+        return self._stage is _serving.Stage.STOPPED
 
     def __del__(self) -> None:
         # grpc.aio schedules a stop of a server collected while running; the engine's
         # half at least stops taking calls here (a finalizer must not wait).
-        if getattr(self, "_stage", _Stage.NEW) is _Stage.STARTED:
+        if getattr(self, "_stage", _serving.Stage.NEW) is _serving.Stage.STARTED:
             core = self._core
             try:
                 if core is not None:
@@ -419,12 +400,12 @@ class Server(aio.Server):
         # return, and the release (five engine reads) is not needed.
         if not answered_at_once or sys.getrefcount(state) > _ONLY_OURS:
             state.release()
-        if self._stage is _Stage.STOPPING and self._changed is not None:
+        if self._stage is _serving.Stage.STOPPING and self._changed is not None:
             self._changed.set()
 
     def _find_handler_now(self, state: RpcState) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
         """The call's handler when there are no interceptors (nothing to await)."""
-        handler = self._registered.get(state.method)
+        handler = self._handlers.registered(state.method)
         if handler is not None:
             return handler
         return self._resolve(_serving.HandlerCallDetails(state.method, state))
@@ -441,14 +422,8 @@ class Server(aio.Server):
         return self._resolve(details)
 
     def _resolve(self, details: grpc.HandlerCallDetails) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
-        handler = self._registered.get(details.method)
-        if handler is not None:
-            return handler
-        for generic in self._generic:
-            handler = generic.service(details)
-            if handler is not None:
-                return handler
-        return None
+        handler = self._handlers.registered(details.method)
+        return handler if handler is not None else self._handlers.generic(details)
 
 
 def server(

@@ -147,7 +147,7 @@ def transport_reasons(env: Mapping[str, str]) -> dict[str, str]:
     elif env.get("TF_RDMA_TRANSPORT", "").strip().lower() == "grpc":
         disabled = "TF_RDMA_TRANSPORT=grpc for the measured processes"
     cfg = None if base or disabled else _child_config(env)
-    for t in _transports.TRANSPORTS:
+    for t in _transports.REGISTRY:
         out[t.name] = base or disabled or (t.why_unavailable(cfg) if cfg is not None else "")
     return out
 
