@@ -16,8 +16,7 @@ from typing import Any, Callable, Literal, Optional
 
 import grpc
 
-from . import _status
-from . import _config, _grpc_originals, _grpc_payloads, _metrics_hooks
+from . import _config, _grpc_originals, _grpc_payloads, _metrics_hooks, _status
 from ._client.balancer import Balancer
 from ._client.model import client_model
 from ._client.service_config import ServiceConfig, for_grpc, throttle_for

@@ -22,8 +22,7 @@ from typing import Any, Callable, Iterator, Optional, cast
 
 import grpc
 
-from . import _status
-from . import _grpc_log, _metrics_hooks
+from . import _grpc_log, _metrics_hooks, _status
 from ._grpc_payloads import nbytes as _nbytes
 from ._bases import (FutureBase, StreamStreamBase, StreamUnaryBase, UnaryStreamBase,
                      UnaryUnaryBase)

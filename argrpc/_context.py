@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, NoReturn, Optional, Se
 
 import grpc
 
-from . import _status
-from . import _grpc_log, _metadata
+from . import _grpc_log, _metadata, _status
 
 if TYPE_CHECKING:
     from ._core import ServerCall

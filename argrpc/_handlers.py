@@ -12,8 +12,7 @@ from typing import Any, Callable, Iterator, Optional, cast
 
 import grpc
 
-from . import _status
-from . import _grpc_log, _metadata
+from . import _grpc_log, _metadata, _status
 from ._context import _CallState, _ServicerContext
 from ._errors import USER_CODE_FAILED, user_codec
 

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 import grpc
 
-from . import _status
-from . import _config, _metrics_hooks
+from . import _config, _metrics_hooks, _status
 from ._subchannels import SUBCHANNELS, Shared
 
 if TYPE_CHECKING:

@@ -33,9 +33,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Se
 
 import grpc
 
-from . import _status
 from . import (_bootstrap, _config, _engine, _grpc_log, _grpc_originals, _grpc_payloads, _handlers,
-               _metrics_hooks, _serving)
+               _metrics_hooks, _serving, _status)
 from ._context import _CallState, _ServicerContext
 
 _LOGGER = logging.getLogger(__name__)

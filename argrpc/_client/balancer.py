@@ -23,8 +23,7 @@ import time
 import weakref
 from typing import Any, Callable, Optional
 
-from .. import _status
-from .. import _config
+from .. import _config, _status
 from .subchannel import Subchannel
 from .target import Resolver
 

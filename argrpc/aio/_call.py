@@ -20,8 +20,7 @@ from typing import (TYPE_CHECKING, Any, AsyncIterable, AsyncIterator, Callable, 
 import grpc
 from grpc import aio
 
-from .. import _status
-from .. import _grpc_log
+from .. import _grpc_log, _status
 from .._grpc_payloads import nbytes
 from .._errors import code_from_int, received_too_large
 from .._metadata import from_core

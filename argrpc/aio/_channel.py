@@ -18,10 +18,10 @@ from typing import Any, Callable, Optional, cast
 import grpc
 from grpc import aio
 
-from .. import _status
+from .. import (_bootstrap, _config, _grpc_log, _grpc_originals, _grpc_payloads, _metrics_hooks,
+                _status)
 from .._bases import (AioStreamStreamBase, AioStreamUnaryBase, AioUnaryStreamBase,
                       AioUnaryUnaryBase)
-from .. import _bootstrap, _config, _grpc_log, _grpc_originals, _grpc_payloads, _metrics_hooks
 from .._engine import get_engine
 from .._metadata import InvalidMetadataError, to_core
 from .._grpc_payloads import nbytes as _nbytes

@@ -18,8 +18,7 @@ from typing import Any, Callable, Mapping, NoReturn, Optional, Protocol, Sequenc
 import grpc
 from grpc import aio
 
-from .. import _status
-from .. import _grpc_log, _metadata
+from .. import _grpc_log, _metadata, _status
 from .._context import FastPathPeer
 
 __all__ = ["ExecuteBatchError", "RpcState", "ServerSide", "ServerStoppedError", "ServicerContext",

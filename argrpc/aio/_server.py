@@ -25,9 +25,8 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, Sequen
 import grpc
 from grpc import aio
 
-from .. import _status
 from .. import (_bootstrap, _config, _engine, _grpc_originals, _grpc_payloads, _metrics_hooks,
-                _proto, _serving)
+                _proto, _serving, _status)
 from .._transports import Caller
 from . import _inline_start
 from ._context import RpcState

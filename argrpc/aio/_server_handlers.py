@@ -18,8 +18,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, 
 import grpc
 from grpc import aio
 
-from .. import _status
-from .. import _grpc_log
+from .. import _grpc_log, _status
 from ._context import (ExecuteBatchError, RpcState, ServerSide, ServerStoppedError, ServicerContext,
                        SyncServicerContext, deserialize, serialize)
 
