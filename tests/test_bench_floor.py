@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
@@ -153,3 +154,36 @@ def test_reference_rows_are_skipped_with_the_reason_when_argrpc_is_off() -> None
                              timeout=120.0))
     (ref,) = [m for m in got if m.transport == "floor"]
     assert ref.skipped and "TF_RDMA_ENABLED" in ref.note
+
+
+def test_sizes_beyond_the_ring_skip_only_the_floor_rows() -> None:
+    # The floor is one ring write each way: a 2 MiB message cannot have one. The run keeps
+    # every transport row and the floor's 64 B row; the floor's 2 MiB row says why.
+    spec = RunSpec(benchmark="latency", transports=["shm"], sizes=[64, 2 * 1024 * 1024],
+                   warmup=1, iterations=3, references=True, timeout=120.0)
+    got = runner.run(spec)
+    shm = [m for m in got if m.transport == "shm"]
+    assert [(m.size, m.skipped) for m in shm] == [(64, False), (2 * 1024 * 1024, False)]
+    floor_rows = {m.size: m for m in got if m.transport == "floor"}
+    assert not floor_rows[64].skipped and floor_rows[64].p50_us is not None
+    big = floor_rows[2 * 1024 * 1024]
+    assert big.skipped and "TF_RDMA_RING_SIZE" in big.note and big.p50_us is None
+
+
+def test_a_reference_that_cannot_run_is_a_skipped_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Whatever stops the reference processes (here: they cannot start), the transports'
+    # rows measured before are kept and the reference rows say why they are missing.
+    start_server = runner.start_server
+
+    def refuse_the_floor(procs: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "floor server":
+            raise runner.BenchError("the floor server did not start")
+        return start_server(procs, name, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "start_server", refuse_the_floor)
+    got = runner.run(RunSpec(benchmark="latency", transports=["grpc"], sizes=[64], warmup=1,
+                             iterations=3, references=True, timeout=120.0))
+    (grpc_row,) = [m for m in got if m.transport == "grpc"]
+    assert not grpc_row.skipped and grpc_row.p50_us is not None
+    (ref,) = [m for m in got if m.transport == "floor"]
+    assert ref.skipped and "the floor server did not start" in ref.note

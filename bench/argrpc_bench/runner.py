@@ -49,6 +49,9 @@ from argrpc import _config, _transports
 from argrpc_bench import APIS, BENCHMARKS, FAST_TRANSPORTS, MODES, SCHEMES, TRANSPORTS
 from argrpc_bench.results import Measurement
 
+# The folder that holds the argrpc_bench package: bench/ in a checkout.
+_BENCH_ROOT = Path(__file__).resolve().parent.parent
+
 ProgressFn = Callable[[str, float], None]
 
 K, M = 1 << 10, 1 << 20
@@ -329,8 +332,13 @@ def start_server(stack: ExitStack, name: str, module: str, args: Sequence[str],
 
 def child_env(spec: RunSpec) -> dict[str, str]:
     """The measured processes' environment: ours plus the spec's knobs (never applied to
-    ``os.environ``)."""
-    return dict(os.environ) | {k: str(v) for k, v in spec.env.items()}
+    ``os.environ``), and run from a checkout (bench/), argrpc-bench's own package
+    importable, so the children run the code this process runs."""
+    env = dict(os.environ) | {k: str(v) for k, v in spec.env.items()}
+    if (_BENCH_ROOT / "pyproject.toml").is_file():
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(_BENCH_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
 
 
 def transport_env(spec: RunSpec, transport: str) -> dict[str, str]:
@@ -554,19 +562,29 @@ def run_references(spec: RunSpec, reason: str) -> list[Measurement]:
     args = ["--sizes", ",".join(str(s) for s in spec.sizes), "--seed", str(spec.seed),
             *_plan_args(spec)]
     per_call = _per_call_s(spec)
-    with ExitStack() as procs:
-        if FLOOR in names:
-            server, pid = start_server(procs, "floor server", module, ["serve"], env)
-            client = spawn(procs, "floor client", module,
-                           ["client", "--target", f"{FLOOR}:{pid}", *args], env)
-        else:
-            server, client = None, spawn(procs, "memcpy", module, ["copy", *args], env)
-        doc = client.result(time.monotonic() + _budget(spec, per_call * len(names)))
-        if server is not None:
-            server.close()
-    check_env(client.name, spec, doc["env"], "reference")
+    try:
+        with ExitStack() as procs:
+            if FLOOR in names:
+                server, pid = start_server(procs, "floor server", module, ["serve"], env)
+                client = spawn(procs, "floor client", module,
+                               ["client", "--target", f"{FLOOR}:{pid}", *args], env)
+            else:
+                server, client = None, spawn(procs, "memcpy", module, ["copy", *args], env)
+            doc = client.result(time.monotonic() + _budget(spec, per_call * len(names)))
+            if server is not None:
+                server.close()
+        check_env(client.name, spec, doc["env"], "reference")
+    except BenchError as e:
+        # A reference row is context for the transports' rows: when it cannot be
+        # measured, it is a skipped row that says why, and the run keeps the rest.
+        why = f"not measured: {str(e).splitlines()[0]}"
+        return [m for name in names for m in skipped(spec, name, why)]
     out = []
     for r in doc["results"]:
+        if "skipped" in r:
+            out.append(_base(spec, FLOOR, int(r["size"]), spec.buffers, note=r["skipped"],
+                             skipped=True, env={k: str(v) for k, v in spec.env.items()}))
+            continue
         name = FLOOR if FLOOR in names else f"memcpy-{r['threads']}t"
         out.append(_base(spec, name, int(r["size"]), spec.buffers,
                          iterations=int(r["iterations"]), p50_us=r.get("p50_us"),

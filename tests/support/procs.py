@@ -23,12 +23,14 @@ PACKAGE_ROOT = Path(argrpc.__file__).resolve().parent.parent
 
 def child_env(extra: Mapping[str, str] | None = None,
               drop: Sequence[str] = ()) -> dict[str, str]:
-    """Environment for a child: this one, the repo importable, TF_RDMA_* as asked."""
+    """Environment for a child: this one, the repo and its argrpc-bench importable,
+    TF_RDMA_* as asked."""
     env = dict(os.environ)
     for key in drop:
         env.pop(key, None)
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        [str(REPO_ROOT), str(REPO_ROOT / "bench")]
+        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.update(extra or {})
     return env
