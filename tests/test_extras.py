@@ -41,6 +41,7 @@ DISTRIBUTION = {
     "pybind11": "pybind11",
     "grpc_observability": "grpcio-observability",
     "prometheus_client": "prometheus-client",
+    "nixl_cu12": "nixl-cu12",
     # namespace packages: the distribution goes by subpackage (the longest key that names
     # a prefix of the import)
     "opentelemetry.metrics": "opentelemetry-api",
@@ -59,6 +60,10 @@ OPTIONAL = {
     ("observability", "grpc_observability"),
     ("bench", "grpc_observability"),
     ("examples", "grpc_observability"),
+    # argrpc-bench peers: a peer that is not installed is a skipped row saying how to get
+    # it (NIXL's wheel requires torch, which the measurement does not use)
+    ("bench", "nixl_cu12"),
+    ("test", "nixl_cu12"),
 }
 
 # Requirements that no import shows: pytest plugins configured by name.

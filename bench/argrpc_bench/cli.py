@@ -660,6 +660,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["replicas"]:
         from argrpc_bench.replicas import main as replicas_main
         return replicas_main(argv[1:])
+    if argv[:1] == ["peers"]:
+        from argrpc_bench.peers import main as peers_main
+        return peers_main(argv[1:])
     parser = build_parser()
     a = parser.parse_args(argv)
     _check_args(parser, a)

@@ -1,0 +1,49 @@
+"""argrpc-bench peers: the other libraries' rows beside argrpc's, one definition of a round
+trip, a peer that is missing or fails is a skipped row with the reason."""
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import pytest
+
+from argrpc_bench import peers, runner
+from argrpc_bench.results import Measurement
+
+SPEC = runner.RunSpec(benchmark="latency", transports=["grpc", "shm"], sizes=[64],
+                      iterations=50, repeats=1)
+
+
+def _row(peer: str, size: int, **kw: Any) -> Measurement:
+    return runner._base(SPEC, peer, size, 1, **kw)
+
+
+def test_a_peer_that_is_not_installed_is_a_skipped_row_saying_how_to_get_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torch" else real(name, *a))
+    rows = peers.run_peers(["torch-rpc"], [64, 4096], ["--iterations", "5"], 10.0, _row)
+    assert [(m.transport, m.size, m.skipped) for m in rows] == [
+        ("torch-rpc", 64, True), ("torch-rpc", 4096, True)]
+    assert all("torch is not installed (pip install torch)" == m.note for m in rows)
+
+
+def test_the_table_puts_each_row_against_argrpc_over_shared_memory() -> None:
+    rows = [_row("shm", 64, p50_us=10.0, p99_us=20.0),
+            _row("nixl-none", 64, p50_us=5.0, p99_us=40.0),
+            _row("ucxx", 64, note="ucxx is not installed", skipped=True)]
+    text = peers.table(rows).splitlines()
+    assert text[1].split()[:4] == ["shm", "64", "10.0", "20.0"]
+    nixl = next(line for line in text if line.startswith("nixl-none"))
+    assert nixl.split()[-2:] == ["0.50×", "2.00×"]  # faster at p50, slower at p99
+    assert "skipped: ucxx is not installed" in text[-1]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nixl_cu12") is None,
+                    reason="NIXL is not installed (pip install --no-deps nixl-cu12)")
+def test_nixl_round_trips_every_size() -> None:
+    rows = peers.run_peers(["nixl-none"], [0, 64, 1 << 20], ["--iterations", "50"], 60.0, _row)
+    for m in rows:
+        assert not m.skipped, m.note
+        assert m.p50_us is not None and 0 < m.p50_us <= (m.p99_us or 0)
