@@ -603,9 +603,7 @@ class _MultiCallable:
         channel = self._channel
         mc = self._mc
         if mc is not None:
-            timeout = mc.timeout(timeout)
-            if wait_for_ready is None:
-                wait_for_ready = mc.wait_for_ready
+            timeout, wait_for_ready = mc.call_options(timeout, wait_for_ready)
         conn, timeout, via = channel._route(timeout, wait_for_ready, credentials)
         if conn is not None:
             if compression is not None and (refused := via._refused_compression(compression)):

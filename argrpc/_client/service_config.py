@@ -125,6 +125,13 @@ class MethodConfig:
             return call_timeout
         return self.timeout_s if call_timeout is None else min(call_timeout, self.timeout_s)
 
+    def call_options(self, timeout: Optional[float], wait_for_ready: Optional[bool]
+                     ) -> tuple[Optional[float], Optional[bool]]:
+        """A call's timeout and wait_for_ready under this config: the earlier timeout,
+        and the config's wait_for_ready where the call gave none."""
+        return (self.timeout(timeout),
+                self.wait_for_ready if wait_for_ready is None else wait_for_ready)
+
 
 _NONE = _EMPTY = MethodConfig()
 

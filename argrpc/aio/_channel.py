@@ -333,9 +333,7 @@ class _MultiCallable:
         channel = self._channel
         mc = self._mc
         if mc is not None:
-            timeout = mc.timeout(timeout)
-            if wait_for_ready is None:
-                wait_for_ready = mc.wait_for_ready
+            timeout, wait_for_ready = mc.call_options(timeout, wait_for_ready)
         return self._route(request, timeout, metadata, credentials, wait_for_ready,
                            compression, channel._service_config.unsent_retries)
 

@@ -160,6 +160,15 @@ def stats_us(samples_ns: list[int]) -> dict[str, float]:
             "mean_us": statistics.fmean(s) / 1e3}
 
 
+def round_trip_row(size: int, samples: list[int], total_s: float,
+                   per_repeat: list[int]) -> dict[str, Any]:
+    """One size's result of a ping-pong of ``size`` bytes each way (the floor, a peer)."""
+    n = len(samples)
+    return {"size": size, "buffers": 1, "calls": n, "iterations": min(per_repeat),
+            "seconds": total_s, "rpcs_per_s": n / total_s,
+            "gbps": 2 * size * n / total_s / 1e9, **stats_us(samples)}
+
+
 # ------------------------------------------------------------------------ measurement
 
 @dataclass

@@ -35,7 +35,7 @@ from argrpc import _config
 from argrpc._engine import core_module, get_engine
 from argrpc_bench import schemes
 from argrpc_bench.client import (Plan, emit_outcome, exit_on_stdin_eof, parse_args,
-                                     progress, stats_us, timed_phases)
+                                     progress, round_trip_row, timed_phases)
 from argrpc_bench.server import tf_rdma_env
 
 FLOOR = "floor"
@@ -162,12 +162,7 @@ def measure_floor(args: argparse.Namespace) -> dict[str, Any]:
         call = _round_trip(link, size, args.seed)
         for _ in range(max(0, args.warmup - 1)):
             call()
-        samples, total_s, per_repeat = timed_phases(call, plan)
-        n = len(samples)
-        results.append({"size": size, "buffers": 1, "calls": n,
-                        "iterations": min(per_repeat), "seconds": total_s,
-                        "rpcs_per_s": n / total_s, "gbps": 2 * size * n / total_s / 1e9,
-                        **stats_us(samples)})
+        results.append(round_trip_row(size, *timed_phases(call, plan)))
         progress(i + 1, len(sizes))
     return {"ok": True, "pid": os.getpid(), "env": tf_rdma_env(), "transport": FLOOR,
             "server_env": peer["env"], "server_pid": peer["pid"], "results": results}

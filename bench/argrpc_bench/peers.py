@@ -34,7 +34,7 @@ import sys
 import time
 from typing import IO, Any, Callable, Sequence
 
-from argrpc_bench.client import Plan, stats_us, timed_phases
+from argrpc_bench.client import Plan, round_trip_row, timed_phases
 from argrpc_bench.results import Measurement
 
 # name -> (module that must import, how to get it)
@@ -113,11 +113,9 @@ def _nixl_side(role: str, size: int, mode: str, plan: Plan, proto: IO[str]) -> d
         round_trip()
     if size and recv[0] != 0xA5:
         raise RuntimeError("B's bytes did not arrive")
-    samples, total_s, per_repeat = timed_phases(round_trip, plan)
+    row = round_trip_row(size, *timed_phases(round_trip, plan))
     agent.send_notif(other, b"end")
-    return {"size": size, "calls": len(samples), "iterations": min(per_repeat),
-            "seconds": total_s, "rpcs_per_s": len(samples) / total_s,
-            "gbps": 2 * size * len(samples) / total_s / 1e9, **stats_us(samples)}
+    return row
 
 
 def side(argv: Sequence[str]) -> int:

@@ -502,30 +502,31 @@ def _reference(t: Target, m: Measurement, ms: Sequence[Measurement]) -> Measurem
                  and cell_key(b) == key), None)
 
 
+def _shown(t: Target, r: float) -> str:
+    """The ratio as the target reads: for a bound below 1 (aio / threaded, shm / floor,
+    argrpc / grpcio) the slowdown, at most 1 / min_ratio; else the speedup."""
+    if t.min_ratio >= 1:
+        return fmt_ratio(r)
+    slower = fmt_ratio(1 / r)
+    metric = _UNITS[t.metric].split()[0]
+    return {"threaded": f"aio {metric} = {slower} threaded",
+            FLOOR: f"{metric} = {slower} the floor's"}.get(t.versus,
+                                                          f"{metric} = {slower} grpcio's")
+
+
 def _verdict(t: Target, r: float) -> tuple[str, str]:
-    status, detail = _checked(t, r)
-    if not t.info:
-        return status, detail
-    shown = detail.split(" (")[0].split(", ")[0]
-    goal = f"at most {1 / t.min_ratio:g}×" if t.min_ratio < 1 else f"{t.min_ratio:g}×"
-    return "INFO", f"{shown} (once a goal of {goal}; {t.info})"
-
-
-def _checked(t: Target, r: float) -> tuple[str, str]:
+    shown = _shown(t, r)
+    if t.info:
+        goal = f"at most {1 / t.min_ratio:g}×" if t.min_ratio < 1 else f"{t.min_ratio:g}×"
+        return "INFO", f"{shown} (once a goal of {goal}; {t.info})"
     if t.min_ratio < 1:
-        # a bound on a slowdown (aio / threaded, shm / floor, argrpc / grpcio), shown as
-        # that slowdown: at most 1 / min_ratio
         slower, allowed = 1 / r, 1 / t.min_ratio
-        metric = _UNITS[t.metric].split()[0]
-        what = {"threaded": f"aio {metric} = {fmt_ratio(slower)} threaded",
-                FLOOR: f"{metric} = {fmt_ratio(slower)} the floor's"}.get(
-                    t.versus, f"{metric} = {fmt_ratio(slower)} grpcio's")
         if r >= t.min_ratio:
-            return "PASS", f"{what} (allowed {allowed:g}×)"
-        return "MISS", f"{what}, allowed {allowed:g}×: over by {slower / allowed:.2f}×"
+            return "PASS", f"{shown} (allowed {allowed:g}×)"
+        return "MISS", f"{shown}, allowed {allowed:g}×: over by {slower / allowed:.2f}×"
     if r >= t.min_ratio:
-        return "PASS", f"{fmt_ratio(r)} (needs {t.min_ratio:g}×)"
-    return "MISS", (f"{fmt_ratio(r)}, needs {t.min_ratio:g}×: short by "
+        return "PASS", f"{shown} (needs {t.min_ratio:g}×)"
+    return "MISS", (f"{shown}, needs {t.min_ratio:g}×: short by "
                     f"{t.min_ratio / r:.2f}× ({(1 - r / t.min_ratio) * 100:.0f}% below)")
 
 
