@@ -688,12 +688,15 @@ class _MultiCallable:
     def _sent(self, how: str, conn: Any, arg: Any, timeout: Optional[float], metadata: Any,
               credentials: Optional[grpc.CallCredentials], wait_for_ready: Optional[bool],
               compression: Optional[grpc.Compression],
-              attempt: Callable[[Any, Optional[float], bool], Any]) -> tuple[Any, Any]:
+              attempt: Callable[[Any, Optional[float], bool], Any],
+              tries: Optional[int] = None) -> tuple[Any, Any]:
         """``(attempt(conn, timeout, retry_unsent), None)`` on the routed `conn`. An attempt
         that never left the process (None) starts again where the channel routes it now,
-        as gRFC A6's transparent retries do, while the channel allows; routed to grpc, it
-        is ``(None, what grpc returned)``."""
-        tries = self._channel._service_config.unsent_retries
+        as gRFC A6's transparent retries do, while the channel allows (`tries`: how many
+        more; the channel's number by default); routed to grpc, it is ``(None, what grpc
+        returned)``."""
+        if tries is None:
+            tries = self._channel._service_config.unsent_retries
         while True:
             done = attempt(conn, timeout, tries > 0)
             if done is not None:
@@ -792,7 +795,32 @@ class UnaryUnary(_MultiCallable, UnaryUnaryBase):
                  credentials: Optional[grpc.CallCredentials] = None,
                  wait_for_ready: Optional[bool] = None,
                  compression: Optional[grpc.Compression] = None) -> Any:
-        conn = self._channel._fast
+        channel = self._channel
+        conn = channel._fast
+        tries = channel._service_config.unsent_retries
+        if conn is not None and credentials is None and compression is None and \
+                self._mc is None and conn.alive:
+            # The common call, in one frame: each Python call here costs about as much as
+            # the transport's share of a small call.
+            payload = request if self._raw_send else self._serialize(request)
+            if timeout is not None and timeout < 0:
+                timeout = 0.0  # grpc: already expired; the engine reads negative as "none"
+            ended = conn.unary(self._method, _core_metadata(metadata) if metadata else [],
+                               timeout, payload, tries > 0)
+            if ended is not None:
+                code, details, imd, tmd, response = ended
+                if code != 0:
+                    raise _status_exception(channel, code, details, imd, tmd)
+                deser = self._deser
+                if deser is None or response is None:
+                    return response
+                response = user_codec(deser, response, "deserializing")
+                if response is USER_CODE_FAILED:
+                    raise local_error(_INTERNAL, _DESERIALIZE_FAILED)
+                return response
+            # It never left the process: it starts again where the channel routes now.
+            tries -= 1
+            conn = None
         if conn is None or credentials is not None or compression is not None or \
                 not conn.alive or self._mc is not None:
             conn, timeout, result = self._routed("", request, timeout, metadata,
@@ -803,7 +831,7 @@ class UnaryUnary(_MultiCallable, UnaryUnaryBase):
                 return _ended(self._policy_call(conn, request, timeout, metadata, self._mc,
                                                  False))
         answer, result = self._answered("", conn, request, timeout, metadata, credentials,
-                                        wait_for_ready, compression)
+                                        wait_for_ready, compression, tries)
         return result if answer is None else answer[0]
 
     def with_call(self, request: Any, timeout: Optional[float] = None, metadata: Any = None,
@@ -826,7 +854,8 @@ class UnaryUnary(_MultiCallable, UnaryUnaryBase):
 
     def _answered(self, how: str, conn: Any, request: Any, timeout: Optional[float],
                   metadata: Any, credentials: Optional[grpc.CallCredentials],
-                  wait_for_ready: Optional[bool], compression: Optional[grpc.Compression]
+                  wait_for_ready: Optional[bool], compression: Optional[grpc.Compression],
+                  tries: Optional[int] = None
                   ) -> tuple[Optional[tuple[Any, Any, Any, Optional[float]]], Any]:
         """The blocking call on the routed `conn`: ``(answer, None)``; started again where
         the channel routes it now if it never left the process (as _started), and
@@ -834,7 +863,7 @@ class UnaryUnary(_MultiCallable, UnaryUnaryBase):
         payload = request if self._raw_send else self._serialize(request)
         return self._sent(how, conn, request, timeout, metadata, credentials, wait_for_ready,
                           compression, lambda c, t, retry: self._blocking(
-                              c, payload, t, metadata, retry))
+                              c, payload, t, metadata, retry), tries)
 
     def _blocking(self, conn: Any, payload: Any, timeout: Optional[float], metadata: Any,
                   retry_unsent: bool = False) -> Optional[tuple[Any, Any, Any, Optional[float]]]:

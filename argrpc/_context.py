@@ -22,6 +22,9 @@ _LOGGER = _grpc_log.SERVER
 
 MetadataType = Sequence[tuple[str, Any]]
 
+# Guards every call's callbacks (see _CallState).
+_CALLBACKS = threading.Lock()
+
 # grpc reports INT64_MAX seconds as the deadline of a call that has none.
 _INFINITE_DEADLINE = float(2**63 - 1)
 
@@ -32,7 +35,11 @@ class AbortError(Exception):
 
 
 class _CallState:
-    """Everything the handler may change about the outcome of one call."""
+    """Everything the handler may change about the outcome of one call.
+
+    Made once per call on the hot path, so it holds no lock and no list of its own until
+    a call needs one: the callbacks of every call share one lock (they are rare and run
+    briefly under it), and the lists start as empty tuples."""
 
     __slots__ = (
         "sc",
@@ -45,7 +52,6 @@ class _CallState:
         "finished",
         "rpc_errors",
         "callbacks",
-        "lock",
         "detached",
         "_invocation_metadata",
     )
@@ -62,12 +68,11 @@ class _CallState:
         self.finished = False
         # RpcErrors we raised into user code because the call died; a handler that lets
         # one escape must not be reported as an application exception.
-        self.rpc_errors: list[BaseException] = []
+        self.rpc_errors: Sequence[BaseException] = ()
         # None once the callbacks have been taken (run): add_callback then returns False.
-        self.callbacks: Optional[list[Callable[[], None]]] = []
-        # Guards `callbacks`: the worker (normal finish), the cancellation watcher and
-        # stop() may all try to run them; they must run exactly once.
-        self.lock = threading.Lock()
+        # The worker (normal finish), the cancellation watcher and stop() may all try to
+        # run them; _CALLBACKS makes that happen exactly once.
+        self.callbacks: Optional[Sequence[Callable[[], None]]] = ()
         # The call goes on after its handler returned (a non-blocking handler).
         self.detached = False
         self._invocation_metadata: Optional[tuple[Any, ...]] = None
@@ -81,18 +86,18 @@ class _CallState:
 
     def raise_rpc_error(self) -> None:
         error = grpc.RpcError()
-        self.rpc_errors.append(error)
+        self.rpc_errors = (*self.rpc_errors, error)
         raise error
 
     def add_callback(self, callback: Callable[[], None]) -> bool:
-        with self.lock:
+        with _CALLBACKS:
             if self.callbacks is None:
                 return False
-            self.callbacks.append(callback)
+            self.callbacks = (*self.callbacks, callback)
             return True
 
     def run_callbacks(self) -> None:
-        with self.lock:
+        with _CALLBACKS:
             callbacks, self.callbacks = self.callbacks, None
         if not callbacks:
             return

@@ -7,8 +7,9 @@ that accepted the call: no handoff.
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
-from typing import Any, Callable, Iterator, Optional, cast
+from typing import Any, Callable, Iterator, NamedTuple, Optional, cast
 
 import grpc
 
@@ -22,6 +23,7 @@ _LOGGER = _grpc_log.SERVER
 
 # Sentinel: "no request; the call was already ended (or is dead)".
 _NO_REQUEST = object()
+_NO_METADATA: list[Any] = []  # never changed: the engine copies what it is given
 
 
 def code_int(code: Any) -> int:
@@ -228,34 +230,64 @@ def _run_non_blocking(state: _CallState, behavior: Callable[..., Any], argument:
     return not state.finished
 
 
-def _run_unary_unary(state: _CallState, context: _ServicerContext,
-                     handler: grpc.RpcMethodHandler[Any, Any], max_send: int) -> None:
-    """`run` for the commonest kind, in as few Python calls as its common outcome needs
-    (each costs about as much as the transport's share of a small call); every other
-    outcome takes the same helpers as the other kinds."""
-    deserializer = handler.request_deserializer
-    if deserializer is None:
-        request = state.sc.recv()
-        if request is None:
-            request = _no_request(state)
-    else:
-        request = _unary_request(state, deserializer)
+class UnaryPlan(NamedTuple):
+    """What serving a unary-unary method takes, read off its handler once: the behaviour,
+    the request's deserializer, the response's serializer."""
+    behavior: Callable[..., Any]
+    deserializer: Optional[Callable[..., Any]]
+    serializer: Optional[Callable[..., Any]]
+
+
+def unary_plan(handler: grpc.RpcMethodHandler[Any, Any]) -> Optional[UnaryPlan]:
+    """The plan of a unary-unary handler served in the worker that accepted its call;
+    None for every other kind, and for a method with its own pool."""
+    if handler.request_streaming or handler.response_streaming:
+        return None
+    behavior = handler.unary_unary
+    if isinstance(getattr(behavior, "experimental_thread_pool", None),
+                  concurrent.futures.ThreadPoolExecutor):
+        return None
+    # ignore: a handler without the behaviour fails when called, as the application's error
+    return UnaryPlan(behavior, handler.request_deserializer,  # type: ignore[arg-type]
+                     handler.response_serializer)
+
+
+def serve_unary(state: _CallState, plan: UnaryPlan, max_send: int) -> None:
+    """Serves a unary-unary call to its end in as few Python calls as its common outcome
+    needs (each costs about as much as the transport's share of a small call); every
+    other outcome takes the same helpers as the other kinds. A bug of ours ends the call
+    with UNKNOWN instead of leaving it open."""
+    try:
+        _unary_unary(state, plan, max_send)
+    except Exception:  # noqa: BLE001 - see above
+        _LOGGER.exception("argrpc: unexpected error serving %s", state.method)
+        if not state.finished:
+            state.finished = True
+            state.sc.finish(_status.UNKNOWN, "Unexpected server error", [], None)
+
+
+def _unary_unary(state: _CallState, plan: UnaryPlan, max_send: int) -> None:
+    sc = state.sc
+    request = sc.recv()
+    if request is None:
+        request = _no_request(state)
+    elif plan.deserializer is not None:
+        request = _deserialize(state, request, plan.deserializer)
     if request is _NO_REQUEST:
         return
     try:
-        # ignore: a handler without the behaviour fails here as the application's error
-        response = handler.unary_unary(request, context)  # type: ignore[misc]
+        response = plan.behavior(request, _ServicerContext(state))
     except Exception as exc:
         _on_exception(state, exc, _status.EXCEPTION_CALLING)
         return
     if (state.finished or state.code is not None or state.details is not None
             or state.trailing_metadata):
-        _respond_unary(state, response, handler.response_serializer, max_send)
+        _respond_unary(state, response, plan.serializer, max_send)
         return
-    serialized = _serialize(state, response, handler.response_serializer, max_send)
+    serialized = _serialize(state, response, plan.serializer, max_send)
     if serialized is not None:
         state.finished = True
-        state.sc.finish(_status.OK, "", [], serialized)
+        sc.finish(_status.OK, "", _NO_METADATA, serialized)
 
 
 def run(state: _CallState, context: _ServicerContext, handler: grpc.RpcMethodHandler[Any, Any],
@@ -263,8 +295,9 @@ def run(state: _CallState, context: _ServicerContext, handler: grpc.RpcMethodHan
     """Serve the call to its end (status sent, or the call found dead), or, for a
     non-blocking handler, until its behaviour returns: True then when the call goes on,
     and `on_end` is called once it ends."""
-    if not handler.request_streaming and not handler.response_streaming:
-        _run_unary_unary(state, context, handler, max_send)
+    plan = unary_plan(handler)
+    if plan is not None:
+        _unary_unary(state, plan, max_send)
         return False
     deserializer = handler.request_deserializer
     serializer = handler.response_serializer

@@ -299,6 +299,9 @@ class _Server(grpc.Server):
         # In-flight fast-path calls, keyed by ServerCall.key; the dict length is the
         # active count (dict ops are atomic under the GIL: no lock on the hot path).
         self._calls: dict[int, _CallState] = {}
+        # The registered unary-unary methods a worker serves on the spot (no interceptors,
+        # no pool of their own), read off their handlers when the server starts.
+        self._plans: dict[str, _handlers.UnaryPlan] = {}
         self._accepting = False
         self._exit_workers = False
         self._stop_deadline: Optional[float] = None
@@ -365,6 +368,11 @@ class _Server(grpc.Server):
                 raise ValueError("Cannot start already-started server!")
             self._stage = _serving.Stage.STARTED
             if self._core is not None:
+                if not self._interceptors:
+                    self._plans = {
+                        method: plan for method, handler in
+                        self._handlers.all_registered().items()
+                        if (plan := _handlers.unary_plan(handler)) is not None}
                 # No pool thread is taken here: workers start with the first call.
                 self._accepting = True
                 _live_servers.add(self)
@@ -590,10 +598,16 @@ class _Server(grpc.Server):
 
     # --- one fast-path call ----------------------------------------------------------
     def _serve(self, sc: Any) -> None:
-        state = _CallState(sc, sc.method)
+        method = sc.method
+        state = _CallState(sc, method)
         self._calls[sc.key] = state
+        plan = self._plans.get(method)
         # A fresh contextvars.Context per call, as grpc does.
-        contextvars.Context().run(self._serve_state, state, None)
+        if plan is None:
+            contextvars.Context().run(self._serve_state, state, None)
+            return
+        contextvars.Context().run(_handlers.serve_unary, state, plan, self._max_send)
+        self._end_call(state)
 
     def _serve_state(self, state: _CallState, handler: Optional[grpc.RpcMethodHandler[Any, Any]]) -> None:
         goes_on = False

@@ -60,6 +60,10 @@ class Handlers:
     def registered(self, method: str) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
         return self._registered.get(method)
 
+    def all_registered(self) -> Mapping[str, grpc.RpcMethodHandler[Any, Any]]:
+        """Every registered method by its full name (none is added once serving)."""
+        return self._registered
+
     def generic(self, details: grpc.HandlerCallDetails
                 ) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
         for generic in self._generic:

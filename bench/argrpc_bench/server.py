@@ -160,13 +160,19 @@ def listen_address(host: str, port: int) -> str:
 
 def serve(server: grpc.Server, handlers: Sequence[grpc.GenericRpcHandler],
           commands: Mapping[str, Callable[[], str]] | None = None, grace: float = 0,
-          address: str = "127.0.0.1:0", until: str = "stdin") -> int:
+          address: str = "127.0.0.1:0", until: str = "stdin",
+          registered: Mapping[str, Mapping[str, grpc.RpcMethodHandler[Any, Any]]] | None = None
+          ) -> int:
     """Listen on `address` (default: a free port of 127.0.0.1), print ``PORT n``, serve
     until stdin closes (``until="stdin"``; a stdin line that names one of `commands` is
-    answered with what it returns, one line) or until SIGINT/SIGTERM (``"signal"``)."""
+    answered with what it returns, one line) or until SIGINT/SIGTERM (``"signal"``).
+    `registered` (service -> method -> handler) is also registered by name, as grpc's
+    generated ``add_*Servicer_to_server`` does beside its generic handler."""
     if until not in UNTIL:
         raise ValueError(f"until must be one of {UNTIL}, not {until!r}")
     server.add_generic_rpc_handlers(tuple(handlers))
+    for service, methods in (registered or {}).items():
+        server.add_registered_method_handlers(service, methods)
     port = server.add_insecure_port(address)
     if port == 0:  # grpc reports a failed bind as port 0, not as an error
         raise RuntimeError(f"cannot listen on {address}")
@@ -188,9 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     add_listen_args(p, host="127.0.0.1", port=0, until="stdin")
     args = p.parse_args(argv)
     server = make_server(args.stack, args.threads)
-    handler = grpc.method_handlers_generic_handler(msg.SERVICE, handlers(args.stack))
+    methods = handlers(args.stack)
+    handler = grpc.method_handlers_generic_handler(msg.SERVICE, methods)
     return serve(server, [handler], address=listen_address(args.host, args.port),
-                 until=args.until)
+                 until=args.until, registered={msg.SERVICE: methods})
 
 
 def add_listen_args(p: argparse.ArgumentParser, host: str, port: int, until: str) -> None:
