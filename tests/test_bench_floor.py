@@ -153,7 +153,7 @@ def test_reference_rows_are_skipped_with_the_reason_when_argrpc_is_off() -> None
                              iterations=3, references=True, env={"TF_RDMA_ENABLED": "false"},
                              timeout=120.0))
     (ref,) = [m for m in got if m.transport == "floor"]
-    assert ref.skipped and "TF_RDMA_ENABLED" in ref.note
+    assert ref.skipped and "TF_RDMA_ENABLED" in ref.note and not ref.failed
 
 
 def test_sizes_beyond_the_ring_skip_only_the_floor_rows() -> None:
@@ -168,9 +168,10 @@ def test_sizes_beyond_the_ring_skip_only_the_floor_rows() -> None:
     assert not floor_rows[64].skipped and floor_rows[64].p50_us is not None
     big = floor_rows[2 * 1024 * 1024]
     assert big.skipped and "TF_RDMA_RING_SIZE" in big.note and big.p50_us is None
+    assert not big.failed  # a limit of the floor, not a failure of the run
 
 
-def test_a_reference_that_cannot_run_is_a_skipped_row(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_reference_that_cannot_run_is_a_failed_row(monkeypatch: pytest.MonkeyPatch) -> None:
     # Whatever stops the reference processes (here: they cannot start), the transports'
     # rows measured before are kept and the reference rows say why they are missing.
     start_server = runner.start_server
@@ -181,9 +182,12 @@ def test_a_reference_that_cannot_run_is_a_skipped_row(monkeypatch: pytest.Monkey
         return start_server(procs, name, *args, **kwargs)
 
     monkeypatch.setattr(runner, "start_server", refuse_the_floor)
+    logged: list[str] = []
     got = runner.run(RunSpec(benchmark="latency", transports=["grpc"], sizes=[64], warmup=1,
-                             iterations=3, references=True, timeout=120.0))
+                             iterations=3, references=True, timeout=120.0), log=logged.append)
     (grpc_row,) = [m for m in got if m.transport == "grpc"]
-    assert not grpc_row.skipped and grpc_row.p50_us is not None
+    assert not grpc_row.skipped and not grpc_row.failed and grpc_row.p50_us is not None
     (ref,) = [m for m in got if m.transport == "floor"]
-    assert ref.skipped and "the floor server did not start" in ref.note
+    assert ref.skipped and ref.failed
+    assert ref.note == "not measured: the floor server did not start"
+    assert logged == ["floor not measured: the floor server did not start"]

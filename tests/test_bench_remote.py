@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from typing import Any, Iterator
 import pytest
 
 from argrpc_bench import cli, runner
+from argrpc_bench.results import Measurement
 from argrpc_bench.runner import RunSpec
 
 AVAILABLE = runner.available_transports()
@@ -87,24 +89,41 @@ def test_remote_argrpc_server_is_reached_on_the_transport_argrpc_picks(
     assert not any(m.skipped for m in got)
 
 
+def _failed(got: list[Measurement], transport: str, cause: str) -> None:
+    """``got`` has ``transport``'s two rows, failed and saying ``cause`` (a regex)."""
+    rows = [m for m in got if m.transport == transport]
+    assert [m.size for m in rows] == [64, 4096]
+    for m in rows:
+        assert m.skipped and m.failed and m.p50_us is None and m.gbps is None
+        assert re.match(f"not measured: .*{cause}", m.note), m.note
+
+
 @pytest.mark.skipif(bool(AVAILABLE["shm"]), reason=AVAILABLE["shm"] or "shm available")
-def test_remote_argrpc_client_on_a_grpc_server_fails_with_the_reason(
+def test_remote_argrpc_client_on_a_grpc_server_is_a_failed_row_saying_why(
         servers: dict[str, Any]) -> None:
-    with pytest.raises(runner.TransportError, match="not 'shm'"):
-        runner.run(tiny("latency", ["shm"], {"shm": servers["grpc"]}))
+    # the shm client reaches a plain grpc server, measured for real beside it as grpc
+    logged: list[str] = []
+    got = runner.run(tiny("latency", ["shm", "grpc"],
+                          {"shm": servers["grpc"], "grpc": servers["grpc"]}),
+                     log=logged.append)
+    _failed(got, "shm", "channel transport is 'grpc', not 'shm'")
+    assert all(not m.skipped and m.p50_us for m in got if m.transport == "grpc")
+    assert len(logged) == 1 and logged[0].startswith("shm not measured: shm (server ")
+    assert all(p.proc.poll() is None for p in servers["procs"])  # not the run's to stop
 
 
 def test_remote_server_without_the_specs_knob_is_refused(servers: dict[str, Any]) -> None:
     # the fixture's server was started without KNOB: the numbers would not be the spec's
-    with pytest.raises(runner.BenchError, match=f"server process has.*{KNOB}"):
-        runner.run(tiny("latency", ["grpc"], {"grpc": servers["grpc"]}, env={KNOB: VALUE}))
+    got = runner.run(tiny("latency", ["grpc"], {"grpc": servers["grpc"]}, env={KNOB: VALUE}),
+                     log=lambda text: None)
+    _failed(got, "grpc", f"server process has .*{KNOB}")
 
 
 def test_remote_target_nobody_serves_fails_at_once_saying_so() -> None:
     started = time.monotonic()
-    with pytest.raises(runner.BenchError, match="remote grpc server at 127.0.0.1:1 does "
-                                                "not answer"):
-        runner.run(tiny("latency", ["grpc"], {"grpc": "127.0.0.1:1"}))
+    got = runner.run(tiny("latency", ["grpc"], {"grpc": "127.0.0.1:1"}),
+                     log=lambda text: None)
+    _failed(got, "grpc", "remote grpc server at 127.0.0.1:1 does not answer")
     assert time.monotonic() - started < 30
 
 
@@ -143,6 +162,27 @@ def test_cli_serve_then_remote_run_end_to_end(tmp_path: Path,
         rc_serve = proc.wait(timeout=30)
     assert rc_serve == 0
     assert "grpc server on 127.0.0.1:0" in proc.communicate()[1]
+
+
+@pytest.mark.skipif(bool(AVAILABLE["shm"]), reason=AVAILABLE["shm"] or "shm available")
+def test_cli_writes_the_grpc_rows_when_the_shm_client_lands_on_grpc(
+        servers: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # one bare target for both transports, a plain grpc server: argrpc's client lands on
+    # gRPC there, a failure of the shm rows only; the grpc ones are measured and written
+    rc = cli.main(["latency", "--mode", "raw", "--sizes", "64", "--iterations", "5",
+                   "--warmup", "1", "--repeats", "1", "--concurrency", "1",
+                   "--transports", "grpc,shm", "--remote", servers["grpc"], "--no-plots",
+                   "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 1
+    doc = json.loads((tmp_path / "results.json").read_text())
+    rows = {m["transport"]: m for m in doc["measurements"]}
+    assert sorted(rows) == ["grpc", "shm"] and len(doc["measurements"]) == 2
+    assert not rows["grpc"]["skipped"] and rows["grpc"]["p50_us"] > 0
+    assert rows["shm"]["failed"] and "not 'shm'" in rows["shm"]["note"]
+    (error,) = doc["meta"]["errors"]
+    assert "shm not measured: " in error and "not 'shm'" in error and error in out
+    assert all(p.proc.poll() is None for p in servers["procs"])
 
 
 def test_server_until_stdin_is_the_default_of_the_module() -> None:

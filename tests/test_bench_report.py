@@ -24,6 +24,7 @@ DOCUMENTED_FIELDS = {
     "gbps": (float, type(None)), "rpcs_per_s": (float, type(None)),
     "steps_per_s": (float, type(None)), "workers": (int, type(None)), "env": dict,
     "note": str, "skipped": bool, "api": str, "concurrency": int, "clients": int,
+    "failed": bool,
 }
 
 
@@ -173,6 +174,28 @@ def test_markdown_report(sample: list[Measurement], tmp_path: Path) -> None:
                         and not r.startswith("|-")}) == 1, block
 
 
+def test_failed_rows_are_errors_and_other_skips_are_not() -> None:
+    why = "not measured: shm client failed: boom"
+    ms = [lat("grpc", 64, 200.0, 400.0), skipped("latency", 64),
+          *(dataclasses.replace(lat("shm", size, 1.0, 2.0), p50_us=None, skipped=True,
+                                failed=True, note=why) for size in (64, 4096))]
+    # one line per failed transport and cause, not one per size; the verbs row skipped
+    # for want of a device is no error
+    assert cli.failed_rows("latency 64 B,4 KiB [raw, uniform]", ms) == [
+        f"latency 64 B,4 KiB [raw, uniform]: shm {why}"]
+    assert cli.failed_rows("t", [skipped("latency", 64)]) == []
+
+
+def test_markdown_lists_the_errors_first_lines() -> None:
+    meta = collect_meta(["latency"], errors=["latency 64 B: shm not measured: boom\nits "
+                                             "stderr ends:\nTraceback"])
+    md = report.markdown_report([lat("grpc", 64, 200.0, 400.0)], meta)
+    errors = md.split("## Errors\n", 1)[1].split("\n## ", 1)[0]
+    assert "- latency 64 B: shm not measured: boom\n" in errors
+    assert "Traceback" not in md
+    assert "## Errors" not in report.markdown_report([], collect_meta(["latency"]))
+
+
 def test_sweep_values_side_by_side() -> None:
     ms = []
     for acc, g, s in (("4K", 1.0, 10.0), ("8K", 1.0, 14.0), ("16K", 1.1, 12.0)):
@@ -314,7 +337,7 @@ def _fake_runner(calls: list[Any], fail_mode: str | None = None) -> Any:
         references: bool = False
         clients: int = 1
 
-    def run(spec: RunSpec, progress: Any = None) -> list[Measurement]:
+    def run(spec: RunSpec, progress: Any = None, log: Any = None) -> list[Measurement]:
         calls.append((spec, dict(os.environ)))
         if spec.mode == fail_mode:
             raise RuntimeError("server did not start")

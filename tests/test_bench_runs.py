@@ -1,7 +1,9 @@
 """argrpc_bench.runner: tiny real runs of every benchmark over every transport available
 here, under the threaded and the asyncio API, the sweep environment reaching the
-measured processes (and only them), skipped and refused transports. Runs are a few iterations on a tiny payload: seconds each, and
-nothing is timing-asserted (the machine is shared and noisy)."""
+measured processes (and only them), skipped transports, and a transport whose processes
+fail as failed rows beside the others, kept and written. Runs are a few iterations on a
+tiny payload: seconds each, and nothing is timing-asserted (the machine is shared and
+noisy)."""
 from __future__ import annotations
 
 import json
@@ -9,6 +11,7 @@ import math
 import os
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,6 +128,7 @@ def test_unavailable_transport_is_skipped_with_its_reason() -> None:
         assert len(by[t]) == 2
         for m in by[t]:
             assert m.skipped and m.note and m.p50_us is None and m.gbps is None
+            assert not m.failed  # this machine's (or spec's) reason: not a failure
     assert "TF_RDMA_ENABLED" in by["shm"][0].note or "engine" in by["shm"][0].note
 
 
@@ -135,18 +139,114 @@ def test_verbs_without_fabric_says_why() -> None:
         assert m.skipped and m.transport == "verbs" and m.note == AVAILABLE["verbs"]
 
 
+def _shm_served_by_plain_grpc(monkeypatch: pytest.MonkeyPatch
+                              ) -> tuple[list[runner.Child], dict[str, list[str]]]:
+    """The shm transport's server started as a plain grpc one, so that argrpc's shm client
+    really lands on gRPC; returns every process the run starts (in order) and, when the
+    first grpc process starts, which earlier ones were still alive."""
+    children: list[runner.Child] = []
+    alive: dict[str, list[str]] = {}
+    spawn, start_server = runner.spawn, runner.start_server
+
+    def recording_spawn(procs: ExitStack, name: str, *args: Any) -> runner.Child:
+        if name.startswith("grpc") and "at grpc start" not in alive:
+            alive["at grpc start"] = [c.name for c in children if c.proc.poll() is None]
+        child = spawn(procs, name, *args)
+        children.append(child)
+        return child
+
+    def plain_grpc_for_shm(procs: ExitStack, name: str, module: str, args: list[str],
+                           *rest: Any) -> tuple[runner.Child, int]:
+        if name.startswith("shm"):
+            args = ["grpc" if a == "argrpc" else a for a in args]
+        return start_server(procs, name, module, args, *rest)
+
+    monkeypatch.setattr(runner, "spawn", recording_spawn)
+    monkeypatch.setattr(runner, "start_server", plain_grpc_for_shm)
+    return children, alive
+
+
 @pytest.mark.skipif(bool(AVAILABLE["shm"]), reason=AVAILABLE["shm"] or "shm available")
-def test_shm_client_on_plain_grpc_fails_loudly_and_leaves_no_process() -> None:
-    env = runner.child_env(runner.normalize(tiny("latency", ["grpc"])))
-    with pytest.raises(runner.TransportError, match="not 'shm'.*server is plain gRPC"):
-        with ExitStack() as procs:
-            server, port = runner.start_server(procs, "server", "argrpc_bench.server",
-                                               ["--stack", "grpc"], env)
-            client = runner.spawn(procs, "client", "argrpc_bench.client", [
-                "--target", f"127.0.0.1:{port}", "--stack", "argrpc", "--transport", "shm",
-                "--benchmark", "latency", "--sizes", "64", "--iterations", "2"], env)
-            client.result(deadline=_deadline())
-    assert server.proc.poll() is not None and client.proc.poll() is not None
+@pytest.mark.parametrize("api", ["threaded", "aio"])
+def test_shm_client_on_plain_grpc_is_a_failed_row_and_the_run_goes_on(
+        api: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # TF_RDMA_TRANSPORT=auto from the spec (it wins over the runner's shm): the client may
+    # fall back, and its transport check must refuse the plain gRPC channel it gets. shm
+    # first: its failure must neither stop the grpc rows after it nor leave a process of
+    # its own around when they start.
+    children, alive = _shm_served_by_plain_grpc(monkeypatch)
+    logged: list[str] = []
+    got = runner.run(tiny("latency", ["shm", "grpc"], api=api,
+                          env={"TF_RDMA_TRANSPORT": "auto"}), log=logged.append)
+    shm = [m for m in got if m.transport == "shm"]
+    grpc_rows = [m for m in got if m.transport == "grpc"]
+    assert [m.size for m in shm] == [m.size for m in grpc_rows] == [64, 64 << 10]
+    for m in shm:
+        assert m.skipped and m.failed and m.p50_us is None and m.api == api
+        assert m.note.startswith("not measured: shm")
+        assert "not 'shm'" in m.note and "server is plain gRPC" in m.note
+    for m in grpc_rows:
+        check_measured(m, tiny("latency", ["grpc"], api=api))
+    # the whole error went to the log, and after it which process (with its last stderr
+    # lines, had it written any)
+    (entry,) = logged
+    assert entry.startswith(f"shm not measured: {shm[0].note[len('not measured: '):]}\n"
+                            f"shm {'aio ' if api == 'aio' else ''}client (pid ")
+    assert alive["at grpc start"] == []
+    assert [c.name.split()[0] for c in children] == ["shm"] * 2 + ["grpc"] * 2
+    assert all(c.proc.poll() is not None for c in children)
+
+
+def _live_children() -> list[str]:
+    """This process's children that have not exited, from /proc (``pid comm``)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue  # exited while listed
+        comm_end = text.rindex(")")
+        state, ppid = text[comm_end + 2:].split()[:2]
+        if int(ppid) == os.getpid() and state != "Z":
+            out.append(f"{stat.parent.name} {text[text.index('(') + 1:comm_end]}")
+    return out
+
+
+@pytest.mark.skipif(bool(AVAILABLE["shm"]), reason=AVAILABLE["shm"] or "shm available")
+def test_cli_writes_every_row_beside_a_failed_transport_and_exits_1(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from argrpc_bench import cli
+
+    # TF_RDMA_TRANSPORT=verbs for the measured processes: the shm client must use verbs,
+    # which it cannot here (no device: its calls fail) or which is not shm (a device:
+    # the transport check fails). The grpc stack ignores the knob and is measured.
+    rc = cli.main(["latency", "--transports", "grpc,shm", "--sweep",
+                   "TF_RDMA_TRANSPORT=verbs", "--sizes", "64,4K", "--mode", "raw",
+                   "--iterations", "5", "--warmup", "1", "--repeats", "1", "--concurrency",
+                   "1", "--clients", "1", "--no-floor", "--no-plots", "--out", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert rc == 1, captured.err
+    assert _live_children() == []
+    doc = json.loads((tmp_path / "results.json").read_text())
+    rows = {(m["transport"], m["size"]): m for m in doc["measurements"]}
+    assert sorted(rows) == [("grpc", 64), ("grpc", 4096), ("shm", 64), ("shm", 4096)]
+    for size in (64, 4096):
+        g = rows[("grpc", size)]
+        assert not g["skipped"] and not g["failed"] and g["p50_us"] > 0
+        assert g["env"] == {"TF_RDMA_TRANSPORT": "verbs"}
+        m = rows[("shm", size)]
+        assert m["skipped"] and m["failed"] and m["p50_us"] is None
+        assert m["note"].startswith("not measured: shm client") and "verbs" in m["note"]
+    # one error for the failed transport, naming its rows' run and cause, in the JSON,
+    # on stdout and in the Markdown page
+    (error,) = doc["meta"]["errors"]
+    assert error.startswith("latency 64 B,4 KiB [raw, uniform] TF_RDMA_TRANSPORT=verbs: shm ")
+    assert error.endswith(rows[("shm", 64)]["note"])
+    assert f"errors:\n  {error}\n" in captured.out
+    assert "skipped: not measured: shm client" in captured.out  # the table row
+    assert f"- {error}" in (tmp_path / "results.md").read_text()
+    # the child's own stderr reached the orchestrator's
+    assert "error: latency 64 B,4 KiB" in captured.err and "its stderr ends:" in captured.err
 
 
 def _deadline() -> float:
@@ -195,20 +295,6 @@ def test_aio_spec_is_checked() -> None:
         runner.normalize(tiny("latency", ["grpc"], api="trio"))
     with pytest.raises(ValueError, match="concurrency"):
         runner.normalize(tiny("latency", ["grpc"], api="aio", concurrency=0))
-
-
-@pytest.mark.skipif(bool(AVAILABLE["shm"]), reason=AVAILABLE["shm"] or "shm available")
-def test_aio_shm_client_on_grpc_aio_fails_loudly_and_leaves_no_process() -> None:
-    env = runner.child_env(runner.normalize(tiny("latency", ["grpc"])))
-    with pytest.raises(runner.TransportError, match="not 'shm'"):
-        with ExitStack() as procs:
-            server, port = runner.start_server(procs, "server", "argrpc_bench.aio_server",
-                                               ["--stack", "grpc"], env)
-            client = runner.spawn(procs, "client", "argrpc_bench.aio_client", [
-                "--target", f"127.0.0.1:{port}", "--stack", "argrpc", "--transport", "shm",
-                "--benchmark", "latency", "--sizes", "64", "--iterations", "2"], env)
-            client.result(deadline=_deadline())
-    assert server.proc.poll() is not None and client.proc.poll() is not None
 
 
 def test_cli_both_apis_in_one_real_run(tmp_path: Path,

@@ -6,6 +6,13 @@ each comparing all requested transports in the same run; the APIs of one cell ru
 to back so that asyncio and threaded numbers come from the same moment. This process
 never changes its own environment: sweep values reach only the measured processes,
 through ``RunSpec.env``.
+
+Nothing measured is lost to a failure: a transport (or reference) whose processes fail
+is a skipped row saying ``not measured: ...`` (``Measurement.failed``), a run that fails
+as a whole is left out, and either way everything else is written. The failures are
+listed under ``errors:`` on stdout and in the JSON's ``meta.errors``, and make the exit
+status 1; rows skipped for a reason that is not a failure (a transport this machine
+does not offer, a floor size beyond the shm ring) leave it 0. Bad options exit 2.
 """
 from __future__ import annotations
 
@@ -202,7 +209,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="TF-gRPC-Bench-style microbenchmarks: plain grpcio vs argrpc-shm "
                     "(and argrpc-verbs where a device exists), measured side by side in "
                     "one run. Progress goes to stderr; tables, targets and written file "
-                    "paths to stdout.",
+                    "paths to stdout.\n\n"
+                    "exit status:\n"
+                    "  0  every row measured, or skipped for a reason that is no failure (a\n"
+                    "     transport this machine does not offer, a floor size beyond the shm "
+                    "ring)\n"
+                    "  1  a run or a row failed: its rows say 'not measured: ...', the "
+                    "failures\n"
+                    "     are listed under errors: and in the JSON's meta.errors, and "
+                    "everything\n"
+                    "     else is still measured and written\n"
+                    "  2  bad options",
         epilog="examples:\n"
                "  argrpc-bench all --quick\n"
                "  argrpc-bench latency --sizes 64,1K,64K --mode serialized\n"
@@ -241,8 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "transport it serves (a grpc server for grpc, an argrpc server for "
                         "verbs or shm), a bare HOST:PORT serves every measured transport "
                         "not named. The client gets no TF_RDMA_TRANSPORT: argrpc must "
-                        "choose the measured transport by itself, and the run fails if it "
-                        "did not")
+                        "choose the measured transport by itself, and its rows fail (see the "
+                        "exit status) if it did not")
     p.add_argument("--mode", choices=[*MODES, "both"], default="both",
                    help="raw: buffers via buffer serializers, no protobuf; serialized: "
                         "protobuf message with repeated bytes (default: both)")
@@ -641,6 +658,16 @@ def _connect_skipped(a: argparse.Namespace, available: dict[str, str]) -> str:
     return ""
 
 
+def failed_rows(title: str, ms: Sequence[Measurement]) -> list[str]:
+    """One error line per transport (and cause) of ``ms`` whose rows failed, for the
+    run's ``errors``: a transport's rows share their note when its processes failed."""
+    by_cause: dict[tuple[str, str], None] = {}
+    for m in ms:
+        if m.failed:
+            by_cause[(m.transport, m.note)] = None
+    return [f"{title}: {transport} {note}" for transport, note in by_cause]
+
+
 # --------------------------------------------------------------------------- main
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -687,8 +714,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     for spec in specs:
         title = _title(spec)
+
+        def log(text: str, title: str = title) -> None:
+            prog.message(f"error: {title}: {text}")
+
         try:
-            got = runner.run(spec, progress=prog.step(title))
+            got = runner.run(spec, progress=prog.step(title), log=log)
         except KeyboardInterrupt:
             prog.close()
             errors.append(f"{title}: interrupted")
@@ -701,6 +732,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not m.env and spec.env:  # the report groups by it; never lose the sweep
                 m.env = dict(spec.env)
         measurements.extend(got)
+        errors.extend(failed_rows(title, got))
     connect = None
     if a.benchmark in (CONNECT, "all") and skip_connect:
         prog.message(f"note: connection set-up not measured: {skip_connect}")

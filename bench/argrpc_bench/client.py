@@ -442,6 +442,16 @@ def parse_args(argv: list[str] | None,
     return args
 
 
+def error_text(exc: BaseException) -> str:
+    """``exc`` for the orchestrator's row note: a failed call as its type, status code and
+    details (an RpcError's str() is a repr over several lines that repeats the details)."""
+    code, details = getattr(exc, "code", None), getattr(exc, "details", None)
+    if isinstance(exc, grpc.RpcError) and callable(code) and callable(details):
+        status = code()
+        return f"{type(exc).__name__}: {getattr(status, 'name', status)}: {details()}"
+    return f"{type(exc).__name__}: {exc}"
+
+
 def emit_outcome(work: Callable[[], dict[str, Any]]) -> int:
     """Runs a measured process's work and emits its one result line, or the failure as
     one (the orchestrator reads exactly one line); returns the exit code."""
@@ -453,7 +463,7 @@ def emit_outcome(work: Callable[[], dict[str, Any]]) -> int:
         return EXIT_TRANSPORT
     except Exception as exc:  # noqa: BLE001 - reported to the orchestrator, then exit
         traceback.print_exc()
-        emit({"ok": False, "error": f"{type(exc).__name__}: {exc}", "kind": "error",
+        emit({"ok": False, "error": error_text(exc), "kind": "error",
               "pid": os.getpid()})
         return EXIT_ERROR
 

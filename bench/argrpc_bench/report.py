@@ -717,6 +717,13 @@ def markdown_report(ms: Sequence[Measurement], meta: dict[str, Any],
             ("duration", g("elapsed_s") is not None and f"{g('elapsed_s')} s")]
     lines += [f"- **{k}**: {v}" for k, v in info if v]
     lines.append("")
+    errors = [str(e) for e in meta.get("errors") or []]
+    if errors:
+        # first lines only: the JSON's meta.errors keeps the whole of each
+        lines += ["## Errors", "", "What failed is listed here and missing (or skipped, "
+                  "saying why) below; everything else was measured.", ""]
+        lines += [f"- {(e.splitlines() or [''])[0]}" for e in errors]
+        lines.append("")
     for kind, title, desc, table in _sections(ms):
         if kind == "sweep":
             lines += [f"Sweep ({desc}):", "", table.markdown(), ""]

@@ -40,6 +40,8 @@ class Measurement:
     api: str = "threaded"               # "threaded" | "aio" (grpc.aio / argrpc.aio)
     concurrency: int = 1                # calls in flight at once on one channel
     clients: int = 1                    # client processes on one server, started together
+    failed: bool = False                # skipped because its processes failed (note: how),
+    #                                     not for a reason of the machine or the spec
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Measurement))

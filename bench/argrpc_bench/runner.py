@@ -16,14 +16,25 @@ TF_RDMA_TRANSPORT wins), and every client checks that its channel really is on t
 transport, failing with the fallback reason otherwise.
 
 Process hygiene: servers exit when their stdin closes, clients and workers exit when
-theirs does, every wait is bounded, and on any error or timeout every process this run
-started is killed before the exception propagates.
+theirs does, every wait is bounded, and on any error or timeout every process of the
+transport (or reference) being measured is killed before the next one starts.
+
+A run never loses its other rows to one transport: when a transport's processes fail (a
+child crashes, times out or prints nonsense, a client's channel is not on the measured
+transport, a server's TF_RDMA_* is not the spec's, a remote server does not answer), its
+rows are skipped with ``failed`` set and ``not measured: <the error's first line>`` in
+``note``, the whole error (with the child's last stderr lines) goes to the run's
+``log``, and the other transports are measured as usual; the reference rows fail the
+same way, alone. One client process measures all of a transport's sizes, so they fail
+together. A transport this machine (or the spec's knobs) cannot offer is skipped with
+the reason and without ``failed``, as is a floor size beyond the shm ring: those are
+not failures. A spec that cannot run at all raises ValueError before any process starts.
 
 Remote servers (``RunSpec.remote``, the CLI's ``--remote``): for latency and bandwidth
 under the threaded API, a transport given a ``HOST:PORT`` starts no server here; its
 client calls a server already serving there (``argrpc-bench serve`` on the other host).
 The client gets no TF_RDMA_TRANSPORT from the runner then: across hosts argrpc must pick
-verbs by itself, and the client's transport check fails the run if it did not. The
+verbs by itself, and the client's transport check fails its rows if it did not. The
 remote server's TF_RDMA_* must match the spec's knobs (it reports them; checked as for a
 local server), so a ``--sweep`` cannot reach it: start one server per value instead.
 """
@@ -53,6 +64,7 @@ from argrpc_bench.results import Measurement
 _BENCH_ROOT = Path(__file__).resolve().parent.parent
 
 ProgressFn = Callable[[str, float], None]
+LogFn = Callable[[str], None]
 
 K, M = 1 << 10, 1 << 20
 DEFAULT_SIZES: dict[str, list[int]] = {
@@ -110,7 +122,13 @@ class RunSpec:
 
 
 class BenchError(RuntimeError):
-    """A measured process failed, timed out or reported nonsense."""
+    """A measured process failed, timed out or reported nonsense. ``message`` says what
+    happened on one line or a few; ``str()`` adds the ``detail`` after it (the child's
+    last stderr lines), which a row's note leaves out."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(f"{message}\n{detail}" if detail else message)
+        self.message = message
 
 
 class TransportError(BenchError):
@@ -200,12 +218,18 @@ class Child:
                     pass
             self.stderr_tail.append(line)
 
-    def describe(self) -> str:
-        tail = "\n".join(self.stderr_tail)
+    def who(self) -> str:
         rc = self.proc.poll()
         return (f"{self.name} (pid {self.proc.pid}"
-                + (f", exit code {rc}" if rc is not None else "") + ")"
-                + (f"; its stderr ends:\n{tail}" if tail else ""))
+                + (f", exit code {rc}" if rc is not None else "") + ")")
+
+    def stderr_text(self) -> str:
+        tail = "\n".join(self.stderr_tail)
+        return f"its stderr ends:\n{tail}" if tail else ""
+
+    def describe(self) -> str:
+        text = self.stderr_text()
+        return self.who() + (f"; {text}" if text else "")
 
     def next_line(self, deadline: float, on_progress: Callable[[int, int], None] | None = None,
                   ) -> str:
@@ -213,7 +237,8 @@ class Child:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise BenchError(f"timed out waiting for {self.describe()}")
+                raise BenchError(f"timed out waiting for {self.who()}",
+                                 self.stderr_text())
             try:
                 kind, value = self.events.get(timeout=left)
             except queue.Empty:
@@ -230,7 +255,8 @@ class Child:
             except subprocess.TimeoutExpired:
                 pass
             self._threads[1].join(timeout=2)
-            raise BenchError(f"{self.describe()} ended without the expected output")
+            raise BenchError(f"{self.who()} ended without the expected output",
+                             self.stderr_text())
 
     def expect(self, prefix: str, deadline: float) -> str:
         """The next line starting with ``prefix``; a JSON line instead is a reported
@@ -309,8 +335,8 @@ def parse_result(child: Child, line: str) -> dict[str, Any]:
 def fail(child: Child, doc: dict[str, Any]) -> None:
     error = str(doc.get("error", "no error given"))
     if doc.get("kind") == "transport":
-        raise TransportError(f"{child.name}: {error}")
-    raise BenchError(f"{child.name} failed: {error}\n{child.describe()}")
+        raise TransportError(f"{child.name}: {error}", child.describe())
+    raise BenchError(f"{child.name} failed: {error}", child.describe())
 
 
 def spawn(stack: ExitStack, name: str, module: str, args: Sequence[str],
@@ -417,14 +443,30 @@ def _ps_sizes(spec: RunSpec) -> list[int]:
     return variable_sizes(spec.scheme, spec.seed, spec.model_bytes)
 
 
-def skipped(spec: RunSpec, transport: str, reason: str) -> list[Measurement]:
+def skipped(spec: RunSpec, transport: str, reason: str, failed: bool = False
+            ) -> list[Measurement]:
     env = {k: str(v) for k, v in spec.env.items()}
     if spec.benchmark == "ps":
         sizes = _ps_sizes(spec)
         return [_base(spec, transport, 2 * sum(sizes), len(sizes), workers=spec.workers,
-                      env=env, note=reason, skipped=True)]
-    return [_base(spec, transport, s, spec.buffers, env=env, note=reason, skipped=True)
-            for s in spec.sizes]
+                      env=env, note=reason, skipped=True, failed=failed)]
+    return [_base(spec, transport, s, spec.buffers, env=env, note=reason, skipped=True,
+                  failed=failed) for s in spec.sizes]
+
+
+def _log_stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def not_measured(spec: RunSpec, names: Sequence[str], error: BenchError,
+                 log: LogFn | None) -> list[Measurement]:
+    """The rows of ``names`` whose processes failed with ``error`` (all of them gone by
+    now): skipped and ``failed``, the note naming the cause in one line so that tables
+    stay readable, and the whole error to ``log`` so the child's stderr is not lost."""
+    (log or _log_stderr)(f"{'/'.join(names)} not measured: {error}")
+    first = next((line for line in error.message.splitlines() if line.strip()), "")
+    why = f"not measured: {first.strip() or type(error).__name__}"
+    return [m for name in names for m in skipped(spec, name, why, failed=True)]
 
 
 # ------------------------------------------------------------------ point to point
@@ -549,9 +591,11 @@ def references_of(spec: RunSpec) -> tuple[str, ...]:
     return REFERENCES.get(spec.benchmark, ())
 
 
-def run_references(spec: RunSpec, reason: str) -> list[Measurement]:
+def run_references(spec: RunSpec, reason: str, log: LogFn | None = None
+                   ) -> list[Measurement]:
     """The floor (latency) or the memory-copy rates (bandwidth) at the spec's sizes;
-    skipped rows saying ``reason`` when argrpc's engine cannot run here."""
+    skipped rows saying ``reason`` when argrpc's engine cannot run here, failed ones
+    (``not_measured``) when their processes fail."""
     from argrpc_bench.floor import FLOOR
 
     names = references_of(spec)
@@ -575,10 +619,7 @@ def run_references(spec: RunSpec, reason: str) -> list[Measurement]:
                 server.close()
         check_env(client.name, spec, doc["env"], "reference")
     except BenchError as e:
-        # A reference row is context for the transports' rows: when it cannot be
-        # measured, it is a skipped row that says why, and the run keeps the rest.
-        why = f"not measured: {str(e).splitlines()[0]}"
-        return [m for name in names for m in skipped(spec, name, why)]
+        return not_measured(spec, names, e, log)
     out = []
     for r in doc["results"]:
         if "skipped" in r:
@@ -763,10 +804,14 @@ def normalize(spec: RunSpec) -> RunSpec:
                       "remote": dict(spec.remote)})
 
 
-def run(spec: RunSpec, progress: ProgressFn | None = None) -> list[Measurement]:
-    """Measures ``spec`` on each of its transports, in order. An unavailable transport
-    gives skipped Measurements with the reason in ``note``; a failure raises (BenchError,
-    or TransportError when an argrpc channel was not on the measured transport)."""
+def run(spec: RunSpec, progress: ProgressFn | None = None, log: LogFn | None = None
+        ) -> list[Measurement]:
+    """Measures ``spec`` on each of its transports, in order, then its reference rows.
+    An unavailable transport gives skipped Measurements with the reason in ``note``; one
+    whose processes fail (BenchError, or TransportError when an argrpc channel was not on
+    the measured transport) gives skipped Measurements with ``failed`` set, the error's
+    first line in ``note`` and the whole error to ``log`` (default: stderr), and the run
+    goes on. A spec that cannot run at all raises ValueError first."""
     spec = normalize(spec)
     reasons = transport_reasons(child_env(spec))
     live = [t for t in spec.transports if not reasons.get(t)]
@@ -790,13 +835,18 @@ def run(spec: RunSpec, progress: ProgressFn | None = None) -> list[Measurement]:
 
         on_progress(0, units_per)
         measure = run_ps if spec.benchmark == "ps" else run_p2p
-        out.extend(measure(spec, transport, on_progress))
+        try:
+            out.extend(measure(spec, transport, on_progress))
+        except BenchError as e:
+            # The measuring function's ExitStack killed this transport's processes as
+            # the error left it: the next transport starts with none of them around.
+            out.extend(not_measured(spec, [transport], e, log))
         done_units += units_per
     if references_of(spec):
         if progress is not None:
             progress(f"{'/'.join(references_of(spec))}", done_units / total_units)
         out.extend(run_references(spec, reasons.get("shm", "") if "floor" in
-                                  references_of(spec) else _argrpc_reason()))
+                                  references_of(spec) else _argrpc_reason(), log))
     if progress is not None:
         progress("done", 1.0)
     return out
