@@ -15,12 +15,27 @@ that says why.
   write with a notification); ``nixl-peer``: the same with NIXL's default error mode.
   Both ends poll for the notification, as NIXL's users do, without NIXL's progress
   thread (the polling thread drives UCX).
-- ``ucxx`` and ``torch-rpc`` (PyTorch RPC over TensorPipe) have no adapter yet: when
-  installed, their rows say so.
+- ``ucxx-none`` and ``ucxx-peer``: ucxx, a tagged send of A's N bytes answered by a
+  tagged send of B's, each end receiving into a preallocated NumPy array; endpoints
+  made by a listener on loopback, with UCX's error handling off (``none``: UCX moves the
+  bytes over shared memory and cross-memory attach) or on (``peer``: the default of
+  ucxx's asyncio API, under which this UCX leaves out its shared-memory transports and
+  sends over TCP on loopback). It uses ucxx's core API, not the asyncio one: the thread
+  that waits drives the worker, with no progress thread and no event loop between a
+  completion and the next send, the fastest of ucxx's ways to wait here and the way
+  the NIXL rows run.
+- ``torch-rpc``: PyTorch RPC over TensorPipe, as its users move a tensor: A calls
+  ``rpc_sync("b", fn, args=(tensor,))`` with A's N bytes as a uint8 tensor, and B's
+  ``fn``, which PyTorch runs only once the argument is all there, answers B's N-byte
+  tensor. Both processes ``init_rpc`` (world size 2, A hosts the rendezvous on a free
+  loopback port), and TensorPipe picks its own transports and channels. B's tensor
+  and A's are made once per size; the tensors each end receives are PyTorch's to make,
+  per call.
 
 Each peer's pair of processes (``python -m argrpc_bench.peers side ...``) exchanges its
-set-up (agent metadata, buffer addresses) through this process: a side prints one JSON
-line, reads the other's from stdin, measures, and A prints the result line.
+set-up (NIXL's agent metadata and buffer address, ucxx's listening port, PyTorch's
+rendezvous port) through this process: a side prints one JSON line, reads the other's
+from stdin, measures, and A prints the result line.
 """
 from __future__ import annotations
 
@@ -29,6 +44,7 @@ import importlib.util
 import json
 import os
 import selectors
+import socket
 import subprocess
 import sys
 import time
@@ -37,14 +53,16 @@ from typing import IO, Any, Callable, Sequence
 from argrpc_bench.client import Plan, round_trip_row, timed_phases
 from argrpc_bench.results import Measurement
 
+_NIXL_HOW = "pip install --no-deps nixl-cu12 (its torch is not needed)"
+_UCXX_HOW = "pip install ucxx-cu12 (no GPU needed: it runs on host memory)"
 # name -> (module that must import, how to get it)
 PEERS: dict[str, tuple[str, str]] = {
-    "nixl-none": ("nixl_cu12", "pip install --no-deps nixl-cu12 (its torch is not needed)"),
-    "nixl-peer": ("nixl_cu12", "pip install --no-deps nixl-cu12 (its torch is not needed)"),
-    "ucxx": ("ucxx", "pip install ucxx-cu12"),
-    "torch-rpc": ("torch", "pip install torch"),
+    "nixl-none": ("nixl_cu12", _NIXL_HOW),
+    "nixl-peer": ("nixl_cu12", _NIXL_HOW),
+    "ucxx-none": ("ucxx", _UCXX_HOW),
+    "ucxx-peer": ("ucxx", _UCXX_HOW),
+    "torch-rpc": ("torch", "pip install torch (its CPU build is enough)"),
 }
-_MEASURED = ("nixl-none", "nixl-peer")
 # How long a side may take to start and exchange its set-up, and how long past its plan
 # a measurement may run before it is a failure, not a result.
 _SETUP_S = 60.0
@@ -61,7 +79,32 @@ def unavailable(peer: str) -> str:
     return ""
 
 
-# ------------------------------------------------------------------------- NIXL side
+# -------------------------------------------------------------------------- the sides
+
+def _exchange(proto: IO[str], mine: dict[str, Any]) -> dict[str, Any]:
+    """Prints this side's set-up line and reads the other side's, relayed by the
+    orchestrator (which bounds the wait)."""
+    proto.write(json.dumps(mine) + "\n")
+    proto.flush()
+    theirs: dict[str, Any] = json.loads(sys.stdin.readline())
+    return theirs
+
+
+def _timed(size: int, round_trip: Callable[[], None], plan: Plan,
+           from_b: Callable[[], bool]) -> dict[str, Any]:
+    """A's warm-up and timed round trips. At least one untimed round trip runs, so that
+    ``from_b`` can tell B's bytes (not A's own, nor nothing) arrived before timing."""
+    for _ in range(max(plan.warmup, 1)):
+        round_trip()
+    if not from_b():
+        raise RuntimeError("B's bytes did not arrive")
+    return round_trip_row(size, *timed_phases(round_trip, plan))
+
+
+def _budget_s(plan: Plan) -> float:
+    """About how long a plan's timed round trips take (its bound adds _SLACK_S)."""
+    return (plan.duration or 0.0) + (plan.iterations or 0) * 0.01 * plan.repeats
+
 
 def _nixl_side(role: str, size: int, mode: str, plan: Plan, proto: IO[str]) -> dict[str, Any]:
     import numpy as np
@@ -76,10 +119,8 @@ def _nixl_side(role: str, size: int, mode: str, plan: Plan, proto: IO[str]) -> d
     recv = np.zeros(max(size, 1), dtype=np.uint8)
     agent.register_memory([(send.ctypes.data, send.nbytes, 0, "send"),
                            (recv.ctypes.data, recv.nbytes, 0, "recv")], "DRAM")
-    proto.write(json.dumps({"metadata": agent.get_agent_metadata().hex(),
-                            "recv": recv.ctypes.data}) + "\n")
-    proto.flush()
-    peer = json.loads(sys.stdin.readline())
+    peer = _exchange(proto, {"metadata": agent.get_agent_metadata().hex(),
+                             "recv": recv.ctypes.data})
     other = agent.add_remote_agent(bytes.fromhex(peer["metadata"]))
     other_name = other.decode() if isinstance(other, bytes) else str(other)
     write = agent.initialize_xfer(
@@ -109,13 +150,130 @@ def _nixl_side(role: str, size: int, mode: str, plan: Plan, proto: IO[str]) -> d
         post()
         arrived()
 
-    for _ in range(plan.warmup):
-        round_trip()
-    if size and recv[0] != 0xA5:
-        raise RuntimeError("B's bytes did not arrive")
-    row = round_trip_row(size, *timed_phases(round_trip, plan))
+    row = _timed(size, round_trip, plan, lambda: not size or bool(recv[0] == 0xA5))
     agent.send_notif(other, b"end")
     return row
+
+
+def _ucxx_side(role: str, size: int, error_handling: bool, plan: Plan, proto: IO[str]
+               ) -> dict[str, Any]:
+    import numpy as np
+    import ucxx._lib.libucxx as ucx
+    from ucxx._lib.arr import Array
+
+    # Set-up traffic (the listener's socket, UCX's own TCP lanes) stays on loopback.
+    os.environ.setdefault("UCX_NET_DEVICES", "lo")
+    worker = ucx.UCXWorker(ucx.UCXContext(feature_flags=(ucx.Feature.TAG,)))
+    send = np.full(size, 0x5A if role == "a" else 0xA5, dtype=np.uint8)
+    recv = np.zeros(size, dtype=np.uint8)
+    send_buf, recv_buf = Array(send), Array(recv)
+    data, reply, end = ucx.UCXXTag(1), ucx.UCXXTag(0), ucx.UCXXTag(2)
+
+    def drive(done: Callable[[], bool], within_s: float = _SLACK_S) -> None:
+        """Polls the worker (this thread is its only progress) until ``done``."""
+        deadline = time.monotonic() + within_s
+        while not done():
+            worker.progress()
+            if time.monotonic() > deadline:
+                raise TimeoutError("UCX did not complete in time")
+
+    def wait(*requests: Any) -> None:
+        drive(lambda: all(r.completed for r in requests))
+        for r in requests:
+            r.check_error()
+
+    if role == "b":
+        accepted: list[Any] = []
+        listener: Any = None
+        listener = ucx.UCXListener.create(
+            worker, 0, lambda conn: accepted.append(
+                listener.create_endpoint_from_conn_request(conn, error_handling)))
+        _exchange(proto, {"port": listener.port})
+        drive(lambda: bool(accepted), _SETUP_S)
+        ep = accepted[0]
+        done = ep.tag_recv(Array(np.zeros(1, dtype=np.uint8)), end)
+        while True:
+            got = ep.tag_recv(recv_buf, data)
+            drive(lambda: bool(got.completed or done.completed))
+            if not got.completed:
+                return {}
+            got.check_error()
+            wait(ep.tag_send(send_buf, reply))
+
+    peer = _exchange(proto, {})
+    ep = ucx.UCXEndpoint.create(worker, "127.0.0.1", int(peer["port"]), error_handling)
+
+    def round_trip() -> None:
+        got = ep.tag_recv(recv_buf, reply)
+        wait(ep.tag_send(send_buf, data), got)
+
+    row = _timed(size, round_trip, plan, lambda: not size or bool(recv[0] == 0xA5))
+    wait(ep.tag_send(Array(np.zeros(1, dtype=np.uint8)), end))
+    return row
+
+
+# B's answer to every call, kept for the size: the function A calls runs on B, where
+# PyTorch RPC finds it by name, so its state is this module's.
+_torch_reply: Any = None
+
+
+def _torch_echo(request: Any) -> Any:
+    """What A calls on B: it runs once A's tensor is all here, and answers B's N bytes."""
+    return _torch_reply
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _torch_side(role: str, size: int, plan: Plan, proto: IO[str]) -> dict[str, Any]:
+    global _torch_reply
+    import torch
+    from torch.distributed import rpc
+
+    # A hosts the rendezvous (rank 0) on a port it picks and hands B through the set-up.
+    mine = {"port": _free_port()} if role == "a" else {}
+    theirs = _exchange(proto, mine)
+    port = mine["port"] if role == "a" else theirs["port"]
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    # TensorPipe's TCP listener binds this interface, not the host name's address.
+    os.environ.setdefault("TP_SOCKET_IFNAME", "lo")
+    # Before init_rpc: A may call as soon as both ends are up.
+    _torch_reply = torch.full((size,), 0xA5, dtype=torch.uint8)
+    send = torch.full((size,), 0x5A, dtype=torch.uint8)
+    # rpc_timeout bounds every call and the agents' exchange through the rendezvous store
+    # (reaching the store is bounded by the orchestrator, which ends a side that is late).
+    rpc.init_rpc(role, rank=0 if role == "a" else 1, world_size=2,
+                 rpc_backend_options=rpc.TensorPipeRpcBackendOptions(rpc_timeout=_SETUP_S))
+    try:
+        if role == "b":
+            return {}
+        got = [send]
+
+        def round_trip() -> None:
+            got[0] = rpc.rpc_sync("b", _torch_echo, args=(send,))
+
+        return _timed(size, round_trip, plan, lambda: int(got[0].numel()) == size and (
+            not size or int(got[0][0]) == 0xA5))
+    finally:
+        # Graceful: each end waits here for the other, so B serves A's calls until A is
+        # done; B's wait is bounded by A's whole plan.
+        rpc.shutdown(timeout=_SETUP_S + (_budget_s(plan) + _SLACK_S if role == "b" else 0))
+
+
+_SIDES: dict[str, Callable[[str, int, Plan, IO[str]], dict[str, Any]]] = {
+    "nixl-none": lambda role, size, plan, proto: _nixl_side(role, size, "none", plan, proto),
+    "nixl-peer": lambda role, size, plan, proto: _nixl_side(role, size, "peer", plan, proto),
+    "ucxx-none": lambda role, size, plan, proto: _ucxx_side(role, size, False, plan, proto),
+    "ucxx-peer": lambda role, size, plan, proto: _ucxx_side(role, size, True, plan, proto),
+    "torch-rpc": _torch_side,
+}
+# The peers with an adapter: one in PEERS without it says so when installed.
+_MEASURED = tuple(_SIDES)
 
 
 def side(argv: Sequence[str]) -> int:
@@ -134,8 +292,7 @@ def side(argv: Sequence[str]) -> int:
     os.dup2(2, 1)
     plan = Plan(args.warmup, args.iterations, args.duration, args.repeats)
     try:
-        result = _nixl_side(args.role, args.size, args.peer.split("-", 1)[1], plan, proto)
-        out = {"ok": True, **result}
+        out = {"ok": True, **_SIDES[args.peer](args.role, args.size, plan, proto)}
     except Exception as exc:  # noqa: BLE001 - reported to the orchestrator as the row's reason
         out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     proto.write(json.dumps(out) + "\n")
@@ -273,7 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan_args = ["--warmup", str(a.warmup), "--repeats", str(a.repeats),
                  *(["--iterations", str(a.iterations)] if a.iterations is not None
                    else ["--duration", str(duration)])]
-    budget = (duration or 0.0) + (a.iterations or 0) * 0.01 * a.repeats
+    budget = _budget_s(Plan(a.warmup, a.iterations, duration, a.repeats))
 
     def base(peer: str, size: int, **kw: Any) -> Measurement:
         return runner._base(spec, peer, size, 1, **kw)
