@@ -5,8 +5,11 @@ One round trip, for every row: process A sends N bytes to process B; B, once it 
 all N, sends N bytes back; A's clock runs from just before its send until it holds B's N
 bytes. Both ends keep their buffers (allocated, and registered where the library needs
 it, once per size), the warm-up round trips are not timed, and the plan (iterations or
-duration, repeats) is argrpc-bench's, as for every other row. argrpc's rows are its raw
-unary call (``latency --mode raw``), over shared memory and over plain grpcio.
+duration, repeats) is argrpc-bench's, as for every other row. argrpc's rows are its
+unary calls (``latency``): the raw call over shared memory (``shm``, the row every ratio
+is taken against) and over plain grpcio (``grpc``), the serialized (protobuf) call
+(``shm ser``) and argrpc.aio's raw call (``shm aio``). The command exits 1 when a row
+failed (every other row is still printed and written).
 
 Peers, each optional: one that is not installed, or cannot start here, is a skipped row
 that says why.
@@ -40,6 +43,7 @@ from stdin, measures, and A prints the result line.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -373,6 +377,15 @@ def run_peers(peers: Sequence[str], sizes: Sequence[int], plan_args: Sequence[st
     return out
 
 
+def label(m: Measurement) -> str:
+    """A row's name: the peer's, or argrpc's transport with its mode and API when they
+    are not the raw threaded call every ratio is taken against."""
+    if m.transport not in ("grpc", "shm", "verbs"):
+        return m.transport
+    return m.transport + ("" if m.mode == "raw" else " ser") + \
+        ("" if m.api == "threaded" else " aio")
+
+
 def _ratio(m: Measurement, ref: Measurement | None, metric: str) -> str:
     mine, theirs = getattr(m, metric), getattr(ref, metric) if ref is not None else None
     if m.skipped or not mine or not theirs:
@@ -381,17 +394,18 @@ def _ratio(m: Measurement, ref: Measurement | None, metric: str) -> str:
 
 
 def table(ms: Sequence[Measurement]) -> str:
-    """One row per (transport, size), each peer's p50 and p99 as a multiple of argrpc's
-    over shared memory at that size (above 1: argrpc is faster)."""
-    shm = {m.size: m for m in ms if m.transport == "shm" and not m.skipped}
-    lines = [f"{'transport':<10} {'size':>10} {'p50 µs':>10} {'p99 µs':>10} "
+    """One row per (row, size), each row's p50 and p99 as a multiple of argrpc's raw
+    unary call over shared memory at that size (above 1: that argrpc call is faster)."""
+    shm = {m.size: m for m in ms if label(m) == "shm" and not m.skipped}
+    lines = [f"{'row':<10} {'size':>10} {'p50 µs':>10} {'p99 µs':>10} "
              f"{'p50/shm':>8} {'p99/shm':>8}  note"]
-    for m in sorted(ms, key=lambda m: (m.size, m.transport != "shm", m.transport)):
+    for m in sorted(ms, key=lambda m: (m.size, not label(m).startswith("shm"), label(m))):
+        name = label(m)
         if m.skipped:
-            lines.append(f"{m.transport:<10} {m.size:>10} {'–':>10} {'–':>10} {'–':>8} "
+            lines.append(f"{name:<10} {m.size:>10} {'–':>10} {'–':>10} {'–':>8} "
                          f"{'–':>8}  skipped: {m.note}")
             continue
-        lines.append(f"{m.transport:<10} {m.size:>10} {m.p50_us:>10.1f} {m.p99_us:>10.1f} "
+        lines.append(f"{name:<10} {m.size:>10} {m.p50_us:>10.1f} {m.p99_us:>10.1f} "
                      f"{_ratio(m, shm.get(m.size), 'p50_us'):>8} "
                      f"{_ratio(m, shm.get(m.size), 'p99_us'):>8}")
     return "\n".join(lines)
@@ -425,8 +439,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     spec = runner.RunSpec(benchmark="latency", transports=["grpc", "shm"], mode="raw",
                           sizes=a.sizes, warmup=a.warmup, iterations=a.iterations,
                           duration=duration, repeats=a.repeats)
-    print("argrpc: raw unary calls over grpcio and shared memory", file=sys.stderr, flush=True)
-    ms = runner.run(spec)
+    # argrpc's other unary calls over shared memory: the protobuf message of the
+    # serialized mode, and the raw call from argrpc.aio.
+    others = [dataclasses.replace(spec, transports=["shm"], mode="serialized"),
+              dataclasses.replace(spec, transports=["shm"], api="aio")]
+    print("argrpc: unary calls over grpcio and shared memory", file=sys.stderr, flush=True)
+    ms = [m for s in (spec, *others) for m in runner.run(s)]
     plan_args = ["--warmup", str(a.warmup), "--repeats", str(a.repeats),
                  *(["--iterations", str(a.iterations)] if a.iterations is not None
                    else ["--duration", str(duration)])]
@@ -444,6 +462,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump([m.__dict__ for m in ms], f, indent=1)
+    failed = sorted({f"{label(m)} {m.size} B" for m in ms if m.failed})
+    if failed:
+        # as argrpc-bench: every row is written, and the status says some failed
+        print(f"failed: {', '.join(failed)}")
+        return 1
     return 0
 
 
