@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import selectors
 import threading
+import time
 import weakref
 from typing import Any, Callable, Optional
 
@@ -32,6 +33,9 @@ _BRIDGES: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopBridge]" = \
     weakref.WeakKeyDictionary()
 _BRIDGES_LOCK = threading.Lock()
 _FOREVER_US = 1 << 40
+# How long a loop busy with fast-path answers may go without asking its other file
+# descriptors (sockets, pipes, the notifier's own fd) whether they are ready.
+_LOOK_S = 50e-6
 
 
 class LoopBridge:
@@ -154,6 +158,7 @@ class _PollingSelector(selectors.BaseSelector):
     def __init__(self, inner: selectors.BaseSelector, owner: LoopBridge) -> None:
         self._inner = inner
         self._owner = weakref.ref(owner)
+        self._looked_at = 0.0  # when the inner selector was last asked (monotonic s)
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         return self._inner.register(fileobj, events, data)
@@ -169,12 +174,20 @@ class _PollingSelector(selectors.BaseSelector):
         if owner is not None:
             if owner.busy and (timeout is None or timeout > 0):
                 if owner.poll(timeout):
-                    timeout = 0  # callbacks ran: what they readied runs first
+                    # Callbacks ran: what they readied runs first. The loop's other file
+                    # descriptors are asked at most every _LOOK_S meanwhile, not on every
+                    # round: a call's round trip is shorter than the system call.
+                    now = time.monotonic()
+                    if now - self._looked_at < _LOOK_S:
+                        return []
+                    self._looked_at = now
+                    return self._inner.select(0)
             elif owner.notifier.pending:
                 # Posted by this thread's own engine calls, which write no eventfd
                 # (Notifier::set_looker): drained here, before any sleep.
                 owner.dispatch()
                 timeout = 0
+        self._looked_at = time.monotonic()
         return self._inner.select(timeout)
 
     def close(self) -> None:

@@ -25,13 +25,13 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Optional, Sequen
 import grpc
 from grpc import aio
 
-from .. import (_bootstrap, _config, _engine, _grpc_originals, _grpc_payloads, _metrics_hooks,
-                _proto, _serving, _status)
+from .. import (_bootstrap, _config, _engine, _grpc_originals, _grpc_payloads, _handlers,
+                _metrics_hooks, _proto, _serving, _status)
 from .._transports import Caller
 from . import _inline_start
 from ._context import RpcState
 from ._loop import LoopBridge, bridge
-from ._server_handlers import intercept, serve
+from ._server_handlers import intercept, serve, unary_plan
 
 __all__ = ["Server", "server"]
 
@@ -146,6 +146,9 @@ class Server(aio.Server):
         self._stage = _serving.Stage.NEW
         # In-flight fast-path calls by ServerCall.key.
         self._calls: dict[int, RpcState] = {}
+        # The registered unary-unary `async def` methods served from a plan (no
+        # interceptors), read off their handlers when the server starts.
+        self._plans: dict[str, _handlers.UnaryPlan] = {}
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._bridge: Optional[LoopBridge] = None
         self._token = 0
@@ -225,6 +228,10 @@ class Server(aio.Server):
             self._terminated = asyncio.Event()
         core = self._core
         if core is not None:
+            if not self._interceptors:
+                self._plans = {method: plan for method, handler in
+                               self._handlers.all_registered().items()
+                               if (plan := unary_plan(handler)) is not None}
             b = bridge(self._engine)
             self._bridge = b
             # Weak: a server nobody holds may be collected (and stopped) while the
@@ -371,14 +378,21 @@ class Server(aio.Server):
         b = self._bridge
         assert loop is not None and b is not None
         state = RpcState(sc, self, loop)
-        state.token = b.register(state.on_change)
-        self._calls[state.key] = state
-        sc.watch(b.notifier, state.token)
-        task = _inline_start.start(loop, serve(self, state, refused), self._context.copy())
+        plan = None if refused else self._plans.get(state.method)
+        # Run right here, in this loop callback; the call is watched (and counted in
+        # flight) only if its handler waits: one answered at once never needs either.
+        task = _inline_start.start(loop, serve(self, state, refused, plan),
+                                   self._context.copy())
         if task is None:  # answered without waiting
             self._end_call(state, True)
             return
         state.task = task
+        state.token = b.register(state.on_change)
+        self._calls[state.key] = state
+        sc.watch(b.notifier, state.token)
+        # What changed before the watch (a cancellation, room to send) was posted to
+        # nobody: look once now.
+        state.on_change()
         task.add_done_callback(lambda _t: self._end_call(state))
 
     def _end_call(self, state: RpcState, answered_at_once: bool = False) -> None:
@@ -387,7 +401,7 @@ class Server(aio.Server):
             # grpc.aio's core cancels such a call when it lets go of it.
             state.sc.cancel()
         b = self._bridge
-        if b is not None:
+        if b is not None and state.token:
             b.unregister(state.token)
         state.wake_all()  # a task of the handler's own may still wait on the call
         if self._calls.get(state.key) is state:

@@ -18,7 +18,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, 
 import grpc
 from grpc import aio
 
-from .. import _grpc_log, _status
+from .. import _grpc_log, _handlers, _status
+from .._handlers import UnaryPlan
 from ._context import (ExecuteBatchError, RpcState, ServerSide, ServerStoppedError, ServicerContext,
                        SyncServicerContext, deserialize, serialize)
 
@@ -127,6 +128,26 @@ async def _unary_response(state: RpcState, behavior: Any, request: Any,
                                                     request, sync_context)
         for callback in sync_context._callbacks:
             callback()
+    await _unary_status(state, response, serializer)
+
+
+async def _unary_call(state: RpcState, plan: UnaryPlan) -> None:
+    """A registered unary-unary `async def` method, from its plan: the steps of
+    _handle_rpc, _handle and _unary_response in one frame."""
+    raw = state.sc.try_recv()  # a unary request is usually there already
+    if raw is None or raw is False:
+        raw = await state.recv()
+    if raw is None:
+        return  # ended before its request came (grpc.aio: no status either)
+    response = await plan.behavior(deserialize(plan.deserializer, raw),
+                                   ServicerContext(state, None, None))
+    await _unary_status(state, response, plan.serializer)
+
+
+async def _unary_status(state: RpcState, response: Any,
+                        serializer: Optional[Callable[..., Any]]) -> None:
+    """A unary response's end: the response (unless the status is an error) and the
+    status, in one batch."""
     state.raise_for_termination()
     raw = None
     if state.status_code == _status.OK:
@@ -217,12 +238,22 @@ async def _handle_rpc(server: ServerSide, state: RpcState, refused: bool) -> Non
     await _handle(state, handler)
 
 
-async def serve(server: ServerSide, state: RpcState, refused: bool = False) -> None:
-    """The call's task: its handler, and grpc.aio's answer to whatever it raises."""
+def unary_plan(handler: grpc.RpcMethodHandler[Any, Any]) -> Optional[UnaryPlan]:
+    """The plan of a unary-unary `async def` method; None for every other kind and for
+    a plain function (it runs in the migration pool)."""
+    plan = _handlers.unary_plan(handler)
+    return plan if plan is not None and is_async_handler(plan.behavior) else None
+
+
+async def serve(server: ServerSide, state: RpcState, refused: bool = False,
+                plan: Optional[UnaryPlan] = None) -> None:
+    """The call's task: its handler (`plan`: a registered unary-unary method's, found
+    already), and grpc.aio's answer to whatever it raises."""
     method = state.method
     try:
         try:
-            await _handle_rpc(server, state, refused)
+            await (_handle_rpc(server, state, refused) if plan is None
+                   else _unary_call(state, plan))
         except aio.AbortError as exc:
             if state.abort_exception is not exc:
                 _LOGGER.error("Abort error has been replaced in method [%s]", method)
