@@ -79,8 +79,10 @@ def stdin_closed(loop: asyncio.AbstractEventLoop) -> "asyncio.Future[None]":
 
 async def serve(stack: str) -> int:
     server = make_server(stack)
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(msg.SERVICE, async_handlers(stack)),))
+    methods = async_handlers(stack)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(msg.SERVICE, methods),))
+    # by name too, as grpc's generated add_*Servicer_to_server does
+    server.add_registered_method_handlers(msg.SERVICE, methods)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     print(f"PORT {port}", flush=True)
