@@ -61,9 +61,13 @@ OPTIONAL = {
     ("bench", "grpc_observability"),
     ("examples", "grpc_observability"),
     # argrpc-bench peers: a peer that is not installed is a skipped row saying how to get
-    # it (NIXL's wheel requires torch, which the measurement does not use)
+    # it (NIXL, ucxx, PyTorch RPC; NIXL's wheel requires torch, which its row does not use)
     ("bench", "nixl_cu12"),
     ("test", "nixl_cu12"),
+    ("bench", "ucxx"),
+    ("test", "ucxx"),
+    ("bench", "torch"),
+    ("test", "torch"),
 }
 
 # Requirements that no import shows: pytest plugins configured by name.
