@@ -473,6 +473,15 @@ class Limits:
         "sleep, sleeps this long instead, and a thread that has waited this long on a call "
         "looks itself and rings the peer even if the peer says it polls (an asyncio "
         "client's calls have no such thread: for them, longest_sleep_ms)", engine=True)
+    spin_poll_us: int = _fixed(
+        2, "a waiting thread that spins polls for up to this long between two yields of its "
+        "CPU (a yield is a system call, and what arrives during one is seen only after it), "
+        "as long as its last yield came back within yield_shared_us: otherwise another "
+        "thread wants that CPU, perhaps the one it waits for, and it yields at every turn",
+        engine=True)
+    yield_shared_us: int = _fixed(
+        3, "a yield that takes this long or longer ran another thread on the CPU meanwhile "
+        "(see spin_poll_us)", engine=True)
     arm_tries: int = _fixed(
         4, "rounds in which the last thread to stop polling reads what came in before it "
         "could ask the peers to ring again, and asks again, before it leaves the rest to the "
@@ -561,6 +570,8 @@ def _fixed_shown(f: Fixed) -> str:
         return f"{f.value:g} s"
     if f.field.endswith("_ms"):
         return f"{f.value} ms"
+    if f.field.endswith("_us"):
+        return f"{f.value} µs"
     if isinstance(f.value, int) and f.value >= MiB:
         return fmt_size(f.value)
     return str(f.value)

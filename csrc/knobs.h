@@ -124,6 +124,16 @@ inline constexpr int64_t kLongestSleepMs = 100;
 // thread: for them, longest_sleep_ms)
 inline constexpr int64_t kLeaseCheckMs = 1;
 
+// a waiting thread that spins polls for up to this long between two yields of its CPU (a
+// yield is a system call, and what arrives during one is seen only after it), as long as
+// its last yield came back within yield_shared_us: otherwise another thread wants that
+// CPU, perhaps the one it waits for, and it yields at every turn
+inline constexpr int64_t kSpinPollUs = 2;
+
+// a yield that takes this long or longer ran another thread on the CPU meanwhile (see
+// spin_poll_us)
+inline constexpr int64_t kYieldSharedUs = 3;
+
 // rounds in which the last thread to stop polling reads what came in before it could ask
 // the peers to ring again, and asks again, before it leaves the rest to the progress
 // thread (a fabric that already holds work cannot be armed)
