@@ -800,24 +800,12 @@ class UnaryUnary(_MultiCallable, UnaryUnaryBase):
         tries = channel._service_config.unsent_retries
         if conn is not None and credentials is None and compression is None and \
                 self._mc is None and conn.alive:
-            # The common call, in one frame: each Python call here costs about as much as
-            # the transport's share of a small call.
+            # The common call, straight to the engine: each Python call on the way costs
+            # about as much as the transport's share of a small call.
             payload = request if self._raw_send else self._serialize(request)
-            if timeout is not None and timeout < 0:
-                timeout = 0.0  # grpc: already expired; the engine reads negative as "none"
-            ended = conn.unary(self._method, _core_metadata(metadata) if metadata else [],
-                               timeout, payload, tries > 0)
-            if ended is not None:
-                code, details, imd, tmd, response = ended
-                if code != 0:
-                    raise _status_exception(channel, code, details, imd, tmd)
-                deser = self._deser
-                if deser is None or response is None:
-                    return response
-                response = user_codec(deser, response, "deserializing")
-                if response is USER_CODE_FAILED:
-                    raise local_error(_INTERNAL, _DESERIALIZE_FAILED)
-                return response
+            answer = self._blocking(conn, payload, timeout, metadata, tries > 0)
+            if answer is not None:
+                return answer[0]
             # It never left the process: it starts again where the channel routes now.
             tries -= 1
             conn = None

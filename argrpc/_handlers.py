@@ -252,21 +252,12 @@ def unary_plan(handler: grpc.RpcMethodHandler[Any, Any]) -> Optional[UnaryPlan]:
                      handler.response_serializer)
 
 
-def serve_unary(state: _CallState, plan: UnaryPlan, max_send: int) -> None:
+def serve_unary(state: _CallState, plan: UnaryPlan, max_send: int,
+                context: Optional[_ServicerContext] = None) -> None:
     """Serves a unary-unary call to its end in as few Python calls as its common outcome
     needs (each costs about as much as the transport's share of a small call); every
-    other outcome takes the same helpers as the other kinds. A bug of ours ends the call
-    with UNKNOWN instead of leaving it open."""
-    try:
-        _unary_unary(state, plan, max_send)
-    except Exception:  # noqa: BLE001 - see above
-        _LOGGER.exception("argrpc: unexpected error serving %s", state.method)
-        if not state.finished:
-            state.finished = True
-            state.sc.finish(_status.UNKNOWN, "Unexpected server error", [], None)
-
-
-def _unary_unary(state: _CallState, plan: UnaryPlan, max_send: int) -> None:
+    other outcome takes the same helpers as the other kinds. `context`: the one the
+    call's interceptors saw, if any was made already."""
     sc = state.sc
     request = sc.recv()
     if request is None:
@@ -276,7 +267,8 @@ def _unary_unary(state: _CallState, plan: UnaryPlan, max_send: int) -> None:
     if request is _NO_REQUEST:
         return
     try:
-        response = plan.behavior(request, _ServicerContext(state))
+        response = plan.behavior(request, context if context is not None
+                                 else _ServicerContext(state))
     except Exception as exc:
         _on_exception(state, exc, _status.EXCEPTION_CALLING)
         return
@@ -295,9 +287,11 @@ def run(state: _CallState, context: _ServicerContext, handler: grpc.RpcMethodHan
     """Serve the call to its end (status sent, or the call found dead), or, for a
     non-blocking handler, until its behaviour returns: True then when the call goes on,
     and `on_end` is called once it ends."""
-    plan = unary_plan(handler)
-    if plan is not None:
-        _unary_unary(state, plan, max_send)
+    if not handler.request_streaming and not handler.response_streaming:
+        # ignore: a handler without the behaviour fails when called, as the app's error
+        serve_unary(state, UnaryPlan(handler.unary_unary,  # type: ignore[arg-type]
+                                     handler.request_deserializer,
+                                     handler.response_serializer), max_send, context)
         return False
     deserializer = handler.request_deserializer
     serializer = handler.response_serializer

@@ -606,18 +606,27 @@ class _Server(grpc.Server):
         if plan is None:
             contextvars.Context().run(self._serve_state, state, None)
             return
-        contextvars.Context().run(_handlers.serve_unary, state, plan, self._max_send)
+        try:
+            contextvars.Context().run(_handlers.serve_unary, state, plan, self._max_send)
+        except Exception:  # as in _serve_state
+            self._end_after_bug(state)
         self._end_call(state)
+
+    @staticmethod
+    def _end_after_bug(state: _CallState) -> None:
+        """A bug of ours raised while serving the call: logged, and the call ended with
+        UNKNOWN unless its status went out already (call in an except block)."""
+        _LOGGER.exception("argrpc: unexpected error serving %s", state.method)
+        if not state.finished:
+            state.finished = True
+            state.sc.finish(_status.UNKNOWN, "Unexpected server error", [], None)
 
     def _serve_state(self, state: _CallState, handler: Optional[grpc.RpcMethodHandler[Any, Any]]) -> None:
         goes_on = False
         try:
             goes_on = self._dispatch(state, handler)
         except Exception:  # a bug of ours must not kill the worker or leave the call open
-            _LOGGER.exception("argrpc: unexpected error serving %s", state.method)
-            if not state.finished:
-                state.finished = True
-                state.sc.finish(_status.UNKNOWN, "Unexpected server error", [], None)
+            self._end_after_bug(state)
         finally:
             if not goes_on:
                 self._end_call(state)
