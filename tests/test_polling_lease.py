@@ -7,18 +7,22 @@ that short way, never while anything else runs:
   and by no other thread (a handler's own pool, another worker);
 * not when another call already waits (the worker takes that one at once);
 * accept() ends it, and so do `drop_polling_lease()` and the thread's end;
-* the threaded server drops it before the application's callbacks run.
+* the threaded server drops it before the application's callbacks run;
+* its holder counts as a worker: a request that comes meanwhile starts no other one,
+  and it takes the spin over from a worker spinning in accept(), so a one-client
+  ping-pong is served by one worker while the others sleep.
 
 Over the in-process test fabric (csrc/fabric/sim), whose engine is the test's own, so
 `Engine.polling_leases` counts exactly this server's leases; the last test runs the
 threaded facade in this process (its engine is this process's, so the count is its)."""
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from concurrent import futures
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import grpc
 import pytest
@@ -183,13 +187,13 @@ def test_a_held_up_holder_holds_back_no_waiting_call() -> None:
             before = link.counters()["server"]["nudges"]
             second = Caller(client)
             # Nobody polls the served side: the request shows only once the progress
-            # thread has read it (the dispatcher's view does not poll).
-            kind = "none"
+            # thread has read it. It waits for the lease's holder, on its way back,
+            # instead of asking the dispatcher for another worker.
             end = time.monotonic() + HANG_S
-            while kind != "starved" and time.monotonic() < end:
-                kind = server.next_event(0.1)[0]
-            assert kind == "starved", "the request was held back"
-            server.worker_started()  # the worker the dispatcher would have started
+            while server.queued == 0 and time.monotonic() < end:
+                time.sleep(0.0005)
+            assert server.queued == 1, "the request was held back"
+            assert server.next_event(0.01)[0] == "none"
             assert server_engine.polling_leases == 1
             call = server.accept(HANG_S)  # drops the lease, then takes the call
             assert call is not None
@@ -208,38 +212,95 @@ def test_a_held_up_holder_holds_back_no_waiting_call() -> None:
         server_engine.shutdown()
 
 
-def test_threaded_server_drops_it_before_callbacks(stubs_dir: str, pb: SimpleNamespace) -> None:
-    """Calls one after another, so only the callback's own worker could hold a lease
-    while the callback runs; with the server's callbacks, for many calls."""
-    import argrpc
-    from argrpc import _engine
+@needs_test_hooks
+def test_its_holder_counts_as_a_worker(rig: SimpleNamespace) -> None:
+    caller = Caller(rig.client)
+    call = rig.server.accept(HANG_S)
+    assert call is not None
+    answer(call)
+    assert rig.engine.polling_leases == 1
+    second = Caller(rig.client)
+    end = time.monotonic() + HANG_S
+    while rig.server.queued == 0 and time.monotonic() < end:
+        time.sleep(0.0005)
+    assert rig.server.queued == 1
+    assert rig.server.next_event(0.05)[0] == "none"  # no second worker asked for
+    rig.server.drop_polling_lease()  # gone elsewhere (other work): now one is
+    assert rig.server.next_event(HANG_S)[0] == "starved"
+    rig.server.worker_started()
+    call = rig.server.accept(HANG_S)
+    assert call is not None
+    answer(call)
+    assert [r[0] for r in caller.join() + second.join()] == [OK, OK]
 
-    seen: list[int] = []
+
+@contextlib.contextmanager
+def echo_channel(pb: SimpleNamespace, unary: Callable[[Any, grpc.ServicerContext], Any],
+                 workers: int) -> Iterator[grpc.Channel]:
+    """A threaded argrpc server in this process whose Echo.Unary is `unary`, and a
+    channel to it."""
+    import argrpc
 
     class Echo(pb.pb2_grpc.EchoServicer):  # type: ignore[name-defined,misc]
         def Unary(self, request: Any, context: grpc.ServicerContext) -> Any:
-            engine = _engine.peek_engine()
-            assert engine is not None
-            context.add_callback(lambda: seen.append(engine.polling_leases))
-            return pb.pb2.EchoResponse(payload=request.payload)
+            return unary(request, context)
 
-    server = argrpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    server = argrpc.server(futures.ThreadPoolExecutor(max_workers=workers))
     pb.pb2_grpc.add_EchoServicer_to_server(Echo(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
         with argrpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = pb.pb2_grpc.EchoStub(channel)
-            for i in range(200):
-                stub.Unary(pb.pb2.EchoRequest(payload=b"p"), timeout=HANG_S,
-                           wait_for_ready=True)
-                # The callback runs after the status went out: wait for it before the
-                # next call, so that no other call's worker is on its way meanwhile.
-                end = time.monotonic() + HANG_S
-                while len(seen) <= i and time.monotonic() < end:
-                    time.sleep(0.001)
-                assert len(seen) == i + 1, "the callback did not run"
-            assert channel.transport == "shm"
+            yield channel
     finally:
         server.stop(None)
+
+
+def test_one_client_is_served_by_one_worker(stubs_dir: str, pb: SimpleNamespace) -> None:
+    """Blocking calls one after another from one client, on a server with threads to
+    spare: every call runs on the same worker. A second worker taking turns with the
+    first would spin in accept() while the first serves, a third busy thread beside the
+    client's."""
+    ran_on: set[int] = set()
+
+    def unary(request: Any, context: grpc.ServicerContext) -> Any:
+        ran_on.add(threading.get_ident())
+        return pb.pb2.EchoResponse(payload=request.payload)
+
+    with echo_channel(pb, unary, workers=8) as channel:
+        stub = pb.pb2_grpc.EchoStub(channel)
+        request = pb.pb2.EchoRequest(payload=b"p")
+        stub.Unary(request, timeout=HANG_S, wait_for_ready=True)
+        assert channel.transport == "shm"  # type: ignore[attr-defined]
+        ran_on.clear()
+        for _ in range(20_000):
+            stub.Unary(request, timeout=HANG_S)
+    assert len(ran_on) == 1, f"{len(ran_on)} workers served one client's calls"
+
+
+def test_threaded_server_drops_it_before_callbacks(stubs_dir: str, pb: SimpleNamespace) -> None:
+    """Calls one after another, so only the callback's own worker could hold a lease
+    while the callback runs; with the server's callbacks, for many calls."""
+    from argrpc import _engine
+
+    seen: list[int] = []
+
+    def unary(request: Any, context: grpc.ServicerContext) -> Any:
+        engine = _engine.peek_engine()
+        assert engine is not None
+        context.add_callback(lambda: seen.append(engine.polling_leases))
+        return pb.pb2.EchoResponse(payload=request.payload)
+
+    with echo_channel(pb, unary, workers=4) as channel:
+        stub = pb.pb2_grpc.EchoStub(channel)
+        for i in range(200):
+            stub.Unary(pb.pb2.EchoRequest(payload=b"p"), timeout=HANG_S,
+                       wait_for_ready=True)
+            # The callback runs after the status went out: wait for it before the
+            # next call, so that no other call's worker is on its way meanwhile.
+            end = time.monotonic() + HANG_S
+            while len(seen) <= i and time.monotonic() < end:
+                time.sleep(0.001)
+            assert len(seen) == i + 1, "the callback did not run"
+        assert channel.transport == "shm"  # type: ignore[attr-defined]
     assert seen == [0] * 200

@@ -38,6 +38,7 @@ py::class_<PyServer> add_server(py::module_& m) {
       .def("drop_polling_lease", [](PyServer&) { polling_lease::drop(); })
       .def("worker_started", [](PyServer& s) { s.server->worker_started(); })
       .def_property_readonly("idle_workers", [](PyServer& s) { return s.server->idle_workers(); })
+      .def_property_readonly("queued", [](PyServer& s) { return s.server->queued(); })
       // ("cancelled", call, 0) | ("over_limit", call, 0) | ("starved", None, n) |
       // ("none", None, 0) on timeout or shutdown.
       .def("next_event", [](PyServer& s, py::object timeout) -> py::tuple {

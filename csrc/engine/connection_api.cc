@@ -82,7 +82,7 @@ bool Connection::half_close(const std::shared_ptr<Stream>& s) {
 bool Connection::finish(const std::shared_ptr<Stream>& s, uint32_t code, const std::string& details,
                         const Metadata& trailing, const uint8_t* msg, size_t len, bool has_msg) {
   // Before the status goes out: the peer may answer it with its next request at once.
-  if (!client_ && server_ && server_->queued() == 0) polling_lease::finishing(engine_, s.get());
+  if (!client_ && server_ && server_->queued() == 0) polling_lease::finishing(engine_, server_, s.get());
   const bool ok = submit(s, finish_frames(code, details, trailing, msg, len, has_msg));
   if (ok) {
     fail_point(FailPoint::kFinished);

@@ -19,6 +19,7 @@
 // that serves.
 #pragma once
 #include <chrono>
+#include <memory>
 
 #include "engine_config.h"
 
@@ -27,6 +28,7 @@ namespace argrpc {
 inline constexpr auto kLeaseCheck = std::chrono::milliseconds(knobs::kLeaseCheckMs);
 
 class Engine;
+class Server;
 class Stream;
 
 namespace polling_lease {
@@ -34,7 +36,8 @@ namespace polling_lease {
 // accept() hands `s` to this thread (after dropping any lease the thread held).
 void serving(const Stream* s);
 // finish() of `s` by this thread: takes the lease if `s` is the call accept() gave it.
-void finishing(Engine* engine, const Stream* s);
+// `server` counts the holder as a worker on its way back (Server::lease_taken).
+void finishing(Engine* engine, const std::shared_ptr<Server>& server, const Stream* s);
 // Ends this thread's lease, if any; cheap when there is none.
 void drop();
 bool held();

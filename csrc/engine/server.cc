@@ -19,7 +19,8 @@ int Server::starved_locked() const {
   if (watch_) return 0;  // the loop takes every call itself
   // A wake-up is work too (the facade queued something for a worker to run).
   const int waiting = static_cast<int>(pending_.size()) + wakeups_;
-  return std::max(0, waiting - acceptors_.load(std::memory_order_relaxed) - requested_);
+  return std::max(0, waiting - acceptors_.load(std::memory_order_relaxed) - requested_ -
+                         returning_);
 }
 
 bool Server::enqueue(const std::shared_ptr<Stream>& s) {
@@ -79,27 +80,29 @@ std::shared_ptr<Stream> Server::accept_locked(std::unique_lock<std::mutex>& lk, 
       return nullptr;
     }
     if (dl.expired()) return nullptr;
-    if (!spinner_) {
+    const bool back = polling_lease::held();
+    // Spin when nobody does and no worker is on its way back to (it will), or when this
+    // thread is that worker: it takes the spin over.
+    if (back || (!spinner_ && returning_ == 0)) {
       spinner_ = true;
+      const uint64_t turn = spin_turn_.fetch_add(1, std::memory_order_relaxed) + 1;
       lk.unlock();
       engine_->enter_polling();
       polling_lease::drop();  // this thread polls now: the lease has done its part
-      spin_until(
+      const bool ready = spin_until(
           engine_->config().spin_us, dl,
-          [&] { return pending_count_.load() > 0 || wakeup_count_.load() > 0; },
+          [&] {
+            return pending_count_.load() > 0 || wakeup_count_.load() > 0 ||
+                   spin_turn_.load(std::memory_order_relaxed) != turn;
+          },
           [&] { engine_->progress_all(); });
       engine_->leave_polling();
       lk.lock();
-      spinner_ = false;
+      const bool mine = spin_turn_.load(std::memory_order_relaxed) == turn;
+      if (mine) spinner_ = false;
       if (!pending_.empty() || wakeups_ > 0 || shutdown_) continue;
-    }
-    if (polling_lease::held()) {
-      // About to sleep, so no longer on its way to polling (unlocked: the last poller
-      // to leave looks at every connection, which may enqueue here).
-      lk.unlock();
-      polling_lease::drop();
-      lk.lock();
-      continue;
+      // Work another thread took first: spin on. Handed over, or spun out: sleep.
+      if (mine && ready) continue;
     }
     ++sleepers_;
     cv_.wait_until(lk, std::min(dl.at(), Clock::now() + std::chrono::milliseconds(100)));
@@ -116,6 +119,21 @@ void Server::wakeup(int n) {
     tell = starved_locked() > 0;
   }
   cv_.notify_all();
+  if (tell) events_cv_.notify_one();
+}
+
+void Server::lease_taken() {
+  std::lock_guard<std::mutex> g(mu_);
+  ++returning_;
+}
+
+void Server::lease_returned() {
+  bool tell;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (returning_ > 0) --returning_;
+    tell = starved_locked() > 0;
+  }
   if (tell) events_cv_.notify_one();
 }
 

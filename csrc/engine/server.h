@@ -42,6 +42,11 @@ class Server {
   void wakeup(int n);
   // A worker asked for by a kStarved event is running.
   void worker_started();
+  // A worker that finished its call holds a polling lease (engine/polling_lease.h): it
+  // is on its way back to accept(), so it counts as a worker for the calls that wait,
+  // and the spin is kept for it. lease_returned(): back, or gone elsewhere.
+  void lease_taken();
+  void lease_returned();
   // Workers inside accept() right now.
   int idle_workers() const { return acceptors_.load(std::memory_order_relaxed); }
   // Calls waiting for a worker.
@@ -81,8 +86,14 @@ class Server {
   std::atomic<int> acceptors_{0};
   int sleepers_ = 0, wakeups_ = 0;
   int requested_ = 0;   // workers asked for and not started yet
+  int returning_ = 0;   // workers holding a lease (lease_taken)
   int admitted_ = 0;    // calls counted through admit()
   bool spinner_ = false, shutdown_ = false;
+  // Which acceptor spins: a worker back from a call takes the spin over (spin_turn_
+  // moves on, and the one spinning before sleeps), so in a ping-pong one worker serves
+  // and polls and the others sleep, instead of two workers taking turns, each spinning
+  // while the other serves: a third busy thread beside the client's on two cores.
+  std::atomic<uint64_t> spin_turn_{0};
   std::shared_ptr<Watch> watch_;
 };
 
