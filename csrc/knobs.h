@@ -121,7 +121,9 @@ inline constexpr int64_t kLongestSleepMs = 100;
 // most: the progress thread, finding such a worker on its way as it goes to sleep, sleeps
 // this long instead, and a thread that has waited this long on a call looks itself and
 // rings the peer even if the peer says it polls (an asyncio client's calls have no such
-// thread: for them, longest_sleep_ms)
+// thread: for them, longest_sleep_ms). An asyncio loop that found work counts as polling
+// the same way until it polls again; the progress thread ends that once the loop has not
+// come back for this long
 inline constexpr int64_t kLeaseCheckMs = 1;
 
 // a waiting thread that spins polls for up to this long between two yields of its CPU (a

@@ -6,12 +6,13 @@ times a second (a 5 ms period did, on CPUs its peers' calls need). Counted from 
 kernel's own record of the thread's sleeps, not timed."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
 import time
 from concurrent import futures
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import grpc
 import pytest
@@ -143,3 +144,94 @@ def test_no_doorbell_is_lost_under_many_large_calls(
     # every 100 ms of the run; without it none, but for a doorbell racing the timeout.
     assert seen["missed"] <= 2, (seen, served)
     assert served["missed_doorbells"] <= 2, (seen, served)
+
+
+_PING_PONG_CLIENT = """
+import json, time
+import argrpc
+ch = argrpc.insecure_channel(TARGET)
+echo = ch.unary_unary("/progress.Test/Echo")
+assert echo(b"x", timeout=60, wait_for_ready=True) == b"x"
+began = time.monotonic()
+for _ in range(CALLS):
+    assert echo(b"x", timeout=60) == b"x"
+print("RESULT " + json.dumps({"transport": ch.transport, "seconds": time.monotonic() - began}))
+ch.close()
+"""
+
+
+def test_an_asyncio_server_in_a_ping_pong_leaves_it_asleep() -> None:
+    """An asyncio server's loop that found a request goes on counting as polling while
+    it answers (Notifier::poll), so the client's next request, written meanwhile, rings
+    no doorbell: the server's progress thread sleeps through a ping-pong. Otherwise one
+    call in a few woke it, a third busy thread beside the loop and the client. Counted
+    from the kernel's record of the thread's sleeps, not timed."""
+    calls = 20_000
+
+    async def echo(req: bytes, ctx: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+        return req
+
+    async def main() -> tuple[int, float, dict[str, Any]]:
+        server = argrpc.aio.server()
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            "progress.Test", {"Echo": grpc.unary_unary_rpc_method_handler(echo)}),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            tids = progress_threads()
+            assert tids, "no thread named argrpc-progress in this process"
+            before, began = wakeups(tids), time.monotonic()
+            seen = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: script_result(
+                    f"TARGET = '127.0.0.1:{port}'\nCALLS = {calls}\n" + _PING_PONG_CLIENT,
+                    {}, timeout=120))
+            return wakeups(tids) - before, time.monotonic() - began, seen
+        finally:
+            await server.stop(None)
+
+    woke, seconds, seen = asyncio.run(main())
+    assert seen["transport"] == "shm"
+    # Idle (the client starting), it wakes every longest_sleep_ms; while the loop's
+    # lease is out, every lease_check_ms; beyond those, one wake-up per 50 calls at most
+    # (per 10-20 calls before).
+    limits = _config.LIMITS
+    timed = seconds * 1000 / limits.longest_sleep_ms + seen["seconds"] * 1000 / limits.lease_check_ms
+    assert woke <= calls // 50 + timed + 20, \
+        f"the progress thread woke {woke} times in {calls} calls ({seen['seconds']:.2f} s)"
+
+
+def test_a_stopped_loops_lease_ends(spawn: Callable[..., ServerProcess]) -> None:
+    """A loop stopped right after a poll found an answer (run_until_complete returns
+    without the loop going to sleep) still holds its poll's lease, and nothing on the
+    loop's side ends it: the progress thread does, once the loop has not polled for
+    lease_check_ms. Otherwise this process would count as polling for good: its peers
+    would ring no doorbell, and its progress thread would look every lease_check_ms."""
+    from argrpc import _engine
+
+    server = spawn("argrpc")
+
+    async def calls() -> Any:
+        ch = argrpc.aio.insecure_channel(server.target)
+        invert = ch.unary_unary("/argrpc.test.Raw/Invert")
+        for _ in range(50):
+            assert await invert(b"\x00" * 64, timeout=60) == b"\xff" * 64
+        return ch
+
+    loop = asyncio.new_event_loop()
+    try:
+        for _ in range(50):
+            ch = loop.run_until_complete(calls())
+            engine = _engine.peek_engine()
+            assert engine is not None
+            held = engine.polling_leases
+            end = time.monotonic() + 30
+            while engine.polling_leases and time.monotonic() < end:
+                time.sleep(0.001)
+            assert engine.polling_leases == 0, "a stopped loop's lease never ended"
+            loop.run_until_complete(ch.close())
+            if held:
+                break
+        else:
+            pytest.fail("no run ended with a lease out")
+    finally:
+        loop.close()

@@ -11,7 +11,9 @@ thread reads the peer, then wakes the loop), which the measurements in docs/desi
 price at tens of microseconds. So on loops built on a selector (asyncio's default loop)
 the loop's own thread drives the engine for up to ``TF_RDMA_SPIN_US`` before it would
 sleep, while it has calls in flight: an answer that arrives within that time is seen
-without a hand-off. On such loops a post made by the loop's own thread (its engine calls
+without a hand-off, and a loop that found something goes on counting as polling until it
+polls again or would sleep (``Notifier::poll``), so what its peers write meanwhile rings
+no doorbell. On such loops a post made by the loop's own thread (its engine calls
 ending a call, say) writes no eventfd either: the selector drains pending tokens before
 every sleep. Loops without a selector (uvloop) get every completion through the fd.
 """
@@ -121,6 +123,7 @@ class LoopBridge:
         if self._closed:
             return
         self._closed = True
+        self.notifier.end_lease()
         try:
             self.loop.remove_reader(self.notifier.fd)
         except Exception:  # noqa: BLE001 - the loop is already closed
@@ -187,10 +190,16 @@ class _PollingSelector(selectors.BaseSelector):
                 # (Notifier::set_looker): drained here, before any sleep.
                 owner.dispatch()
                 timeout = 0
+            if timeout is None or timeout > 0:
+                # About to sleep: no longer on its way back to poll (Notifier::poll).
+                owner.notifier.end_lease()
         self._looked_at = time.monotonic()
         return self._inner.select(timeout)
 
     def close(self) -> None:
+        owner = self._owner()
+        if owner is not None:
+            owner.notifier.end_lease()
         self._inner.close()
 
     def get_key(self, fileobj: Any) -> selectors.SelectorKey:

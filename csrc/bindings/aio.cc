@@ -26,6 +26,13 @@ namespace {
 struct PyNotifier {
   std::shared_ptr<Notifier> n = std::make_shared<Notifier>();
   ForkLocal<bool> here{true};  // a forked child's copy must not drain the parent's
+  PyNotifier() = default;
+  PyNotifier(const PyNotifier&) = delete;
+  PyNotifier& operator=(const PyNotifier&) = delete;
+  // The loop's lease goes with it (the notifier itself may outlive it in a watch).
+  ~PyNotifier() {
+    if (!here.inherited()) n->end_lease();
+  }
 };
 
 void watch_stream(const std::shared_ptr<Stream>& s, PyNotifier& n, uint64_t token) {
@@ -102,7 +109,13 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
         if (n.here.inherited() || e.engine.inherited()) return std::vector<uint64_t>();
         NoGil nogil;
         return n.n->poll(*e.engine, limit_us);
-      }, py::arg("engine"), py::arg("limit_us"));
+      }, py::arg("engine"), py::arg("limit_us"))
+      // The loop is about to sleep, or is done: it no longer counts as polling.
+      .def("end_lease", [](PyNotifier& n) {
+        if (n.here.inherited()) return;
+        NoGil nogil;
+        n.n->end_lease();
+      });
 
   connection.def(
       "start_watched",

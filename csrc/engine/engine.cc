@@ -15,6 +15,7 @@
 #include "common/heap_bound.h"
 #include "common/status.h"
 #include "engine/connection.h"
+#include "engine/notifier.h"
 #include "fabric/fabric.h"
 #include "pool/copier.h"
 #include "pool/pool.h"
@@ -263,6 +264,14 @@ bool Engine::begin_lease() {
   return true;
 }
 
+void Engine::add_loop(std::weak_ptr<Notifier> n) {
+  std::lock_guard<std::mutex> g(loops_mu_);
+  loops_.erase(std::remove_if(loops_.begin(), loops_.end(),
+                              [](const std::weak_ptr<Notifier>& w) { return w.expired(); }),
+               loops_.end());
+  loops_.push_back(std::move(n));
+}
+
 void Engine::end_lease() {
   leases_.fetch_sub(1, std::memory_order_relaxed);
   // After shutdown nobody waits for a doorbell: only the count is given back.
@@ -332,6 +341,16 @@ void Engine::progress_loop() {
       }
     }
     if (stop_.load(std::memory_order_acquire)) break;
+    if (leased) {
+      std::vector<std::shared_ptr<Notifier>> loops;
+      {
+        std::lock_guard<std::mutex> g(loops_mu_);
+        for (auto& w : loops_)
+          if (auto n = w.lock()) loops.push_back(std::move(n));
+      }
+      const uint64_t now = now_us();
+      for (auto& n : loops) n->expire_lease(*this, now);
+    }
     // Nothing rang, nobody polls and no holder of a lease (before or during the sleep)
     // is on its way back to read it: work found now was announced to nobody.
     const bool unrung = n == 0 && !leased && leases_.load(std::memory_order_relaxed) == 0 &&

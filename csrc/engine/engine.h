@@ -29,6 +29,7 @@ class Copier;
 class Fabric;
 class Pool;
 class Server;
+class Notifier;
 
 class Engine : public std::enable_shared_from_this<Engine> {
  public:
@@ -52,6 +53,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool begin_lease();
   void end_lease();
   int leases_out() const { return leases_.load(std::memory_order_relaxed); }
+  // An event loop's notifier that takes leases (Notifier::poll): the progress thread
+  // ends one its loop kept lease_check_ms without polling again (the loop stopped, or
+  // runs a long callback), since a stopped loop never comes back to end it.
+  void add_loop(std::weak_ptr<Notifier> n);
   // Passes of the progress thread that no doorbell started, with nobody polling and no
   // lease out (a timed wake: a sweep or its longest sleep), that found work anyway: each
   // is a wake-up lost on the way, which cost that work up to longest_sleep_ms.
@@ -89,6 +94,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   UniqueFd epoll_, ctl_;
   std::atomic<int> pollers_{0};
   std::atomic<int> leases_{0};
+  std::mutex loops_mu_;
+  std::vector<std::weak_ptr<Notifier>> loops_;  // add_loop()
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> missed_doorbells_{0};  // written by the progress thread only
   // When the progress thread sweeps next (now_us() scale; 0 while it sweeps), and

@@ -9,8 +9,10 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/fork.h"
 #include "common/spin.h"
 #include "engine/engine.h"
+#include "engine/polling_lease.h"
 
 namespace argrpc {
 
@@ -71,13 +73,44 @@ std::vector<uint64_t> Notifier::poll(Engine& engine, int64_t limit_us) {
       polling_ = true;
     }
     engine.enter_polling();
+    end_lease();  // after entering: no arming in between
     spin_until(spin, Deadline::never(), [&] { return pending(); },
                [&] { engine.progress_all(); });
+    if (pending() && engine.begin_lease()) {
+      if (lease_engine_.get() != &engine) {
+        lease_engine_ = engine.shared_from_this();
+        engine.add_loop(weak_from_this());
+      }
+      lease_generation_ = fork_generation();
+      leased_at_us_.store(now_us(), std::memory_order_relaxed);
+      leased_.store(true, std::memory_order_release);
+    }
     engine.leave_polling();
     std::lock_guard<std::mutex> g(mu_);
     polling_ = false;
   }
   return drain();
+}
+
+void Notifier::end_lease() {
+  if (!leased_.load(std::memory_order_acquire)) return;
+  // A forked child's copy of the parent's engine is never touched (common/fork.h).
+  if (lease_generation_ != fork_generation()) return;
+  if (leased_.exchange(false, std::memory_order_acq_rel)) lease_engine_->end_lease();
+}
+
+void Notifier::expire_lease(Engine& engine, uint64_t now) {
+  if (!leased_.load(std::memory_order_acquire) || lease_engine_.get() != &engine) return;
+  const uint64_t at = leased_at_us_.load(std::memory_order_relaxed);
+  if (now < at || now - at < uint64_t(kLeaseCheck.count()) * 1000) return;
+  if (leased_.exchange(false, std::memory_order_acq_rel)) engine.end_lease();
+}
+
+Notifier::~Notifier() {
+  // Ended by then (the bindings' notifier ends it when it goes), but in a forked child,
+  // whose copy of the parent's engine is never destroyed either.
+  if (lease_engine_ && lease_generation_ != fork_generation())
+    keep_forever(std::move(lease_engine_));
 }
 
 }  // namespace argrpc

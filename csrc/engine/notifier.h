@@ -33,7 +33,7 @@ class Watch : public std::enable_shared_from_this<Watch> {
   std::atomic<bool> posted_{false};
 };
 
-class Notifier {
+class Notifier : public std::enable_shared_from_this<Notifier> {
  public:
   Notifier();
   Notifier(const Notifier&) = delete;
@@ -47,7 +47,22 @@ class Notifier {
   // The loop had nothing else to do: drive the engine for up to spin_us (or until
   // `limit_us` from now, if sooner) while nothing is posted, then drain. The loop's own
   // thread is awake meanwhile, so posts do not write the eventfd.
+  //
+  // When something came, the loop's thread goes on counting as a poller while it runs
+  // what came (a lease, as a server worker's on its way back to accept(),
+  // engine/polling_lease.h): a peer's next message, written meanwhile (a client's next
+  // request, answered to within the loop's callbacks), then rings no doorbell and wakes
+  // no progress thread, a third busy thread beside the loop and its peer; the loop reads
+  // it on its next poll. The loop's thread ends the lease there, or with end_lease()
+  // before it sleeps or closes; one the loop keeps lease_check_ms (it stopped without
+  // sleeping, or runs a long callback) the progress thread ends (expire_lease).
   std::vector<uint64_t> poll(Engine& engine, int64_t limit_us);
+  // Any thread; cheap without a lease (the bindings' notifier also ends one left when it
+  // goes).
+  void end_lease();
+  // The progress thread of `engine`, which holds this lease, at `now_us`.
+  void expire_lease(Engine& engine, uint64_t now_us);
+  ~Notifier();
   // The loop's thread looks at pending() before it sleeps (a selector loop that polls),
   // so a post made on that thread, by its own engine calls, need not write the
   // eventfd: that write would only make the loop take one more turn to read it.
@@ -64,6 +79,12 @@ class Notifier {
   bool signalled_ = false;  // the eventfd holds a count nobody read yet
   bool polling_ = false;    // the loop's thread is in poll(): no need to wake it
   std::atomic<std::thread::id> looker_{};  // see set_looker(); none by default
+  // The lease (poll): taken and ended by whoever flips `leased_`. The engine is kept
+  // from the first lease on (the loop's thread alone sets it).
+  std::shared_ptr<Engine> lease_engine_;
+  std::atomic<bool> leased_{false};
+  std::atomic<uint64_t> leased_at_us_{0};
+  uint64_t lease_generation_ = 0;
 };
 
 }  // namespace argrpc
