@@ -112,7 +112,7 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
       }, py::arg("engine"), py::arg("limit_us"))
       // The loop is about to sleep, or is done: it no longer counts as polling.
       .def("end_lease", [](PyNotifier& n) {
-        if (n.here.inherited()) return;
+        if (n.here.inherited() || !n.n->leased()) return;
         NoGil nogil;
         n.n->end_lease();
       });

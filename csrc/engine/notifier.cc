@@ -79,6 +79,7 @@ std::vector<uint64_t> Notifier::poll(Engine& engine, int64_t limit_us) {
     if (pending() && engine.begin_lease()) {
       if (lease_engine_.get() != &engine) {
         lease_engine_ = engine.shared_from_this();
+        lease_engine_at_.store(&engine, std::memory_order_release);
         engine.add_loop(weak_from_this());
       }
       lease_generation_ = fork_generation();
@@ -100,7 +101,9 @@ void Notifier::end_lease() {
 }
 
 void Notifier::expire_lease(Engine& engine, uint64_t now) {
-  if (!leased_.load(std::memory_order_acquire) || lease_engine_.get() != &engine) return;
+  if (!leased_.load(std::memory_order_acquire) ||
+      lease_engine_at_.load(std::memory_order_acquire) != &engine)
+    return;
   const uint64_t at = leased_at_us_.load(std::memory_order_relaxed);
   if (now < at || now - at < uint64_t(kLeaseCheck.count()) * 1000) return;
   if (leased_.exchange(false, std::memory_order_acq_rel)) engine.end_lease();

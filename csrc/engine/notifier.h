@@ -60,6 +60,7 @@ class Notifier : public std::enable_shared_from_this<Notifier> {
   // Any thread; cheap without a lease (the bindings' notifier also ends one left when it
   // goes).
   void end_lease();
+  bool leased() const { return leased_.load(std::memory_order_acquire); }
   // The progress thread of `engine`, which holds this lease, at `now_us`.
   void expire_lease(Engine& engine, uint64_t now_us);
   ~Notifier();
@@ -80,8 +81,10 @@ class Notifier : public std::enable_shared_from_this<Notifier> {
   bool polling_ = false;    // the loop's thread is in poll(): no need to wake it
   std::atomic<std::thread::id> looker_{};  // see set_looker(); none by default
   // The lease (poll): taken and ended by whoever flips `leased_`. The engine is kept
-  // from the first lease on (the loop's thread alone sets it).
+  // from the first lease on (the loop's thread alone touches the pointer; the progress
+  // thread compares the address).
   std::shared_ptr<Engine> lease_engine_;
+  std::atomic<const Engine*> lease_engine_at_{nullptr};
   std::atomic<bool> leased_{false};
   std::atomic<uint64_t> leased_at_us_{0};
   uint64_t lease_generation_ = 0;
