@@ -484,14 +484,6 @@ class Limits:
     yield_shared_us: int = _fixed(
         3, "a yield that takes this long or longer ran another thread on the CPU meanwhile "
         "(see spin_poll_us)", engine=True)
-    shared_yields_move: int = _fixed(
-        8, "a spinning waiter whose last this many yields in a row each ran another thread "
-        "on its CPU (yield_shared_us) moves itself to another of the CPUs it may run on: the "
-        "two ends of a ping-pong that the kernel put on one CPU, while another idles, stay "
-        "there for tens of milliseconds, every call paying two context switches", engine=True)
-    cpu_move_gap_ms: int = _fixed(
-        10, "a waiter moves itself (shared_yields_move) at most once in this long, so on a "
-        "machine with no idle CPU it does not keep moving", engine=True)
     arm_tries: int = _fixed(
         4, "rounds in which the last thread to stop polling reads what came in before it "
         "could ask the peers to ring again, and asks again, before it leaves the rest to the "

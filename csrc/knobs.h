@@ -136,16 +136,6 @@ inline constexpr int64_t kSpinPollUs = 2;
 // spin_poll_us)
 inline constexpr int64_t kYieldSharedUs = 3;
 
-// a spinning waiter whose last this many yields in a row each ran another thread on its
-// CPU (yield_shared_us) moves itself to another of the CPUs it may run on: the two ends
-// of a ping-pong that the kernel put on one CPU, while another idles, stay there for tens
-// of milliseconds, every call paying two context switches
-inline constexpr int64_t kSharedYieldsMove = 8;
-
-// a waiter moves itself (shared_yields_move) at most once in this long, so on a machine
-// with no idle CPU it does not keep moving
-inline constexpr int64_t kCpuMoveGapMs = 10;
-
 // rounds in which the last thread to stop polling reads what came in before it could ask
 // the peers to ring again, and asks again, before it leaves the rest to the progress
 // thread (a fabric that already holds work cannot be armed)

@@ -29,39 +29,6 @@ inline void cpu_relax() {
 #endif
 }
 
-inline constexpr uint32_t kSharedYieldsMove = uint32_t(knobs::kSharedYieldsMove);
-inline constexpr uint64_t kCpuMoveGapUs = uint64_t(knobs::kCpuMoveGapMs) * 1000;
-// Yields in a row that ran another thread, and when this thread may move next.
-inline thread_local uint32_t t_shared_run = 0;
-inline thread_local uint64_t t_move_after = 0;
-
-// Moves the calling thread off its CPU and gives it back every CPU it had: the kernel
-// keeps two busy threads that share a CPU together while they stay cache-hot, even with
-// another CPU idle, and its wake-up placement does not help a thread that never sleeps.
-// Narrowing the affinity for a moment is the one request it carries out at once. A
-// thread the user confined to one CPU stays.
-inline void move_off_shared_cpu() {
-  cpu_set_t mask;
-  if (sched_getaffinity(0, sizeof mask, &mask) != 0 || CPU_COUNT(&mask) < 2) return;
-  const int cpu = sched_getcpu();
-  if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &mask)) return;
-  cpu_set_t others = mask;
-  CPU_CLR(cpu, &others);
-  if (sched_setaffinity(0, sizeof others, &others) == 0) sched_setaffinity(0, sizeof mask, &mask);
-}
-
-// After each yield of a spin: t_cpu_shared, and a move when the CPU stays shared.
-inline void after_yield(uint64_t before, uint64_t after) {
-  t_cpu_shared = after - before >= kYieldSharedUs;
-  if (!t_cpu_shared) {
-    t_shared_run = 0;
-  } else if (++t_shared_run >= kSharedYieldsMove && after >= t_move_after) {
-    t_shared_run = 0;
-    t_move_after = after + kCpuMoveGapUs;
-    move_off_shared_cpu();
-  }
-}
-
 // Calls poll() and checks ready() until ready() holds or spin_us elapsed.
 template <class Ready, class Poll>
 bool spin_until(int spin_us, const Deadline& dl, Ready&& ready, Poll&& poll) {
@@ -81,7 +48,7 @@ bool spin_until(int spin_us, const Deadline& dl, Ready&& ready, Poll&& poll) {
     }
     sched_yield();
     const uint64_t after = now_us();
-    after_yield(t, after);
+    t_cpu_shared = after - t >= kYieldSharedUs;
     yield_at = after + (t_cpu_shared ? 0 : kSpinPollUs);
   }
 }
