@@ -125,26 +125,30 @@ class FastCall:
     # send at once, the requests of an iterator.
     _sender: Optional[asyncio.Task[Any]] = None
     _request_poller: Optional[asyncio.Task[Any]] = None
+    # Set on the instance only when they change: every store a call makes costs on the
+    # unary path, and most unary calls never wait on a future, get a callback, or read
+    # their status or metadata as objects.
+    _waiters: Optional[list[asyncio.Future[Any]]] = None
+    _done_callbacks: Optional[list[Callable[[Any], None]]] = None
+    _status: Optional[_Status] = None
+    _imd: Optional[aio.Metadata] = None
+    _locally_cancelled = False
+    _ended = False
 
     def __init__(self, channel: Any, bridge: LoopBridge, core_call: ClientCall, token: int,
                  timeout: Optional[float], response_deserializer: Optional[Callable[..., Any]]) -> None:
         self._channel = channel
         self._bridge = bridge
-        self._loop = bridge.loop
         self._core = core_call
         self._token = token
         self._deadline = None if timeout is None else time.time() + timeout
         self._deserializer = response_deserializer
-        # Made when first needed: most unary calls never wait on a future or get a
-        # callback, and every object a call makes costs on this path.
-        self._waiters: Optional[list[asyncio.Future[Any]]] = None
-        self._done_callbacks: Optional[list[Callable[[Any], None]]] = None
-        self._status: Optional[_Status] = None
-        self._imd: Optional[aio.Metadata] = None
-        self._locally_cancelled = False
-        self._ended = False
         bridge.started()
         channel.inflight += 1
+
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        return self._bridge.loop
 
     # -- the watch --------------------------------------------------------------
     def _on_change(self) -> None:
@@ -159,8 +163,7 @@ class FastCall:
 
     def _on_end(self) -> None:
         self._ended = True
-        self._bridge.unregister(self._token)  # what held a unary call lets go of it
-        self._bridge.finished()
+        self._bridge.finished(self._token)  # what held a unary call lets go of it
         channel = self._channel
         channel.inflight -= 1
         if channel.closing:
@@ -207,11 +210,10 @@ class FastCall:
             if not self._ended:
                 if not self._core.done():
                     self._core.cancel(_status.CANCELLED, _GC_CANCEL)
-                self._bridge.finished()
+                self._bridge.finished(self._token)
                 self._channel.inflight -= 1
                 if self._channel.closing:
                     self._channel.call_ended()
-            self._bridge.unregister(self._token)
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
 
@@ -417,15 +419,16 @@ class _UnaryResponse(FastCall):
 
     def __await__(self) -> Generator[Any, None, Any]:
         if not self._have_result:
+            core = self._core
+            bridge = self._bridge
             try:
                 while True:
-                    outcome = self._core.try_unary()
-                    if outcome is None and self._bridge.may_poll() and self._bridge.poll():
-                        outcome = self._core.try_unary()
+                    outcome = core.try_unary()
+                    if outcome is None and bridge.may_poll() and bridge.poll():
+                        outcome = core.try_unary()
                     if outcome is not None:
                         break
-                    fut = self._future()
-                    yield from fut
+                    yield from self._future()
             except asyncio.CancelledError:
                 if not self.done():
                     self.cancel()
@@ -447,8 +450,9 @@ class _UnaryResponse(FastCall):
                     raise asyncio.CancelledError()
                 if status is not None and status[0] is not _OK:
                     raise rpc_error(status[0], status[1], imd, tmd)
-            self._result = _deserialize(response, self._deserializer) if response is not None \
-                else None
+            deserializer = self._deserializer
+            self._result = response if response is None or deserializer is None else \
+                _deserialize(response, deserializer)
             self._have_result = True
         return self._result
 
@@ -482,7 +486,7 @@ class UnaryUnaryCall(_UnaryResponse, aio.UnaryUnaryCall[Any, Any]):
             bridge.unregister(token)
             raise Unsent
         core, sent = started
-        super().__init__(channel, bridge, core, token, timeout, response_deserializer)
+        FastCall.__init__(self, channel, bridge, core, token, timeout, response_deserializer)
         if sent < 0:
             self._sender = self._loop.create_task(self._send(request, True))
 

@@ -510,8 +510,10 @@ class UnaryUnaryMultiCallable(_MultiCallable, AioUnaryUnaryBase):
                                     credentials=credentials, wait_for_ready=wait_for_ready,
                                     compression=compression)
         try:
+            serializer = self._serializer
             return _call.UnaryUnaryCall(self._channel, self._loop_bridge, fast, self._method,
-                                        [], timeout, _call.serialize(self._serializer, request),
+                                        [], timeout, request if serializer is None else
+                                        _call.serialize(serializer, request),
                                         self._deserializer,
                                         self._channel._service_config.unsent_retries > 0)
         except _call.Unsent:  # routed again, as any call

@@ -55,6 +55,9 @@ class LoopBridge:
         self._next = 1
         self._inflight = 0  # calls not ended, servers taking calls
         self._closed = False
+        # asyncio's own loop keeps its ready callbacks in this one deque for its life;
+        # other loops do not say (may_poll).
+        self._ready = getattr(loop, "_ready", None)
         loop.add_reader(self.notifier.fd, self.dispatch)
         self.polling = _install_poll(loop, self)
         if self.polling:
@@ -83,7 +86,9 @@ class LoopBridge:
         """A call (or a server) whose answers this loop waits for."""
         self._inflight += 1
 
-    def finished(self) -> None:
+    def finished(self, token: int) -> None:
+        """The call (or server) under `token` ended: its callback goes too."""
+        self._callbacks.pop(token, None)
         self._inflight -= 1
 
     @property
@@ -108,7 +113,11 @@ class LoopBridge:
         tokens = self.notifier.poll(self.engine, _FOREVER_US if limit_s is None
                                     else int(limit_s * 1e6))
         if tokens:
-            self._run(tokens)
+            callbacks = self._callbacks
+            for token in tokens:
+                callback = callbacks.get(token)
+                if callback is not None:
+                    callback()
             return True
         return False
 
@@ -116,7 +125,7 @@ class LoopBridge:
         """The loop has nothing ready to run, so a coroutine about to wait for a call may
         poll for it right here instead of going round the loop (asyncio's own loop
         only: others do not say)."""
-        ready = getattr(self._loop(), "_ready", None)
+        ready = self._ready
         return ready is not None and not ready
 
     def close(self) -> None:
@@ -177,10 +186,19 @@ class _PollingSelector(selectors.BaseSelector):
         if owner is not None:
             if owner.busy and (timeout is None or timeout > 0):
                 if owner.poll(timeout):
-                    # Callbacks ran: what they readied runs first. The loop's other file
-                    # descriptors are asked at most every _LOOK_S meanwhile, not on every
-                    # round: a call's round trip is shorter than the system call.
+                    # Callbacks ran. While they readied nothing (a handler answered at
+                    # once, say) and no timer is due, the loop would only come back here:
+                    # poll on instead. Otherwise what they readied runs first. The loop's
+                    # other file descriptors are asked at most every _LOOK_S meanwhile,
+                    # not on every round: a call's round trip is shorter than the system
+                    # call.
+                    ready = owner._ready
                     now = time.monotonic()
+                    until = None if timeout is None else now + timeout
+                    while not ready and now - self._looked_at < _LOOK_S and \
+                            (until is None or now < until) and \
+                            owner.poll(None if until is None else until - now):
+                        now = time.monotonic()
                     if now - self._looked_at < _LOOK_S:
                         return []
                     self._looked_at = now

@@ -317,8 +317,7 @@ class Server(aio.Server):
     def _unwatch(self) -> None:
         b = self._bridge
         if b is not None and self._token:
-            b.unregister(self._token)
-            b.finished()
+            b.finished(self._token)
             self._token = 0
 
     async def wait_for_termination(self, timeout: Optional[float] = None) -> bool:
@@ -406,7 +405,8 @@ class Server(aio.Server):
         state.wake_all()  # a task of the handler's own may still wait on the call
         if self._calls.get(state.key) is state:
             del self._calls[state.key]
-        state.run_callbacks()
+        if state.callbacks:
+            state.run_callbacks()
         # A call answered without waiting had no task, and so no traceback cycle that
         # could keep its state: if nothing but this method and its caller refer to
         # it (the handler kept no context), it goes, engine handle and all, when they

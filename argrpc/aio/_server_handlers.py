@@ -13,7 +13,8 @@ import asyncio
 import inspect
 import traceback
 from concurrent.futures import Executor
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Optional, Sequence
+from typing import (Any, AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Optional,
+                    Sequence)
 
 import grpc
 from grpc import aio
@@ -139,30 +140,44 @@ async def _unary_call(state: RpcState, plan: UnaryPlan) -> None:
         raw = await state.recv()
     if raw is None:
         return  # ended before its request came (grpc.aio: no status either)
-    response = await plan.behavior(deserialize(plan.deserializer, raw),
+    deserializer = plan.deserializer
+    response = await plan.behavior(raw if deserializer is None else
+                                   deserialize(deserializer, raw),
                                    ServicerContext(state, None, None))
-    await _unary_status(state, response, plan.serializer)
+    rest = _end_unary(state, response, plan.serializer)
+    if rest is not None:
+        await rest
 
 
 async def _unary_status(state: RpcState, response: Any,
                         serializer: Optional[Callable[..., Any]]) -> None:
     """A unary response's end: the response (unless the status is an error) and the
     status, in one batch."""
+    rest = _end_unary(state, response, serializer)
+    if rest is not None:
+        await rest
+
+
+def _end_unary(state: RpcState, response: Any, serializer: Optional[Callable[..., Any]]
+               ) -> Optional[Coroutine[Any, Any, None]]:
+    """_unary_status's work, done at once when nothing need wait (the common end: no
+    coroutine for it); else what is left to await."""
     state.raise_for_termination()
     raw = None
     if state.status_code == _status.OK:
-        raw = serialize(serializer, response)
+        raw = response if serializer is None and type(response) is bytes else \
+            serialize(serializer, response)
         too_big = state.check_size(raw)
         if too_big is not None:
             state.status_sent = True
-            await state.send_status(_status.RESOURCE_EXHAUSTED, too_big, ())
-            return
+            return state.send_status(_status.RESOURCE_EXHAUSTED, too_big, ())
     # A response beside an error status is dropped by every client: not sent.
     state.metadata_sent = True
     state.status_sent = True
-    if not state.try_send_status(raw):
-        await state.send_status(state.status_code, state.status_details,
-                                state.trailing_metadata, raw)
+    if state.try_send_status(raw):
+        return None
+    return state.send_status(state.status_code, state.status_details,
+                             state.trailing_metadata, raw)
 
 
 async def _stream_responses(state: RpcState, behavior: Any, request: Any,
