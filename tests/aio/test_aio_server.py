@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures as cf
 import contextlib
 import hashlib
+import socket
 import threading
 import time
 from typing import Any, AsyncIterator, Callable, Optional
@@ -22,6 +23,7 @@ from grpc import aio
 import argrpc
 from argrpc import aio as argrpc_aio
 from argrpc.aio import _server as aio_server
+from tests.support.procs import script_result
 
 SERVICE = "t.Aio"
 LONG = 10.0
@@ -1071,3 +1073,61 @@ def test_the_grpc_port_is_served_while_fast_path_calls_keep_coming(stack: str) -
                 assert done[0].split(" ")[0] == expected_transport(stack), done
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+# Far below the client's seconds of calls, far above a loaded machine's delays.
+SOON = 2.5
+_CALLS_FOR_A_WHILE = """
+import json, time
+import argrpc
+ch = argrpc.insecure_channel(TARGET)
+echo = ch.unary_unary(METHOD)
+assert echo(b"x", timeout=60, wait_for_ready=True) == b"x"
+n, end = 0, time.monotonic() + SECONDS
+while time.monotonic() < end:
+    assert echo(b"x", timeout=60) == b"x"
+    n += 1
+print("RESULT " + json.dumps({"transport": ch.transport, "calls": n}))
+ch.close()
+"""
+
+
+@STACKS
+def test_timers_sockets_and_tasks_run_while_answers_need_no_round(stack: str) -> None:
+    """A handler that answers at once readies nothing, so a loop serving a stream of
+    such calls polls on without going round (argrpc.aio._loop): its timers, its other
+    sockets and what other threads hand it must still run, as on grpc.aio, while calls
+    from another process keep coming back to back (a loop that never went round would
+    run them only once the calls stop, seconds later)."""
+    async def scenario() -> None:
+        async with serving({"E": grpc.unary_unary_rpc_method_handler(echo)},
+                           stack) as (_, target):
+            loop = asyncio.get_running_loop()
+            code = f"TARGET = {target!r}\nMETHOD = {method('E')!r}\nSECONDS = 6.0\n" + \
+                _CALLS_FOR_A_WHILE
+            loader = asyncio.ensure_future(in_thread(script_result, code, {}, 120))
+            near, far = socket.socketpair()
+            try:
+                await asyncio.sleep(1.5)  # the clients are calling
+                for _ in range(20):
+                    began = time.monotonic()
+                    await asyncio.sleep(0.01)
+                    late = time.monotonic() - began
+                    assert late < SOON, f"a 10 ms timer fired after {late:.1f} s"
+                near.setblocking(False)
+                far.send(b"ping")
+                got = await asyncio.wait_for(loop.sock_recv(near, 4), SOON)
+                assert got == b"ping"
+                handed = loop.create_future()
+                threading.Thread(
+                    target=lambda: loop.call_soon_threadsafe(handed.set_result, "here")
+                ).start()
+                assert await asyncio.wait_for(handed, SOON) == "here"
+            finally:
+                near.close()
+                far.close()
+            seen = await loader
+            assert seen["transport"].split(" ")[0] == expected_transport(stack), seen
+            assert seen["calls"] > 0, seen
+
+    asyncio.run(asyncio.wait_for(scenario(), 90))
