@@ -113,11 +113,7 @@ class LoopBridge:
         tokens = self.notifier.poll(self.engine, _FOREVER_US if limit_s is None
                                     else int(limit_s * 1e6))
         if tokens:
-            callbacks = self._callbacks
-            for token in tokens:
-                callback = callbacks.get(token)
-                if callback is not None:
-                    callback()
+            self._run(tokens)
             return True
         return False
 
