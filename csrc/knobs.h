@@ -143,7 +143,9 @@ inline constexpr int64_t kArmTries = 4;
 
 // a connection neither heard from nor called on for this long is left to its doorbell:
 // armed, and no longer read by every polling thread, so a poll pass costs what the busy
-// connections cost, not every connection of the process
+// connections cost, not every connection of the process (dropped by the next thread that
+// starts to poll, or by the progress thread's next pass: not on a timer of its own, which
+// would take a CPU from the threads that poll)
 inline constexpr int64_t kCoolMs = 5;
 
 // longest stretch one thread reads a connection while completions keep coming (a long

@@ -24,7 +24,7 @@ DOCUMENTED_FIELDS = {
     "gbps": (float, type(None)), "rpcs_per_s": (float, type(None)),
     "steps_per_s": (float, type(None)), "workers": (int, type(None)), "env": dict,
     "note": str, "skipped": bool, "api": str, "concurrency": int, "clients": int,
-    "failed": bool,
+    "failed": bool, "loop": str,
 }
 
 
@@ -333,6 +333,7 @@ def _fake_runner(calls: list[Any], fail_mode: str | None = None) -> Any:
         seed: int = 0
         env: dict[str, str] = field(default_factory=dict)
         api: str = "threaded"
+        loop: str = "asyncio"
         concurrency: int = 1
         references: bool = False
         clients: int = 1
@@ -609,7 +610,7 @@ def test_cli_parses_apis() -> None:
 
 @pytest.mark.parametrize("argv", [
     ["--api", "trio"], ["--api", ""], ["latency", "--api", "aio", "--concurrency", "0"],
-    ["ps", "--api", "aio"]])
+    ["ps", "--api", "aio"], ["latency", "--loop", "uvloop"], ["latency", "--loop", "trio"]])
 def test_cli_rejects_bad_api_arguments(argv: list[str], capsys: Any) -> None:
     with pytest.raises(SystemExit) as e:
         cli.main(argv)

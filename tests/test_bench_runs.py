@@ -6,6 +6,7 @@ tiny payload: seconds each, and nothing is timing-asserted (the machine is share
 noisy)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from argrpc_bench import runner
+from argrpc_bench import report, runner
 from argrpc_bench.results import FIELDS, Measurement
 from argrpc_bench.runner import RunSpec
 
@@ -290,6 +291,21 @@ def test_aio_unavailable_transport_is_skipped() -> None:
     assert all(not m.skipped for m in got if m.transport == "grpc")
 
 
+def test_aio_run_on_uvloop() -> None:
+    """Both processes of each pair on uvloop: argrpc.aio then gets every answer through
+    its notifier's fd (it polls the engine only on asyncio's own loop), grpc.aio as it
+    does on any loop. The rows say which loop, and count as their own cells."""
+    pytest.importorskip("uvloop")
+    spec = tiny("latency", LIVE, sizes=[64], api="aio", concurrency=1, loop="uvloop")
+    got = runner.run(spec)
+    assert [m.transport for m in got] == list(LIVE)
+    for m in got:
+        assert (m.api, m.loop) == ("aio", "uvloop")
+        check_measured(m, spec)
+    asyncio_row = dataclasses.replace(got[-1], loop="asyncio")
+    assert report.cell_key(asyncio_row) != report.cell_key(got[-1])
+
+
 def test_aio_spec_is_checked() -> None:
     with pytest.raises(ValueError, match="asyncio"):
         runner.normalize(tiny("ps", ["grpc"], api="aio"))
@@ -297,6 +313,10 @@ def test_aio_spec_is_checked() -> None:
         runner.normalize(tiny("latency", ["grpc"], api="trio"))
     with pytest.raises(ValueError, match="concurrency"):
         runner.normalize(tiny("latency", ["grpc"], api="aio", concurrency=0))
+    with pytest.raises(ValueError, match="asyncio API"):
+        runner.normalize(tiny("latency", ["grpc"], loop="uvloop"))
+    with pytest.raises(ValueError, match="unknown event loop"):
+        runner.normalize(tiny("latency", ["grpc"], api="aio", loop="trio"))
 
 
 def test_cli_both_apis_in_one_real_run(tmp_path: Path,

@@ -146,6 +146,46 @@ def test_no_doorbell_is_lost_under_many_large_calls(
     assert served["missed_doorbells"] <= 2, (seen, served)
 
 
+_BUSY_CLIENT = """
+import json, time
+import argrpc
+from argrpc import _engine
+ch = argrpc.insecure_channel(TARGET)
+invert = ch.unary_unary("/argrpc.test.Raw/Invert")
+assert invert(b"\\x00" * 64, timeout=60, wait_for_ready=True) == b"\\xff" * 64
+engine = _engine.peek_engine()
+before, began, calls = engine.timed_wakeups, time.monotonic(), 0
+while time.monotonic() - began < SECONDS:
+    for _ in range(100):
+        assert invert(b"\\x00" * 64, timeout=60) == b"\\xff" * 64
+    calls += 100
+print("RESULT " + json.dumps({"transport": ch.transport, "calls": calls,
+                              "seconds": time.monotonic() - began,
+                              "timed": engine.timed_wakeups - before}))
+ch.close()
+"""
+
+
+def test_a_busy_process_leaves_its_timer_asleep(
+        spawn: Callable[..., ServerProcess]) -> None:
+    """While a client's calls keep its connection busy, the threads that wait on them
+    poll, and they (not a timer of the progress thread) drop quiet connections from the
+    hot set: the progress thread's own timer wakes it for sweeps only, at most every
+    longest_sleep_ms. A timer for cooling woke it every cool_ms, each time taking a CPU
+    from a thread that polls. Counted by the engine (passes its timer started), on a
+    machine whose cores may be busy too."""
+    server = spawn("argrpc")
+    seen = script_result(f"TARGET = {server.target!r}\nSECONDS = 1.5\n" + _BUSY_CLIENT, {},
+                         timeout=120)
+    assert seen["transport"] == "shm"
+    assert seen["calls"] >= 100
+    limits = _config.LIMITS
+    # Sweeps at the longest sleep, and a keepalive look per second; a cool_ms timer
+    # would be 300.
+    bound = seen["seconds"] * (1000 / limits.longest_sleep_ms + 1000 / limits.keepalive_ms) + 10
+    assert seen["timed"] <= bound, seen
+
+
 _PING_PONG_CLIENT = """
 import json, time
 import argrpc

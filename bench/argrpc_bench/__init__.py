@@ -25,5 +25,7 @@ SCHEMES = ("uniform", "random", "skew")
 # threaded: grpc.server / grpc.insecure_channel and argrpc's drop-ins; aio: grpc.aio and
 # argrpc.aio, one event loop per process.
 APIS = ("threaded", "aio")
+# The event loop of both aio processes: asyncio's own, or uvloop (installed separately).
+LOOPS = ("asyncio", "uvloop")
 
-__all__ = ["APIS", "BENCHMARKS", "FAST_TRANSPORTS", "TRANSPORTS", "MODES", "SCHEMES"]
+__all__ = ["APIS", "BENCHMARKS", "FAST_TRANSPORTS", "LOOPS", "TRANSPORTS", "MODES", "SCHEMES"]

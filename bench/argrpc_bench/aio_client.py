@@ -2,6 +2,7 @@
 loop, through ``grpc.aio`` or ``argrpc.aio``.
 
     python -m argrpc_bench.aio_client (client.py's options) [--concurrency N]
+        [--loop asyncio|uvloop]
 
 * latency: per size, client.py's ping-pong (one call in flight, every call timed); then,
   with ``--concurrency N`` > 1, N tasks of the one loop keep N calls in flight on the one
@@ -25,6 +26,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 import grpc
 
+from argrpc_bench import LOOPS, loops
 from argrpc_bench import messages as msg
 from argrpc_bench import schemes
 from argrpc_bench.client import (CALL_TIMEOUT_S, P2PCall, Plan, arg_parser, check_transport,
@@ -150,9 +152,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = arg_parser("python -m argrpc_bench.aio_client")
+    p.add_argument("--loop", choices=LOOPS, default="asyncio")
     args = parse_args(argv, p)
     exit_on_stdin_eof()
-    return emit_outcome(lambda: asyncio.run(run(args)))
+    return emit_outcome(lambda: loops.run(run(args), args.loop))
 
 
 if __name__ == "__main__":

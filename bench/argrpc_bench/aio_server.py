@@ -1,7 +1,7 @@
 """Asyncio benchmark server process: server.py's point-to-point methods on one event
 loop, served by ``grpc.aio.server`` or ``argrpc.aio.server``.
 
-    python -m argrpc_bench.aio_server --stack grpc|argrpc
+    python -m argrpc_bench.aio_server --stack grpc|argrpc [--loop asyncio|uvloop]
 
 The handlers are server.py's own functions, each run on the loop as an ``async def``:
 they neither block nor wait, and a plain function would be sent to grpc.aio's migration
@@ -19,6 +19,7 @@ from typing import Any, Callable, Coroutine, cast
 
 import grpc
 
+from argrpc_bench import LOOPS, loops
 from argrpc_bench import messages as msg
 from argrpc_bench.server import BIG_OPTIONS, handlers
 
@@ -95,9 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m argrpc_bench.aio_server",
                                 description=__doc__)
     p.add_argument("--stack", choices=("grpc", "argrpc"), required=True)
+    p.add_argument("--loop", choices=LOOPS, default="asyncio")
     args = p.parse_args(argv)
     try:
-        return asyncio.run(serve(args.stack))
+        return loops.run(serve(args.stack), args.loop)
     except KeyboardInterrupt:
         return 0
 

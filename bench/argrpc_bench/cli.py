@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from argrpc._config import KNOBS, ConfigError, load as load_config, parse_size
 from argrpc_bench._version import __version__
-from argrpc_bench import APIS, BENCHMARKS, MODES, SCHEMES, TRANSPORTS
+from argrpc_bench import APIS, BENCHMARKS, LOOPS, MODES, SCHEMES, TRANSPORTS, loops
 from argrpc_bench.progress import Progress
 from argrpc_bench.report import (AIO_TARGET_CONCURRENCY, CLIENTS_TARGET,
                                      THREADS_TARGET_CONCURRENCY, connect_targets,
@@ -283,6 +283,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="threaded (grpc.server / channels, default), aio (grpc.aio vs "
                         "argrpc.aio, one event loop per process; latency and bandwidth), "
                         "or both / threaded,aio: each cell under both APIs in the same run")
+    p.add_argument("--loop", choices=LOOPS, default="asyncio",
+                   help="--api aio: the event loop of both processes, asyncio's own "
+                        "(default) or uvloop (pip install uvloop); argrpc.aio polls the "
+                        "engine only on asyncio's own")
     p.add_argument("--concurrency", type=int, default=None,
                    help="latency: besides the ping-pong, this many calls kept in flight on "
                         "one channel (RPC/s): client threads under the threaded API "
@@ -336,6 +340,12 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error("--burst must be >= 0")
     if a.benchmark == "ps" and "threaded" not in a.api:
         p.error("--api: the ps benchmark has no asyncio variant; use --api threaded or both")
+    if getattr(a, "loop", "asyncio") != "asyncio":
+        if "aio" not in a.api:
+            p.error(f"--loop {a.loop}: for the asyncio API (--api aio or both)")
+        why = loops.unavailable(a.loop)
+        if why is not None:
+            p.error(f"--loop: {why}")
     try:
         a.envs = sweep_envs(a.sweep)
         for env in a.envs:
@@ -611,7 +621,8 @@ def plan(a: argparse.Namespace) -> list["RunSpec"]:
                     if b != "ps":
                         kw["sizes"] = list(a.sizes or d.sizes)
                     if api != "threaded":
-                        kw.update(api=api, concurrency=a.concurrency or DEFAULT_CONCURRENCY)
+                        kw.update(api=api, concurrency=a.concurrency or DEFAULT_CONCURRENCY,
+                                  loop=getattr(a, "loop", "asyncio"))
                     elif b == "latency":
                         kw["concurrency"] = a.concurrency or DEFAULT_THREADS_IN_FLIGHT
                     if getattr(a, "remote", None):

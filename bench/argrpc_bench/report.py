@@ -124,8 +124,8 @@ def _env_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
 
 def cell_key(m: Measurement, with_env: bool = True) -> tuple[Any, ...]:
     """Everything but the transport: measurements with equal keys are comparable."""
-    key: tuple[Any, ...] = (m.benchmark, m.api, m.concurrency, m.clients, m.mode, m.scheme,
-                            m.size, m.buffers, m.workers)
+    key: tuple[Any, ...] = (m.benchmark, m.api, m.loop, m.concurrency, m.clients, m.mode,
+                            m.scheme, m.size, m.buffers, m.workers)
     return key + (_env_key(m.env),) if with_env else key
 
 
@@ -310,7 +310,7 @@ def sweep_table(ms: Sequence[Measurement], benchmark: str,
         [env_label(dict(e)) for e in envs] + ["best"]
     rows = []
     for key, by_env in cells.items():
-        _, _, concurrency, clients, mode, scheme, size, bufs, _, transport = key
+        _, _, _, concurrency, clients, mode, scheme, size, bufs, _, transport = key
         if concurrency > 1:
             transport = f"{transport}, {concurrency} in flight"
         if clients > 1:
@@ -349,7 +349,8 @@ def api_table(ms: Sequence[Measurement], benchmark: str) -> Table | None:
                 if m.benchmark == benchmark and m.api == "threaded" and not m.skipped}
     aio_ms = [m for m in _order(ms) if m.benchmark == benchmark and m.api == "aio"
               and m.concurrency == 1 and not m.skipped]
-    pairs = [(m, threaded.get(cell_key(replace(m, api="threaded")) + (m.transport,)))
+    pairs = [(m, threaded.get(cell_key(replace(m, api="threaded", loop="asyncio"))
+                              + (m.transport,)))
              for m in aio_ms]
     pairs = [(a, t) for a, t in pairs if t is not None]
     if not pairs:
@@ -554,7 +555,7 @@ def evaluate_targets(ms: Sequence[Measurement]) -> list[TargetResult]:
             continue
         cands = [m for m in _order(ms) if m.benchmark == t.benchmark
                  and m.transport == TARGET_TRANSPORT and m.api == t.api
-                 and m.concurrency == t.concurrency and m.clients == t.clients
+                 and m.loop == "asyncio" and m.concurrency == t.concurrency and m.clients == t.clients
                  and (t.mode is None or m.mode == t.mode)
                  and (t.scheme is None or m.scheme == t.scheme)
                  and (t.size is None or m.size == t.size)]
@@ -648,6 +649,12 @@ def connect_targets(doc: dict[str, Any] | None) -> list[TargetResult]:
 
 # --------------------------------------------------------------------------- documents
 
+def _on_loops(ms: Sequence[Measurement], benchmark: str, api: str) -> str:
+    """' on uvloop' when a table's rows ran on other loops than asyncio's own."""
+    used = sorted({m.loop for m in ms if m.benchmark == benchmark and m.api == api})
+    return "" if used == ["asyncio"] else f" on {', '.join(used)}"
+
+
 def _sections(ms: Sequence[Measurement]) -> list[tuple[str, str, str, Table]]:
     """(kind, title, description, table) of every table to show, in report order."""
     out: list[tuple[str, str, str, Table]] = []
@@ -661,12 +668,12 @@ def _sections(ms: Sequence[Measurement]) -> list[tuple[str, str, str, Table]]:
                     desc += _FLOOR_DESCRIPTION[b]
                 out.append(("main", b, desc, benchmark_table(ms, b, api)))
             else:
-                out.append(("main", f"{b}, asyncio API",
+                out.append(("main", f"{b}, asyncio API{_on_loops(ms, b, api)}",
                             f"{_DESCRIPTION[b]}; {_AIO_DESCRIPTION}",
                             benchmark_table(ms, b, api)))
             sw = sweep_table(ms, b, api)
             if sw is not None:
-                label = b if api == "threaded" else f"{b}, asyncio API"
+                label = b if api == "threaded" else f"{b}, asyncio API{_on_loops(ms, b, api)}"
                 out.append(("sweep", label, f"{PRIMARY[b]} per environment", sw))
         at = api_table(ms, b)
         if at is not None:

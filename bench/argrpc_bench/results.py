@@ -42,6 +42,7 @@ class Measurement:
     clients: int = 1                    # client processes on one server, started together
     failed: bool = False                # skipped because its processes failed (note: how),
     #                                     not for a reason of the machine or the spec
+    loop: str = "asyncio"               # aio: the event loop of both processes (LOOPS)
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Measurement))

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, cast
 
 from argrpc import _config, _transports
-from argrpc_bench import APIS, BENCHMARKS, FAST_TRANSPORTS, MODES, SCHEMES, TRANSPORTS
+from argrpc_bench import APIS, BENCHMARKS, FAST_TRANSPORTS, MODES, SCHEMES, TRANSPORTS, loops
 from argrpc_bench.results import Measurement
 
 # The folder that holds the argrpc_bench package: bench/ in a checkout.
@@ -110,6 +110,7 @@ class RunSpec:
     threads: int = 8                # server / PS thread-pool size, the same on every stack
     timeout: float | None = None    # per child process; None: estimated from the spec
     api: str = "threaded"           # threaded | aio (latency and bandwidth only)
+    loop: str = "asyncio"           # aio: asyncio | uvloop, in both processes
     concurrency: int = 1            # latency: also N calls in flight on one channel
     # transport -> "HOST:PORT" of a server already running (elsewhere): no local server,
     # no forced TF_RDMA_TRANSPORT for that transport's client (latency/bandwidth, threaded)
@@ -433,7 +434,7 @@ def _base(spec: RunSpec, transport: str, size: int, buffers: int, **kw: Any) -> 
     return Measurement(benchmark=spec.benchmark, transport=transport, mode=spec.mode,
                        scheme=spec.scheme, size=size, buffers=buffers,
                        iterations=kw.pop("iterations", spec.iterations or 0),
-                       repeats=spec.repeats, api=spec.api,
+                       repeats=spec.repeats, api=spec.api, loop=spec.loop,
                        clients=kw.pop("clients", spec.clients), **kw)
 
 
@@ -544,6 +545,11 @@ def run_p2p(spec: RunSpec, transport: str, progress: Callable[[int, int], None]
     per_call = _per_call_s(spec)
     if spec.api == "threaded":
         server_args += ["--threads", str(spec.threads)]
+    else:
+        server_args += ["--loop", spec.loop]
+        client_args += ["--loop", spec.loop]
+        if spec.loop != "asyncio":
+            who += f" on {spec.loop}"
     if _concurrent(spec):
         client_args += ["--concurrency", str(spec.concurrency)]
         per_call += per_call  # a second phase per size, as many calls (plus a warm-up round)
@@ -774,6 +780,11 @@ def normalize(spec: RunSpec) -> RunSpec:
         raise ValueError(f"unknown api {spec.api!r}")
     if spec.api != "threaded" and spec.benchmark == "ps":
         raise ValueError("the ps benchmark has no asyncio variant (api='threaded')")
+    if spec.loop != "asyncio" and spec.api != "aio":
+        raise ValueError(f"loop={spec.loop!r} is for the asyncio API (api='aio')")
+    why = loops.unavailable(spec.loop)
+    if why is not None:
+        raise ValueError(why)
     if spec.concurrency < 1:
         raise ValueError("concurrency must be >= 1")
     if spec.clients < 1:

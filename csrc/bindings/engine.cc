@@ -29,6 +29,7 @@ py::class_<PyEngine> add_engine(py::module_& m) {
       // (engine/polling_lease.h).
       .def_property_readonly("polling_leases", [](PyEngine& e) { return e.engine->leases_out(); })
       .def_property_readonly("missed_doorbells", [](PyEngine& e) { return e.engine->missed_doorbells(); })
+      .def_property_readonly("timed_wakeups", [](PyEngine& e) { return e.engine->timed_wakeups(); })
       .def("pool_stats", [](PyEngine& e) {
         auto s = e.engine->pool()->stats();
         py::dict d;

@@ -202,6 +202,18 @@ void Engine::heat(Connection* c) {
   if (pollers_.load(std::memory_order_seq_cst) > 0) c->fabric().disarm();
 }
 
+void Engine::cool_if_due() {
+  uint64_t due = next_cool_us_.load(std::memory_order_relaxed);
+  const uint64_t now = now_us();
+  if (now < due) return;
+  // Whoever moves the mark looks; the others spin on.
+  if (!next_cool_us_.compare_exchange_strong(due, now + kCoolUs, std::memory_order_relaxed))
+    return;
+  // An empty hot set says nothing of when it fills again: look again within cool_ms.
+  next_cool_us_.store(std::min(std::max(cool(now), now + 1000), now + kCoolUs),
+                      std::memory_order_relaxed);
+}
+
 uint64_t Engine::cool(uint64_t now) {
   uint64_t next = std::numeric_limits<uint64_t>::max();
   auto list = hot_snapshot();
@@ -302,7 +314,6 @@ void Engine::progress_loop() {
     uint64_t next = t + kLongestSleepUs;
     auto all = snapshot();
     for (auto& c : *all) next = std::min(next, c->sweep(t));
-    next = std::min(next, cool(t));
     next_sweep = std::max(next, t + 1000);  // epoll's granularity; nothing is that urgent
     next_sweep_us_.store(next_sweep, std::memory_order_seq_cst);
     return true;
@@ -316,6 +327,7 @@ void Engine::progress_loop() {
     int timeout = t >= next_sweep ? 0 : int((next_sweep - t + 999) / 1000);
     if (leased) timeout = std::min(timeout, kLeaseCheckMs);
     const int n = ::epoll_wait(epoll_.get(), evs, 64, timeout);
+    if (n == 0 && timeout > 0) timed_wakeups_.fetch_add(1, std::memory_order_relaxed);
     for (int i = 0; i < n; ++i) {
       const uint64_t tag = evs[i].data.u64;
       if (tag == 0) {
@@ -355,6 +367,7 @@ void Engine::progress_loop() {
     // is on its way back to read it: work found now was announced to nobody.
     const bool unrung = n == 0 && !leased && leases_.load(std::memory_order_relaxed) == 0 &&
                         pollers_.load(std::memory_order_relaxed) == 0;
+    cool_if_due();
     enter_polling();
     if (progress_all()) {
       if (unrung) missed_doorbells_.fetch_add(1, std::memory_order_relaxed);

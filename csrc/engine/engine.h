@@ -7,7 +7,10 @@
 // Only "hot" connections take part in that: those heard from or called on within
 // cool_ms. A quiet one is armed and left to its doorbell (the progress thread wakes for
 // it), so a poll pass, entering and leaving polling cost what the busy connections cost,
-// not every connection of the process.
+// not every connection of the process. The threads that poll drop the quiet ones as they
+// start to spin (cool_if_due), not the progress thread on a timer: a timed wake-up takes
+// a CPU from one of those spinning threads, and nobody reads the hot set while nobody
+// polls (it is armed then).
 #pragma once
 #include <atomic>
 #include <memory>
@@ -61,8 +64,14 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // lease out (a timed wake: a sweep or its longest sleep), that found work anyway: each
   // is a wake-up lost on the way, which cost that work up to longest_sleep_ms.
   uint64_t missed_doorbells() const { return missed_doorbells_.load(std::memory_order_relaxed); }
+  // Passes of the progress thread that its own timer started (a sweep due, its longest
+  // sleep, a lease to look at): on a busy host each takes a CPU from a thread that polls.
+  uint64_t timed_wakeups() const { return timed_wakeups_.load(std::memory_order_relaxed); }
   // Reads every hot connection once.
   bool progress_all();
+  // A thread about to spin drops the connections quiet for cool_ms from the hot set, if
+  // the last look is cool_ms old (one thread looks at a time).
+  void cool_if_due();
   // `c` is about to expect an answer (a call starts) or rang: it joins the hot set.
   void heat(Connection* c);
   size_t connection_count();
@@ -81,8 +90,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::shared_ptr<const ConnList> snapshot() const;
   std::shared_ptr<const ConnList> hot_snapshot() const;
   void progress_loop();
-  // Progress thread: arms and drops from the hot set the connections quiet for cool_ms;
-  // returns when the next one will be (now_us() scale).
+  // Arms and drops from the hot set the connections quiet for cool_ms; returns when the
+  // next one will be (now_us() scale). Called by cool_if_due only.
   uint64_t cool(uint64_t now);
   bool arm_all();  // false: a fabric held work already and stays unarmed
   void disarm_all();
@@ -98,10 +107,13 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<std::weak_ptr<Notifier>> loops_;  // add_loop()
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> missed_doorbells_{0};  // written by the progress thread only
+  std::atomic<uint64_t> timed_wakeups_{0};     // likewise
   // When the progress thread sweeps next (now_us() scale; 0 while it sweeps), and
   // whether a deadline set since asks it to sweep sooner.
   alignas(64) std::atomic<uint64_t> next_sweep_us_{0};
   std::atomic<bool> sweep_asked_{false};
+  // When cool_if_due looks next (now_us() scale); taken by the thread that looks.
+  alignas(64) std::atomic<uint64_t> next_cool_us_{0};
 
   // Held by heat(), cool(), arm_all() and disarm_all(): a connection that leaves the hot
   // set is armed after the last disarm_all() that could see it, so a cold connection is
