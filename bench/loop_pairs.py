@@ -148,11 +148,21 @@ def main() -> int:
     if a.client:
         print(*measure(a.client, a.target, a.calls))
         return 0
-    pairs = [tuple(x.split("/")) for x in a.pairs.split(",") if x] or \
-        [(c, s) for c in KINDS for s in KINDS]
+    try:
+        import uvloop  # noqa: F401
+        kinds = KINDS
+    except ImportError:
+        kinds = tuple(k for k in KINDS if k != "uvloop")
+    pairs = [tuple(x.split("/")) for x in a.pairs.split(",") if x]
+    if not pairs:
+        pairs = [(c, s) for c in kinds for s in kinds]
+        if kinds != KINDS:
+            print("uvloop is not installed (pip install uvloop): its pairings left out")
     for c, s in pairs:
         if c not in KINDS or s not in KINDS:
             p.error(f"--pairs: {c}/{s}: kinds are {', '.join(KINDS)}")
+        if c not in kinds or s not in kinds:
+            p.error(f"--pairs: {c}/{s}: uvloop is not installed (pip install uvloop)")
     seen: dict[tuple[str, ...], list[tuple[float, float]]] = {pair: [] for pair in pairs}
     for _ in range(a.rounds):
         for pair in pairs:

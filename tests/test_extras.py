@@ -68,6 +68,9 @@ OPTIONAL = {
     ("test", "ucxx"),
     ("bench", "torch"),
     ("test", "torch"),
+    # argrpc-bench --loop uvloop (and bench/loop_pairs.py's uvloop ends): refused with
+    # the install hint without it; asyncio's own loop is the default
+    ("bench", "uvloop"),
 }
 
 # Requirements that no import shows: pytest plugins configured by name.
