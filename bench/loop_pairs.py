@@ -32,18 +32,11 @@ import grpc  # noqa: E402
 
 import argrpc  # noqa: E402
 import argrpc.aio  # noqa: E402
+from argrpc_bench import loops  # noqa: E402  (bench/, this file's folder)
 
 KINDS = ("threaded", "asyncio", "uvloop")
 METHOD = "/loop_pairs.Echo/Call"
 PAYLOAD = b"x" * 64
-
-
-def _on_loop(kind: str, main: Any) -> Any:
-    if kind == "uvloop":
-        import uvloop
-
-        return uvloop.run(main)
-    return asyncio.run(main)
 
 
 def serve(kind: str) -> None:
@@ -70,7 +63,7 @@ def serve(kind: str) -> None:
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
         await server.stop(0)
 
-    _on_loop(kind, main())
+    loops.run(main(), kind)
 
 
 def _quantiles(lat: list[int]) -> tuple[float, float]:
@@ -107,7 +100,7 @@ def measure(kind: str, target: str, calls: int) -> tuple[float, float]:
                 lat.append(clock() - t)
         return _quantiles(lat)
 
-    result: tuple[float, float] = _on_loop(kind, main())
+    result: tuple[float, float] = loops.run(main(), kind)
     return result
 
 
@@ -148,21 +141,18 @@ def main() -> int:
     if a.client:
         print(*measure(a.client, a.target, a.calls))
         return 0
-    try:
-        import uvloop  # noqa: F401
-        kinds = KINDS
-    except ImportError:
-        kinds = tuple(k for k in KINDS if k != "uvloop")
+    missing = loops.unavailable("uvloop")
+    kinds = KINDS if missing is None else tuple(k for k in KINDS if k != "uvloop")
     pairs = [tuple(x.split("/")) for x in a.pairs.split(",") if x]
     if not pairs:
         pairs = [(c, s) for c in kinds for s in kinds]
         if kinds != KINDS:
-            print("uvloop is not installed (pip install uvloop): its pairings left out")
+            print(f"{missing}: its pairings left out")
     for c, s in pairs:
         if c not in KINDS or s not in KINDS:
             p.error(f"--pairs: {c}/{s}: kinds are {', '.join(KINDS)}")
         if c not in kinds or s not in kinds:
-            p.error(f"--pairs: {c}/{s}: uvloop is not installed (pip install uvloop)")
+            p.error(f"--pairs: {c}/{s}: {missing}")
     seen: dict[tuple[str, ...], list[tuple[float, float]]] = {pair: [] for pair in pairs}
     for _ in range(a.rounds):
         for pair in pairs:

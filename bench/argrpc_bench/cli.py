@@ -340,7 +340,7 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error("--burst must be >= 0")
     if a.benchmark == "ps" and "threaded" not in a.api:
         p.error("--api: the ps benchmark has no asyncio variant; use --api threaded or both")
-    if getattr(a, "loop", "asyncio") != "asyncio":
+    if a.loop != "asyncio":
         if "aio" not in a.api:
             p.error(f"--loop {a.loop}: for the asyncio API (--api aio or both)")
         why = loops.unavailable(a.loop)
@@ -622,7 +622,7 @@ def plan(a: argparse.Namespace) -> list["RunSpec"]:
                         kw["sizes"] = list(a.sizes or d.sizes)
                     if api != "threaded":
                         kw.update(api=api, concurrency=a.concurrency or DEFAULT_CONCURRENCY,
-                                  loop=getattr(a, "loop", "asyncio"))
+                                  loop=a.loop)
                     elif b == "latency":
                         kw["concurrency"] = a.concurrency or DEFAULT_THREADS_IN_FLIGHT
                     if getattr(a, "remote", None):
