@@ -46,6 +46,7 @@ def _copy_rate(size: int, threads: int, seconds: float,
 def _sim_pair(engine: Engine, server: Optional[Server], plan: dict[str, Any] = ...,
               conn_config: dict[str, Any] = ...,
               server_engine: Optional[Engine] = ...) -> tuple[Connection, Connection, _SimLink]: ...
+def _pause_cooling_for_test(engine: Engine, us: int) -> None: ...
 
 class PeerInfo:
     def __init__(self, name: str, address: str = "", user_agent: str = "",

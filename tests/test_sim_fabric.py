@@ -9,7 +9,9 @@ injecting faults from a seeded plan (docs/core-api.md, "Test fabric"):
   connection of the same engine and server goes on;
 * a silent peer (dead, its NIC no longer answering): only the keepalive can tell, and
   it ends the calls in flight UNAVAILABLE;
-* a live peer busy in a pull longer than the keepalive timeout is not declared dead.
+* a live peer busy in a pull longer than the keepalive timeout is not declared dead;
+* a connection that leaves the hot set while its peer writes to it is still read, with
+  the fabric's nudge off, as on verbs, where nothing would ring for it a second time.
 
 Every test reads the fabric's counters, so a fault that was planned but never hit
 fails the test instead of passing it vacuously. Faults count polls, not time (but for
@@ -27,9 +29,11 @@ from typing import Any, Iterator
 import grpc
 import pytest
 
+from argrpc import _config
 from argrpc import _core as core
 from tests.support import payload
 from tests.support.hooks import needs_test_hooks
+from tests.support.load import busy_cores
 
 pytestmark = needs_test_hooks
 
@@ -439,6 +443,89 @@ def test_peer_busy_with_a_long_pull_is_not_declared_dead() -> None:
             client.close()
             served.close()
     finally:
+        srv.close()
+        server_engine.shutdown()
+        client_engine.shutdown()
+
+
+# --------------------------------------------------------------------------- doorbells
+
+@pytest.mark.parametrize("loaded", [False, True], ids=["quiet", "busy-cores"])
+def test_connections_cooled_while_their_peer_writes_are_still_read(loaded: bool) -> None:
+    """Calls after random pauses of up to twice cool_ms on a few connections, from several
+    threads: a connection leaves its engine's hot set (armed by whichever thread starts
+    to poll) while its peer writes to it, and the progress thread hears the doorbell at
+    that moment. With `nudge` off, as on verbs, nothing rings a doorbell the engine lost
+    a second time: such a request is never read and its call ends DEADLINE_EXCEEDED
+    instead of OK. Each side has an engine of its own, as two processes do."""
+    cool_s = _config.LIMITS.cool_ms / 1000
+    client_engine = core.Engine({"buf_size": 64 * MiB})
+    server_engine = core.Engine({"buf_size": 64 * MiB})
+    srv = EchoServer(server_engine)
+    plans = [{"seed": i, "nudge": False, "lazy_credits": False} for i in range(4)]
+    pairs = [core._sim_pair(client_engine, srv.server, plan, CONFIG,
+                            server_engine=server_engine)[:2] for plan in plans]
+    failures: list[str] = []
+    calls = [0]
+    lock = threading.Lock()
+
+    def caller(seed: int) -> None:
+        rng = random.Random(seed)
+        for i in range(80):
+            time.sleep(rng.uniform(0, 2 * cool_s))
+            client = rng.choice(pairs)[0]
+            data = payload.make(seed * 1000 + i, rng.choice([0, 64, ACC - 16]))
+            code, details, _i, _t, resp = client.unary(ECHO, [], 10.0, data)
+            with lock:
+                calls[0] += 1
+                if code != OK or (resp or b"") != data:
+                    failures.append(f"{code}: {details}")
+
+    try:
+        with busy_cores(2 if loaded else 0):
+            threads = [threading.Thread(target=caller, args=(s,)) for s in range(6)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(HANG_S * 4)
+        assert not any(t.is_alive() for t in threads), "a call hung"
+        assert failures == [] and calls[0] == 480, (failures[:5], calls[0])
+        assert srv.errors == []
+    finally:
+        for client, served in pairs:
+            client.close()
+            served.close()
+        srv.close()
+        server_engine.shutdown()
+        client_engine.shutdown()
+
+
+def test_a_doorbell_rung_while_its_connection_cools_is_heard() -> None:
+    """The served side's cooling holds still for 20 ms each time it armed a quiet
+    connection, so requests sent at random moments often ring while it does: the
+    progress thread hears the doorbell of a connection on its way out of the hot set.
+    With `nudge` off, as on verbs, such a request left unread is never read, and its call
+    ends DEADLINE_EXCEEDED instead of OK."""
+    cool_s = _config.LIMITS.cool_ms / 1000
+    client_engine = core.Engine({"buf_size": 64 * MiB})
+    server_engine = core.Engine({"buf_size": 64 * MiB})
+    core._pause_cooling_for_test(server_engine, 20_000)
+    srv = EchoServer(server_engine)
+    # Credits after every batch: the progress thread sleeps until a doorbell, so it is
+    # the server's own thread, starting to poll, that cools the connection.
+    plan = {"nudge": False, "lazy_credits": False}
+    client, served, _link = core._sim_pair(client_engine, srv.server, plan, CONFIG,
+                                           server_engine=server_engine)
+    rng = random.Random(7)
+    try:
+        for i in range(40):
+            time.sleep(rng.uniform(cool_s, 12 * cool_s))
+            code, details, _i, _t, resp = client.unary(ECHO, [], 5.0, b"%d" % i)
+            assert code == OK and resp == b"%d" % i, (i, code, details)
+        assert srv.errors == []
+    finally:
+        client.close()
+        served.close()
         srv.close()
         server_engine.shutdown()
         client_engine.shutdown()

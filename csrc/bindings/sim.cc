@@ -78,9 +78,10 @@ SimPlan plan_arg(const py::dict& plan) {
   SimPlan p;
   p.seed = take<uint64_t>(d, "seed", p.seed);
   p.lazy_credits = take<bool>(d, "lazy_credits", p.lazy_credits);
+  p.nudge = take<bool>(d, "nudge", p.nudge);
   for (int i = 0; i < 2; ++i)
     if (d.contains(kSides[i])) p.side[i] = faults_arg(copy_of(take<py::dict>(d, kSides[i], py::dict())), kSides[i]);
-  refuse_rest(d, "sim plan key (seed, lazy_credits, client, server)");
+  refuse_rest(d, "sim plan key (seed, lazy_credits, nudge, client, server)");
   return p;
 }
 

@@ -25,6 +25,11 @@ void add_test_probes(py::module_& m, py::class_<PyConnection>& connection) {
     ::usleep(static_cast<useconds_t>(ms) * 1000);
   });
 
+  // Test-only: cool() holds still after it armed a quiet connection (Engine).
+  m.def("_pause_cooling_for_test", [](PyEngine& e, uint32_t us) {
+    e.engine->pause_cooling_for_test(us);
+  });
+
   connection
       // Remote-access probes for tests/verbs; not part of the facade. A connection
       // records for them only once one was called: _probe_enable() before the traffic.

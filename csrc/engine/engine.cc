@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 
 #include <malloc.h>
@@ -227,26 +228,49 @@ uint64_t Engine::cool(uint64_t now) {
   }
   if (quiet.empty()) return next;
   std::lock_guard<std::mutex> a(arm_mu_);
-  std::vector<Connection*> cold;
+  // Out of the hot set before it is armed: a doorbell it rings from then on finds it cold,
+  // and heat() (behind arm_mu_) puts it back. Armed while still in the set, a doorbell
+  // rung before it left would find it hot, and the progress thread would leave it to the
+  // pollers, who stop reading it a moment later: unread until it rang again, which on
+  // verbs (the doorbell is the completion queue's one event per arming) is never.
+  set_hot(quiet, false);
+  std::vector<Connection*> stay;
   for (Connection* c : quiet) {
     // Armed, it rings for whatever comes next; if something came already, it stays hot
     // and is read (arm() left it unarmed).
-    if (c->alive() && c->fabric().arm())
-      cold.push_back(c);
-    else
-      next = std::min(next, now + kCoolUs);
+    if (!c->alive() || !c->fabric().arm()) stay.push_back(c);
   }
-  if (cold.empty()) return next;
+  const uint32_t pause_us = cool_pause_us_.load(std::memory_order_relaxed);
+  if (pause_us != 0 && stay.size() < quiet.size())
+    std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
+  if (stay.empty()) return next;
+  set_hot(stay, true);
+  return std::min(next, now + kCoolUs);
+}
+
+void Engine::set_hot(const std::vector<Connection*>& which, bool hot) {
   std::lock_guard<std::mutex> g(conns_mu_);
-  auto hot = std::make_shared<ConnList>();
-  for (auto& c : *hot_) {
-    if (std::find(cold.begin(), cold.end(), c.get()) != cold.end())
-      c->hot.store(false, std::memory_order_release);
-    else
-      hot->push_back(c);
+  auto is_in = [&](const Connection* c) {
+    return std::find(which.begin(), which.end(), c) != which.end();
+  };
+  auto next = std::make_shared<ConnList>();
+  if (hot) {
+    *next = *hot_;
+    for (Connection* c : which) {
+      auto it = by_serial_.find(c->serial);
+      if (it == by_serial_.end() || c->hot.load(std::memory_order_relaxed)) continue;
+      next->push_back(it->second);
+      c->hot.store(true, std::memory_order_release);
+    }
+  } else {
+    for (auto& c : *hot_) {
+      if (is_in(c.get()))
+        c->hot.store(false, std::memory_order_release);
+      else
+        next->push_back(c);
+    }
   }
-  hot_ = std::move(hot);
-  return next;
+  hot_ = std::move(next);
 }
 
 void Engine::enter_polling() {

@@ -72,6 +72,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // A thread about to spin drops the connections quiet for cool_ms from the hot set, if
   // the last look is cool_ms old (one thread looks at a time).
   void cool_if_due();
+  // Tests only: cool() waits this long once it armed a connection, holding the lock
+  // that heat() takes, so a doorbell rung meanwhile meets a connection in mid-cooling.
+  void pause_cooling_for_test(uint32_t us) { cool_pause_us_.store(us, std::memory_order_relaxed); }
   // `c` is about to expect an answer (a call starts) or rang: it joins the hot set.
   void heat(Connection* c);
   size_t connection_count();
@@ -93,6 +96,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Arms and drops from the hot set the connections quiet for cool_ms; returns when the
   // next one will be (now_us() scale). Called by cool_if_due only.
   uint64_t cool(uint64_t now);
+  // Puts the connections into the hot set or takes them out (under conns_mu_); a
+  // detached one is never put back.
+  void set_hot(const std::vector<Connection*>& which, bool hot);
   bool arm_all();  // false: a fabric held work already and stays unarmed
   void disarm_all();
 
@@ -108,6 +114,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> missed_doorbells_{0};  // written by the progress thread only
   std::atomic<uint64_t> timed_wakeups_{0};     // likewise
+  std::atomic<uint32_t> cool_pause_us_{0};
   // When the progress thread sweeps next (now_us() scale; 0 while it sweeps), and
   // whether a deadline set since asks it to sweep sooner.
   alignas(64) std::atomic<uint64_t> next_sweep_us_{0};

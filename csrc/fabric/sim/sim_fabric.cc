@@ -215,7 +215,7 @@ struct SimSide {
 };
 
 SimLink::SimLink(const ConnConfig& a, const ConnConfig& b, const SimPlan& plan)
-    : lazy_credits_(plan.lazy_credits) {
+    : lazy_credits_(plan.lazy_credits), nudge_(plan.nudge) {
   const ConnConfig* cfg[2] = {&a, &b};
   for (int i = 0; i < 2; ++i) {
     if (cfg[i]->ring_size == 0 || cfg[i]->cq_slots == 0)
@@ -437,6 +437,7 @@ void SimFabric::ack_wakeup() {
 }
 
 void SimFabric::nudge() {
+  if (!link_->nudge_) return;
   SimSide& p = peer();
   std::lock_guard<std::mutex> g(p.mu);
   if (p.armed || !p.ready_locked()) return;

@@ -58,6 +58,9 @@ struct SimPlan {
   // true: credits go back late, as on verbs, which the fabric stands in for; false: as on
   // shm, after every batch, so the progress thread sweeps only when something is due.
   bool lazy_credits = true;
+  // false: nudge() rings nothing, as on verbs, whose doorbell is the receiver's own
+  // completion event: a doorbell the engine loses is then never rung again.
+  bool nudge = true;
 };
 
 // What one side did and what was done to it.
@@ -95,6 +98,7 @@ class SimLink {
   friend class SimFabric;
   std::unique_ptr<SimSide> sides_[2];
   bool lazy_credits_;
+  bool nudge_;
 };
 
 class SimFabric;
