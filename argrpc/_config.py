@@ -448,8 +448,8 @@ class Limits:
         "its own, so a call returns none and costs one batch and its ACK each way)",
         engine=True)
     credit_owe_ms: int = _fixed(
-        5, "verbs: credits owed this long are returned at the next sweep, however few",
-        engine=True)
+        5, "verbs: credits owed this long are returned, however few (the progress thread "
+        "sweeps for them only while some are owed)", engine=True)
     call_records_max: int = _fixed(
         65536, "metrics: call records the engine keeps for the OpenTelemetry plugin between "
         "two takes; beyond it they are counted as dropped (argrpc.metrics.dropped_records)",
@@ -458,9 +458,8 @@ class Limits:
         0.1, "metrics: how often the OpenTelemetry plugin records the engine's call "
         "records (and before every collection)")
     sweep_ms: int = _fixed(
-        5, "how often the progress thread sweeps a connection whose ring credits go back "
-        "late (verbs: credits owed, besides its deadlines and keepalive), how soon a "
-        "keepalive verdict held back by a busy poll lock is tried again", engine=True)
+        5, "how soon a keepalive verdict held back by a busy poll lock is tried again",
+        engine=True)
     longest_sleep_ms: int = _fixed(
         100, "the progress thread's longest sleep: otherwise it sweeps a shared-memory "
         "connection only when a deadline or keepalive is due, so an idle process does not "

@@ -98,16 +98,15 @@ inline constexpr int64_t kCqSlots = 1024;
 // call returns none and costs one batch and its ACK each way)
 inline constexpr int64_t kCreditOweFraction = 8;
 
-// verbs: credits owed this long are returned at the next sweep, however few
+// verbs: credits owed this long are returned, however few (the progress thread sweeps for
+// them only while some are owed)
 inline constexpr int64_t kCreditOweMs = 5;
 
 // metrics: call records the engine keeps for the OpenTelemetry plugin between two takes;
 // beyond it they are counted as dropped (argrpc.metrics.dropped_records)
 inline constexpr int64_t kCallRecordsMax = 65536;
 
-// how often the progress thread sweeps a connection whose ring credits go back late
-// (verbs: credits owed, besides its deadlines and keepalive), how soon a keepalive
-// verdict held back by a busy poll lock is tried again
+// how soon a keepalive verdict held back by a busy poll lock is tried again
 inline constexpr int64_t kSweepMs = 5;
 
 // the progress thread's longest sleep: otherwise it sweeps a shared-memory connection

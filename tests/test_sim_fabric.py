@@ -583,6 +583,28 @@ def test_credits_owed_never_stall_a_sender_on_a_small_ring(rig: SimpleNamespace)
         assert p.client.alive and p.served.alive
 
 
+def test_credits_owed_bring_the_progress_thread_round_only_while_owed(
+        rig: SimpleNamespace) -> None:
+    """A connection whose credits go back late is swept for them while it owes some,
+    not every few milliseconds for as long as it lives: once its debts are paid, its idle
+    process's progress thread sleeps its longest sleep (a sweep every 5 ms would be 200
+    timed wake-ups a second), and the next calls' debts are still paid."""
+    with sim_pair(rig) as p:
+        for i in range(20):
+            echo(p.client, 100, i)
+        settled(p)
+        time.sleep(0.2)  # the last sweeps of the paid debts, the hot set cooling
+        before = rig.engine.timed_wakeups
+        time.sleep(1.0)
+        woke = rig.engine.timed_wakeups - before
+        assert woke <= 1000 // _config.LIMITS.longest_sleep_ms + 10, woke
+        returns = p.link.counters()["client"]["credit_returns"]
+        for i in range(5):
+            echo(p.client, 100, 100 + i)
+        c = settled(p)
+        assert c["client"]["credit_returns"] > returns, c
+
+
 # ---------------------------------------------------------------------------- the plan
 
 @pytest.mark.parametrize("plan,config,match", [

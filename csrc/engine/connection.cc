@@ -36,11 +36,7 @@ Connection::~Connection() {
 }
 
 uint64_t Connection::sweep(uint64_t now) {
-  uint64_t next = sweep_deadlines();
-  if (fabric_->lazy_credits()) {
-    sweep_credits(now);
-    next = std::min(next, now + uint64_t(knobs::kSweepMs) * 1000);
-  }
+  const uint64_t next = std::min(sweep_deadlines(), sweep_credits(now));
   return std::min(next, keepalive(now));
 }
 

@@ -99,8 +99,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // The engine's sweep: expires streams past their deadline, returns ring credits owed
   // too long and PINGs a silent peer while calls are in flight. Returns when this
-  // connection next needs one (now_us() scale): the earliest deadline or keepalive
-  // check, or sweep_ms from now on a fabric whose credits go back late.
+  // connection next needs one (now_us() scale): the earliest deadline, keepalive check
+  // or credit debt falling due.
   uint64_t sweep(uint64_t now_us);
   // Ends every stream with `code`/`why` and tears the connection down. False if it had
   // already failed (or is the parent's, in a forked child).
@@ -208,8 +208,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // connection_credits.cc: returning the peer's ring credits (poll lock for the first).
   void consumed_locked();
   void return_credits();
-  // sweep()'s part: credits owed credit_owe_ms go back however few.
-  void sweep_credits(uint64_t now_us);
+  // sweep()'s part: credits owed credit_owe_ms go back however few. Returns when the
+  // debt it marked falls due; never when nothing is owed (a batch consumed from then on
+  // asks the engine for a sweep: debt_watched_).
+  uint64_t sweep_credits(uint64_t now_us);
 
   // connection_frames.cc: what each frame kind received does. False: the connection
   // failed (a protocol error), so the rest of the batch must not be read.
@@ -367,6 +369,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::mutex credit_mu_;
   uint64_t returned_bytes_ = 0, returned_batches_ = 0;
   uint64_t owed_mark_ = 0, owed_mark_us_ = 0;
+  // A sweep is due for what is owed: cleared by a sweep that found nothing owed, set
+  // again by whoever consumes next, who then asks the engine for a sweep.
+  std::atomic<bool> debt_watched_{false};
   struct Read {
     std::shared_ptr<Pull> pull;
     size_t len;

@@ -6,9 +6,13 @@
 // sweep after a debt is kCreditOweMs old, or at once when this side's own sender finds
 // the peer's ring full (the peer may be waiting for ours just the same). A sender thus
 // sees at most that fraction of the ring as still in use, and a call's round trip is
-// one batch and its ACK each way.
+// one batch and its ACK each way. Only a debt brings the progress thread round: a
+// connection that owes nothing, the idle one's case, costs its process no wake-up.
+#include <limits>
+
 #include "common/clock.h"
 #include "engine/connection.h"
+#include "engine/engine.h"
 
 namespace argrpc {
 
@@ -25,7 +29,17 @@ void Connection::consumed_locked() {
     due = rpos_ - returned_bytes_ >= fabric_->ring_size() / knobs::kCreditOweFraction ||
           rbatches_ - returned_batches_ >= cfg_.cq_slots / knobs::kCreditOweFraction;
   }
-  if (due) return_credits();
+  if (due) {
+    return_credits();
+    return;
+  }
+  // A sweep that found nothing owed sleeps on: tell it. Ordered after the store above,
+  // as the sweep clears the flag before it reads what was consumed, so one of the two
+  // sees the other.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (!debt_watched_.load(std::memory_order_relaxed) &&
+      !debt_watched_.exchange(true, std::memory_order_seq_cst))
+    engine_->look_by(now_us() + uint64_t(knobs::kCreditOweMs) * 1000);
 }
 
 void Connection::return_credits() {
@@ -40,21 +54,27 @@ void Connection::return_credits() {
   returned_batches_ = batches;
 }
 
-void Connection::sweep_credits(uint64_t now) {
-  if (!fabric_->lazy_credits() || !alive()) return;
-  uint64_t returned;
-  {
+uint64_t Connection::sweep_credits(uint64_t now) {
+  constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
+  if (!fabric_->lazy_credits() || !alive()) return kNever;
+  debt_watched_.store(false, std::memory_order_seq_cst);
+  const uint64_t owe_us = uint64_t(knobs::kCreditOweMs) * 1000;
+  auto returned = [&] {
     std::lock_guard<std::mutex> g(credit_mu_);
-    returned = returned_batches_;
-  }
-  if (returned < owed_mark_ && now - owed_mark_us_ >= uint64_t(knobs::kCreditOweMs) * 1000) {
+    return returned_batches_;
+  };
+  uint64_t back = returned();
+  if (back < owed_mark_ && now - owed_mark_us_ >= owe_us) {
     return_credits();
-    returned = owed_mark_;
+    back = returned();
   }
-  if (returned >= owed_mark_) {  // the marked debt is paid: mark what is owed now
-    owed_mark_ = consumed_batches_.load(std::memory_order_acquire);
+  if (back >= owed_mark_) {  // the marked debt is paid: mark what is owed now
+    owed_mark_ = consumed_batches_.load(std::memory_order_seq_cst);
     owed_mark_us_ = now;
   }
+  if (back >= owed_mark_) return kNever;
+  debt_watched_.store(true, std::memory_order_relaxed);
+  return owed_mark_us_ + owe_us;
 }
 
 }  // namespace argrpc

@@ -75,8 +75,10 @@ void Engine::wake() {
   (void)r;
 }
 
-void Engine::deadline_set(const Deadline& dl) {
-  if (dl.at_us() >= next_sweep_us_.load(std::memory_order_seq_cst)) return;
+void Engine::deadline_set(const Deadline& dl) { look_by(dl.at_us()); }
+
+void Engine::look_by(uint64_t at_us) {
+  if (at_us >= next_sweep_us_.load(std::memory_order_seq_cst)) return;
   sweep_asked_.store(true, std::memory_order_seq_cst);
   wake();
 }
@@ -332,9 +334,9 @@ void Engine::progress_loop() {
     if (t < next_sweep && !(sweep_asked_.load(std::memory_order_seq_cst) &&
                             sweep_asked_.exchange(false, std::memory_order_seq_cst)))
       return false;
-    // A deadline set from here on asks for another sweep (deadline_set): this one may
-    // have looked at its connection's streams already.
-    next_sweep_us_.store(0, std::memory_order_seq_cst);
+    // Whatever asks from here on asks for another sweep (look_by): this one may have
+    // looked at its connection already.
+    next_sweep_us_.store(std::numeric_limits<uint64_t>::max(), std::memory_order_seq_cst);
     uint64_t next = t + kLongestSleepUs;
     auto all = snapshot();
     for (auto& c : *all) next = std::min(next, c->sweep(t));

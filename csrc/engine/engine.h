@@ -87,6 +87,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // A stream with this deadline entered a connection's map: the progress thread, which
   // sleeps until the earliest deadline it knows of, sweeps again if this one is earlier.
   void deadline_set(const Deadline& dl);
+  // Something of a connection falls due at `at_us` (now_us() scale): the same for any
+  // other reason (a credit debt).
+  void look_by(uint64_t at_us);
 
  private:
   using ConnList = std::vector<std::shared_ptr<Connection>>;
