@@ -88,3 +88,17 @@ def test_bad_arguments_are_refused() -> None:
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "boom: choose from kill,stop,hangup" in proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_a_server_that_cannot_start_says_why(tmp_path: Path) -> None:
+    """The trial's details quote the server's own last words (here the environment
+    variable it refused), not an error of reading them after the log was closed."""
+    cfg = chaos.ChaosConfig(seed=SEED, trials=1, victims=("server",), transport="bogus",
+                            workdir=str(tmp_path))
+    doc = chaos.run(cfg)
+    assert not doc["ok"]
+    (trial,) = doc["trials"]
+    assert trial["outcome"] == "setup failed", trial
+    assert "chaos server did not start" in trial["details"], trial
+    assert "TF_RDMA_TRANSPORT='bogus'" in trial["details"], trial

@@ -573,7 +573,8 @@ class Peer:
         return out
 
     def log_tail(self, n: int = 20) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         try:
             with open(self.log_path, errors="replace") as f:
                 return "\n".join(f.read().splitlines()[-n:])
@@ -711,8 +712,9 @@ class Orchestrator:
         server = self._peer("server")
         port = server.expect("PORT", 60)
         if port is None:
+            why = server.log_tail()  # before kill(), which closes the log
             server.kill()
-            raise RuntimeError(f"chaos server did not start:\n{server.log_tail()}")
+            raise RuntimeError(f"chaos server did not start:\n{why}")
         return server, f"127.0.0.1:{port}"
 
     def _caller(self, target: str, t: Trial, survivor: bool) -> tuple[Peer, float]:
