@@ -448,8 +448,9 @@ class Limits:
         "its own, so a call returns none and costs one batch and its ACK each way)",
         engine=True)
     credit_owe_ms: int = _fixed(
-        5, "verbs: credits owed this long are returned, however few (the progress thread "
-        "sweeps for them only while some are owed)", engine=True)
+        5, "verbs: credits owed this long are returned, however few, by the next thread "
+        "that starts to poll (when none does, by the progress thread within "
+        "longest_sleep_ms)", engine=True)
     call_records_max: int = _fixed(
         65536, "metrics: call records the engine keeps for the OpenTelemetry plugin between "
         "two takes; beyond it they are counted as dropped (argrpc.metrics.dropped_records)",

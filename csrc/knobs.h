@@ -98,8 +98,8 @@ inline constexpr int64_t kCqSlots = 1024;
 // call returns none and costs one batch and its ACK each way)
 inline constexpr int64_t kCreditOweFraction = 8;
 
-// verbs: credits owed this long are returned, however few (the progress thread sweeps for
-// them only while some are owed)
+// verbs: credits owed this long are returned, however few, by the next thread that starts
+// to poll (when none does, by the progress thread within longest_sleep_ms)
 inline constexpr int64_t kCreditOweMs = 5;
 
 // metrics: call records the engine keeps for the OpenTelemetry plugin between two takes;

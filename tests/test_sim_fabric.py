@@ -146,6 +146,34 @@ def sim_pair(rig: SimpleNamespace, plan: dict | None = None,
         served.close()
 
 
+@contextlib.contextmanager
+def two_processes(*plans: dict, config: dict | None = None,
+                  pause_cooling_us: int = 0) -> Iterator[SimpleNamespace]:
+    """A client engine and a server engine of their own, each with its progress thread,
+    as two processes have, and a pair between them per plan (`pairs`: (client, served,
+    link) each). `pause_cooling_us`: the server engine's cooling holds still that long
+    after it armed a connection (_pause_cooling_for_test)."""
+    client_engine = core.Engine({"buf_size": 64 * MiB})
+    server_engine = core.Engine({"buf_size": 64 * MiB})
+    if pause_cooling_us:
+        core._pause_cooling_for_test(server_engine, pause_cooling_us)
+    srv = EchoServer(server_engine)
+    pairs: list[tuple[Any, Any, Any]] = []
+    try:
+        for plan in plans:
+            pairs.append(core._sim_pair(client_engine, srv.server, plan, config or CONFIG,
+                                        server_engine=server_engine))
+        yield SimpleNamespace(client_engine=client_engine, server_engine=server_engine,
+                              srv=srv, pairs=pairs)
+    finally:
+        for client, served, _link in pairs:
+            client.close()
+            served.close()
+        srv.close()
+        server_engine.shutdown()
+        client_engine.shutdown()
+
+
 def echo(conn: Any, size: int, seed: int) -> None:
     """One unary ECHO of `size` bytes, checked byte for byte."""
     data = payload.make(seed, size)
@@ -421,31 +449,18 @@ def test_peer_busy_with_a_long_pull_is_not_declared_dead() -> None:
     process has, so the client's progress thread keeps its keepalive running."""
     config = {**CONFIG, **KEEPALIVE}
     read_us, size = 12000, 256 * CHUNK  # 256 READs of at least 12 ms: over 3 s of pulling
-    client_engine = core.Engine({"buf_size": 64 * MiB})
-    server_engine = core.Engine({"buf_size": 64 * MiB})
-    srv = EchoServer(server_engine)
-    try:
-        client, served, link = core._sim_pair(client_engine, srv.server,
-                                              {"server": {"read_us": read_us}}, config,
-                                              server_engine=server_engine)
-        try:
-            data = payload.make(3, size)
-            code, details, _i, _t, resp = client.unary(ECHO, [], HANG_S, data)
-            assert code == OK, (details, client.error)
-            assert bytes(resp) == data
-            assert client.alive and served.alive, (client.error, served.error)
-            c = link.counters()
-            # The pull lasted well past the keepalive timeout: the case was exercised.
-            assert c["server"]["reads"] * read_us / 1e6 > 3 * KEEPALIVE["keepalive_timeout_ms"] / 1e3, c
-            for engine in (client_engine, server_engine):
-                assert engine.transport_stats()["sim"]["keepalive_failures"] == 0
-        finally:
-            client.close()
-            served.close()
-    finally:
-        srv.close()
-        server_engine.shutdown()
-        client_engine.shutdown()
+    with two_processes({"server": {"read_us": read_us}}, config=config) as two:
+        client, served, link = two.pairs[0]
+        data = payload.make(3, size)
+        code, details, _i, _t, resp = client.unary(ECHO, [], HANG_S, data)
+        assert code == OK, (details, client.error)
+        assert bytes(resp) == data
+        assert client.alive and served.alive, (client.error, served.error)
+        c = link.counters()
+        # The pull lasted well past the keepalive timeout: the case was exercised.
+        assert c["server"]["reads"] * read_us / 1e6 > 3 * KEEPALIVE["keepalive_timeout_ms"] / 1e3, c
+        for engine in (two.client_engine, two.server_engine):
+            assert engine.transport_stats()["sim"]["keepalive_failures"] == 0
 
 
 # --------------------------------------------------------------------------- doorbells
@@ -459,45 +474,32 @@ def test_connections_cooled_while_their_peer_writes_are_still_read(loaded: bool)
     a second time: such a request is never read and its call ends DEADLINE_EXCEEDED
     instead of OK. Each side has an engine of its own, as two processes do."""
     cool_s = _config.LIMITS.cool_ms / 1000
-    client_engine = core.Engine({"buf_size": 64 * MiB})
-    server_engine = core.Engine({"buf_size": 64 * MiB})
-    srv = EchoServer(server_engine)
     plans = [{"seed": i, "nudge": False, "lazy_credits": False} for i in range(4)]
-    pairs = [core._sim_pair(client_engine, srv.server, plan, CONFIG,
-                            server_engine=server_engine)[:2] for plan in plans]
     failures: list[str] = []
     calls = [0]
     lock = threading.Lock()
 
-    def caller(seed: int) -> None:
+    def caller(clients: list[Any], seed: int) -> None:
         rng = random.Random(seed)
         for i in range(80):
             time.sleep(rng.uniform(0, 2 * cool_s))
-            client = rng.choice(pairs)[0]
             data = payload.make(seed * 1000 + i, rng.choice([0, 64, ACC - 16]))
-            code, details, _i, _t, resp = client.unary(ECHO, [], 10.0, data)
+            code, details, _i, _t, resp = rng.choice(clients).unary(ECHO, [], 10.0, data)
             with lock:
                 calls[0] += 1
                 if code != OK or (resp or b"") != data:
                     failures.append(f"{code}: {details}")
 
-    try:
-        with busy_cores(2 if loaded else 0):
-            threads = [threading.Thread(target=caller, args=(s,)) for s in range(6)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(HANG_S * 4)
+    with two_processes(*plans) as two, busy_cores(2 if loaded else 0):
+        clients = [client for client, _served, _link in two.pairs]
+        threads = [threading.Thread(target=caller, args=(clients, s)) for s in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(HANG_S * 4)
         assert not any(t.is_alive() for t in threads), "a call hung"
         assert failures == [] and calls[0] == 480, (failures[:5], calls[0])
-        assert srv.errors == []
-    finally:
-        for client, served in pairs:
-            client.close()
-            served.close()
-        srv.close()
-        server_engine.shutdown()
-        client_engine.shutdown()
+        assert two.srv.errors == []
 
 
 def test_a_doorbell_rung_while_its_connection_cools_is_heard() -> None:
@@ -507,35 +509,25 @@ def test_a_doorbell_rung_while_its_connection_cools_is_heard() -> None:
     With `nudge` off, as on verbs, such a request left unread is never read, and its call
     ends DEADLINE_EXCEEDED instead of OK."""
     cool_s = _config.LIMITS.cool_ms / 1000
-    client_engine = core.Engine({"buf_size": 64 * MiB})
-    server_engine = core.Engine({"buf_size": 64 * MiB})
-    core._pause_cooling_for_test(server_engine, 20_000)
-    srv = EchoServer(server_engine)
     # Credits after every batch: the progress thread sleeps until a doorbell, so it is
     # the server's own thread, starting to poll, that cools the connection.
-    plan = {"nudge": False, "lazy_credits": False}
-    client, served, _link = core._sim_pair(client_engine, srv.server, plan, CONFIG,
-                                           server_engine=server_engine)
-    rng = random.Random(7)
-    try:
+    with two_processes({"nudge": False, "lazy_credits": False},
+                       pause_cooling_us=20_000) as two:
+        client = two.pairs[0][0]
+        rng = random.Random(7)
         for i in range(40):
             time.sleep(rng.uniform(cool_s, 12 * cool_s))
             code, details, _i, _t, resp = client.unary(ECHO, [], 5.0, b"%d" % i)
             assert code == OK and resp == b"%d" % i, (i, code, details)
-        assert srv.errors == []
-    finally:
-        client.close()
-        served.close()
-        srv.close()
-        server_engine.shutdown()
-        client_engine.shutdown()
+        assert two.srv.errors == []
 
 
 # --------------------------------------------------------------------------- ring credits
 
 def settled(p: SimpleNamespace) -> dict:
     """The counters once each side has returned credits for every batch the other wrote
-    (a debt is paid by the engine's sweep within about two sweep periods)."""
+    (an old debt is paid by the next thread that polls, or by the progress thread's sweep
+    within longest_sleep_ms)."""
     end = time.monotonic() + HANG_S
     while True:
         c = p.link.counters()
@@ -549,7 +541,7 @@ def settled(p: SimpleNamespace) -> dict:
 def test_credits_go_back_late_and_in_bulk(rig: SimpleNamespace) -> None:
     """On verbs every return of ring credits is a write (and an ACK) of its own, so a
     small call must not pay for one: calls one after another return credits at most once
-    per sweep period (5 ms), however many batches they read, and once they stop every
+    per credit_owe_ms (5 ms), however many batches they read, and once they stop every
     debt is paid."""
     with sim_pair(rig) as p:
         t0 = time.monotonic()
@@ -583,12 +575,12 @@ def test_credits_owed_never_stall_a_sender_on_a_small_ring(rig: SimpleNamespace)
         assert p.client.alive and p.served.alive
 
 
-def test_credits_owed_bring_the_progress_thread_round_only_while_owed(
+def test_an_idle_connection_owing_no_credits_leaves_the_timer_asleep(
         rig: SimpleNamespace) -> None:
-    """A connection whose credits go back late is swept for them while it owes some,
-    not every few milliseconds for as long as it lives: once its debts are paid, its idle
-    process's progress thread sleeps its longest sleep (a sweep every 5 ms would be 200
-    timed wake-ups a second), and the next calls' debts are still paid."""
+    """A connection whose credits go back late costs no sweep every few milliseconds for
+    as long as it lives: once its debts are paid, its idle process's progress thread
+    sleeps its longest sleep (a sweep every 5 ms would be 200 timed wake-ups a second),
+    and the next calls' debts are still paid."""
     with sim_pair(rig) as p:
         for i in range(20):
             echo(p.client, 100, i)
@@ -603,6 +595,33 @@ def test_credits_owed_bring_the_progress_thread_round_only_while_owed(
             echo(p.client, 100, 100 + i)
         c = settled(p)
         assert c["client"]["credit_returns"] > returns, c
+
+
+def test_credits_owed_by_a_busy_connection_leave_the_timer_asleep() -> None:
+    """Calls one after another for a second and a half: their debts go back late and in
+    bulk, returned by the threads that poll (a waiter about to spin), so neither side's
+    progress thread is woken by its timer for them: a sweep every credit_owe_ms would be
+    300 timed wake-ups, each taking a CPU from a thread that polls. Each side has an
+    engine of its own, as two processes do."""
+    with two_processes({}) as two:
+        client, _served, link = two.pairs[0]
+        engines = (two.client_engine, two.server_engine)
+        echo(client, 100, 0)
+        before = [e.timed_wakeups for e in engines]
+        began, calls = time.monotonic(), 0
+        while time.monotonic() - began < 1.5:
+            echo(client, 100, calls)
+            calls += 1
+        seconds = time.monotonic() - began
+        woke = [e.timed_wakeups - b for e, b in zip(engines, before)]
+        c = link.counters()
+        for side in ("client", "server"):
+            # Late and in bulk still: about one return per credit_owe_ms of calls.
+            assert 0 < c[side]["credit_returns"] <= seconds / 0.005 + 2, (calls, c)
+        limits = _config.LIMITS
+        bound = seconds * (1000 / limits.longest_sleep_ms + 1000 / limits.keepalive_ms) + 10
+        assert max(woke) <= bound, (woke, calls)
+        settled(SimpleNamespace(link=link))
 
 
 # ---------------------------------------------------------------------------- the plan

@@ -36,8 +36,8 @@ Connection::~Connection() {
 }
 
 uint64_t Connection::sweep(uint64_t now) {
-  const uint64_t next = std::min(sweep_deadlines(), sweep_credits(now));
-  return std::min(next, keepalive(now));
+  sweep_credits(now);
+  return std::min(sweep_deadlines(), keepalive(now));
 }
 
 uint64_t Connection::keepalive(uint64_t now) {

@@ -99,9 +99,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // The engine's sweep: expires streams past their deadline, returns ring credits owed
   // too long and PINGs a silent peer while calls are in flight. Returns when this
-  // connection next needs one (now_us() scale): the earliest deadline, keepalive check
-  // or credit debt falling due.
+  // connection next needs one (now_us() scale): the earliest deadline or keepalive
+  // check.
   uint64_t sweep(uint64_t now_us);
+  // Lazy credits (verbs): when the debt falls due (now_us() scale; max: none owed), and
+  // paying it then; the engine's cool() asks, on a thread about to poll.
+  uint64_t credits_due_at() const;
+  void return_credits_if_due(uint64_t now_us);
   // Ends every stream with `code`/`why` and tears the connection down. False if it had
   // already failed (or is the parent's, in a forked child).
   bool fail(uint32_t code, const std::string& why);
@@ -208,10 +212,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // connection_credits.cc: returning the peer's ring credits (poll lock for the first).
   void consumed_locked();
   void return_credits();
-  // sweep()'s part: credits owed credit_owe_ms go back however few. Returns when the
-  // debt it marked falls due; never when nothing is owed (a batch consumed from then on
-  // asks the engine for a sweep: debt_watched_).
-  uint64_t sweep_credits(uint64_t now_us);
+  // sweep()'s part: pays what is owed once it is credit_owe_ms old, or undated.
+  void sweep_credits(uint64_t now_us);
 
   // connection_frames.cc: what each frame kind received does. False: the connection
   // failed (a protocol error), so the rest of the batch must not be read.
@@ -368,10 +370,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<uint64_t> consumed_bytes_{0}, consumed_batches_{0};
   std::mutex credit_mu_;
   uint64_t returned_bytes_ = 0, returned_batches_ = 0;
-  uint64_t owed_mark_ = 0, owed_mark_us_ = 0;
-  // A sweep is due for what is owed: cleared by a sweep that found nothing owed, set
-  // again by whoever consumes next, who then asks the engine for a sweep.
-  std::atomic<bool> debt_watched_{false};
+  // When the oldest batch not paid for was read (now_us() scale; 0: none owed).
+  std::atomic<uint64_t> debt_since_us_{0};
   struct Read {
     std::shared_ptr<Pull> pull;
     size_t len;

@@ -75,10 +75,8 @@ void Engine::wake() {
   (void)r;
 }
 
-void Engine::deadline_set(const Deadline& dl) { look_by(dl.at_us()); }
-
-void Engine::look_by(uint64_t at_us) {
-  if (at_us >= next_sweep_us_.load(std::memory_order_seq_cst)) return;
+void Engine::deadline_set(const Deadline& dl) {
+  if (dl.at_us() >= next_sweep_us_.load(std::memory_order_seq_cst)) return;
   sweep_asked_.store(true, std::memory_order_seq_cst);
   wake();
 }
@@ -222,6 +220,9 @@ uint64_t Engine::cool(uint64_t now) {
   auto list = hot_snapshot();
   std::vector<Connection*> quiet;
   for (auto& c : *list) {
+    // An old credit debt (verbs) is paid here too, on a thread about to poll anyway.
+    c->return_credits_if_due(now);
+    next = std::min(next, c->credits_due_at());
     const uint64_t last = c->last_active_us();
     if (last <= now && now - last >= kCoolUs && c->may_cool())
       quiet.push_back(c.get());
@@ -334,8 +335,8 @@ void Engine::progress_loop() {
     if (t < next_sweep && !(sweep_asked_.load(std::memory_order_seq_cst) &&
                             sweep_asked_.exchange(false, std::memory_order_seq_cst)))
       return false;
-    // Whatever asks from here on asks for another sweep (look_by): this one may have
-    // looked at its connection already.
+    // A deadline set from here on asks for another sweep (deadline_set): this one may
+    // have looked at its connection's streams already.
     next_sweep_us_.store(std::numeric_limits<uint64_t>::max(), std::memory_order_seq_cst);
     uint64_t next = t + kLongestSleepUs;
     auto all = snapshot();

@@ -87,17 +87,15 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // A stream with this deadline entered a connection's map: the progress thread, which
   // sleeps until the earliest deadline it knows of, sweeps again if this one is earlier.
   void deadline_set(const Deadline& dl);
-  // Something of a connection falls due at `at_us` (now_us() scale): the same for any
-  // other reason (a credit debt).
-  void look_by(uint64_t at_us);
 
  private:
   using ConnList = std::vector<std::shared_ptr<Connection>>;
   std::shared_ptr<const ConnList> snapshot() const;
   std::shared_ptr<const ConnList> hot_snapshot() const;
   void progress_loop();
-  // Arms and drops from the hot set the connections quiet for cool_ms; returns when the
-  // next one will be (now_us() scale). Called by cool_if_due only.
+  // Arms and drops from the hot set the connections quiet for cool_ms, and pays their
+  // credit debts credit_owe_ms old; returns when the next of either is due (now_us()
+  // scale). Called by cool_if_due only.
   uint64_t cool(uint64_t now);
   // Puts the connections into the hot set or takes them out (under conns_mu_); a
   // detached one is never put back.
