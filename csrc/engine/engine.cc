@@ -404,6 +404,9 @@ void Engine::progress_loop() {
              now_us() - idle_since < uint64_t(cfg_.spin_us)) {
         if (progress_all()) idle_since = now_us();
         sweep_if_due();
+        // Work that keeps coming keeps this thread here: cool and pay old credit debts
+        // as a poller starting to spin would.
+        cool_if_due();
         sched_yield();
       }
     }
