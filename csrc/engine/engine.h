@@ -10,7 +10,8 @@
 // not every connection of the process. The threads that poll drop the quiet ones as they
 // start to spin (cool_if_due), not the progress thread on a timer: a timed wake-up takes
 // a CPU from one of those spinning threads, and nobody reads the hot set while nobody
-// polls (it is armed then).
+// polls (it is armed then). They pay the hot connections' old credit debts (verbs) at
+// the same look, for the same reason.
 #pragma once
 #include <atomic>
 #include <memory>
@@ -69,8 +70,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   uint64_t timed_wakeups() const { return timed_wakeups_.load(std::memory_order_relaxed); }
   // Reads every hot connection once.
   bool progress_all();
-  // A thread about to spin drops the connections quiet for cool_ms from the hot set, if
-  // the last look is cool_ms old (one thread looks at a time).
+  // A thread about to spin drops the connections quiet for cool_ms from the hot set and
+  // pays credit debts credit_owe_ms old, if either is due (one thread looks at a time).
   void cool_if_due();
   // Tests only: cool() waits this long once it armed a connection, holding the lock
   // that heat() takes, so a doorbell rung meanwhile meets a connection in mid-cooling.
