@@ -509,8 +509,9 @@ def test_a_doorbell_rung_while_its_connection_cools_is_heard() -> None:
     With `nudge` off, as on verbs, such a request left unread is never read, and its call
     ends DEADLINE_EXCEEDED instead of OK."""
     cool_s = _config.LIMITS.cool_ms / 1000
-    # Credits after every batch: the progress thread sleeps until a doorbell, so it is
-    # the server's own thread, starting to poll, that cools the connection.
+    # Nothing but a doorbell wakes the server's progress thread (credits after every
+    # batch: not even a debt's sweep), so it is the server's own thread, starting to
+    # poll, that cools the connection.
     with two_processes({"nudge": False, "lazy_credits": False},
                        pause_cooling_us=20_000) as two:
         client = two.pairs[0][0]
