@@ -117,7 +117,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::atomic<uint64_t> missed_doorbells_{0};  // written by the progress thread only
   std::atomic<uint64_t> timed_wakeups_{0};     // likewise
   std::atomic<uint32_t> cool_pause_us_{0};
-  // When the progress thread sweeps next (now_us() scale; 0 while it sweeps), and
+  // When the progress thread sweeps next (now_us() scale; the maximum while it sweeps,
+  // so that every deadline set meanwhile asks for another), and
   // whether a deadline set since asks it to sweep sooner.
   alignas(64) std::atomic<uint64_t> next_sweep_us_{0};
   std::atomic<bool> sweep_asked_{false};

@@ -56,7 +56,7 @@ struct SimPlan {
   uint64_t seed = 1;
   SimFaults side[2];
   // true: credits go back late, as on verbs, which the fabric stands in for; false: as on
-  // shm, after every batch, so the progress thread sweeps only when something is due.
+  // shm, after every batch.
   bool lazy_credits = true;
   // false: nudge() rings nothing, as on verbs, whose doorbell is the receiver's own
   // completion event: a doorbell the engine loses is then never rung again.
