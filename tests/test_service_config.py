@@ -30,6 +30,10 @@ HANG_S = 30  # a bound on a hang, for a loaded machine
 STACKS = ["grpc", "argrpc"]
 POLICY = {"maxAttempts": 4, "initialBackoff": "0.01s", "maxBackoff": "0.05s",
           "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}
+# For a call cancelled while it retries. The backoff is drawn below its bound (A6), so
+# short bounds could let every attempt end before the cancel on a machine that stalls
+# the test; these take seconds of draws.
+SLOW_POLICY = dict(POLICY, maxAttempts=5, initialBackoff="1s", maxBackoff="2s")
 
 
 class Service:
@@ -100,6 +104,13 @@ def _ends(call: Any, request: bytes) -> tuple[str, str]:
         return "OK", call(request, timeout=HANG_S).decode()
     except grpc.RpcError as e:
         return e.code().name, e.details()
+
+
+async def _first_attempt(seen: list[Any]) -> None:
+    """Until the server has recorded an attempt (a bound on a hang)."""
+    waited = time.monotonic() + HANG_S
+    while not seen and time.monotonic() < waited:
+        await asyncio.sleep(0.005)
 
 
 def _retrying(policy: dict[str, Any] = POLICY, **more: Any) -> dict[str, Any]:
@@ -309,14 +320,17 @@ def test_aio_retries_until_an_attempt_succeeds(stack: str) -> None:
                 with pytest.raises(grpc.RpcError) as e:
                     await call(b"9", timeout=HANG_S)
                 assert e.value.code() == grpc.StatusCode.UNAVAILABLE
-                # A call cancelled between attempts ends CANCELLED, as grpc.aio's does.
-                slow = call(b"9", timeout=HANG_S)
-                await asyncio.sleep(0.005)
+                if stack == "argrpc":
+                    assert ch.transport == "shm"
+            async with aio.insecure_channel(f"127.0.0.1:{port}", options=[
+                    ("grpc.service_config", json.dumps(_retrying(SLOW_POLICY)))]) as ch:
+                # A call cancelled while it retries ends CANCELLED, as grpc.aio's does.
+                service.previous.clear()
+                slow = ch.unary_unary("/pkg.S/Flaky")(b"9", timeout=HANG_S)
+                await _first_attempt(service.previous)
                 slow.cancel()
                 with pytest.raises(asyncio.CancelledError):
                     await slow
-                if stack == "argrpc":
-                    assert ch.transport == "shm"
         finally:
             await server.stop(None)
 
@@ -424,17 +438,21 @@ def test_future_retries_and_cancels_as_grpc_does(served: Any) -> None:
         assert service.previous == [None, "1", "2"], service.previous
         f = flaky.future(b"fail 99", timeout=HANG_S)
         assert f.exception(timeout=HANG_S).code() == grpc.StatusCode.UNAVAILABLE
-        # Cancelled between attempts: CANCELLED as grpc words it, no attempt after.
+    # Cancelled while it retries: CANCELLED as grpc words it, no attempt after.
+    with _channel(stack, port, _retrying(SLOW_POLICY)) as ch:
+        flaky = ch.unary_unary("/pkg.S/Flaky")
         service.previous.clear()
         f = flaky.future(b"fail 99", timeout=HANG_S)
-        time.sleep(0.05)
+        waited = time.monotonic() + HANG_S
+        while not service.previous and time.monotonic() < waited:
+            time.sleep(0.005)
         assert f.cancel() and f.cancelled()
         made = len(service.previous)
         assert (f.code(), f.details()) == (grpc.StatusCode.CANCELLED,
                                            "Locally cancelled by application!")
         with pytest.raises(grpc.FutureCancelledError):
             f.result(timeout=HANG_S)
-        time.sleep(0.6)
+        time.sleep(1.5)  # past the first backoff's bound
         assert len(service.previous) == made
         done = threading.Event()
         f = flaky.future(b"fail 1", timeout=HANG_S)
@@ -867,15 +885,19 @@ def test_aio_request_streams_are_retried_with_their_requests_replayed(stack: str
                 assert (await ends(lambda: listed(echo(requests(b"late", 2),
                                                        timeout=HANG_S))))[::2] == \
                     ("UNAVAILABLE", [None])
-                # A call cancelled between attempts ends CANCELLED.
-                slow = collect(requests(b"fail 9", 1), timeout=HANG_S)
-                await asyncio.sleep(0.005)
+                if stack == "argrpc":
+                    assert ch.transport == "shm"
+            async with aio.insecure_channel(f"127.0.0.1:{port}", options=[
+                    ("grpc.service_config", json.dumps(_retrying(SLOW_POLICY)))]) as ch:
+                # A call cancelled while it retries ends CANCELLED.
+                service.attempts.clear()
+                slow = ch.stream_unary("/pkg.S/Collect")(requests(b"fail 9", 1),
+                                                         timeout=HANG_S)
+                await _first_attempt(service.attempts)
                 slow.cancel()
                 with pytest.raises(asyncio.CancelledError):
                     await slow
                 assert slow.cancelled()
-                if stack == "argrpc":
-                    assert ch.transport == "shm"
             async with aio.insecure_channel(f"127.0.0.1:{port}", options=[
                     ("grpc.service_config", json.dumps(_retrying())),
                     ("grpc.per_rpc_retry_buffer_size", 1024)]) as ch:
