@@ -131,7 +131,9 @@ def test_pick_first_keeps_one_replica(replicas: Any) -> None:
 def _replica_1_ends(who: Any, end_it: Any) -> None:
     """A call on every replica, then `end_it` ends replica 1: its call alone fails
     UNAVAILABLE, and new calls go to the other two at once."""
-    calls = [who.future(b"1.5", timeout=HANG_S) for _ in range(3)]
+    # Each call lasts long after the replica ends, however long a loaded machine stalls
+    # the test between starting them and ending it.
+    calls = [who.future(b"3", timeout=HANG_S) for _ in range(3)]
     time.sleep(0.5)
     end_it()
     ends = []

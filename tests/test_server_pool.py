@@ -162,7 +162,8 @@ def test_calls_over_the_limit_are_refused(pair: tuple[str, str]) -> None:
         ch = channel()
         stub = ch.unary_unary("/t/U")
         stub(b"0", timeout=20)
-        results = call_all(stub, [b"1.5"] * 30)
+        # Long enough that all 30 arrive before any ends, on a machine that stalls.
+        results = call_all(stub, [b"3"] * 30)
         codes = [r[0] for r in results]
         assert codes.count(grpc.StatusCode.OK) == 25, results
         refused = [r for r in results if r[0] is not grpc.StatusCode.OK]
@@ -182,7 +183,7 @@ def test_a_refused_call_to_an_unknown_method_is_unimplemented(pair: tuple[str, s
         ch = channel()
         stub = ch.unary_unary("/t/U")
         stub(b"0", timeout=20)
-        busy = stub.future(b"1.5", timeout=20)
+        busy = stub.future(b"3", timeout=20)  # holds the place through a stall
         time.sleep(0.5)
         with pytest.raises(grpc.RpcError) as over:
             stub(b"0", timeout=20)
@@ -200,7 +201,7 @@ def test_negotiation_is_not_counted_against_the_limit(pair: tuple[str, str]) -> 
     as a failed negotiation), and the channel still opens its fast path."""
     pool = cf.ThreadPoolExecutor(4)
     with serving(pair, pool, limit=1) as channel:
-        busy = channel().unary_unary("/t/U").future(b"1.5", timeout=20)
+        busy = channel().unary_unary("/t/U").future(b"3", timeout=20)  # as above
         time.sleep(0.5)
         late = channel()
         with pytest.raises(grpc.RpcError) as over:

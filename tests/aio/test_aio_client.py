@@ -30,6 +30,10 @@ from tests.aio.servers import AioServer
 from tests.support.clients import SHM_AND_REFERENCE, UNLIMITED_SERVER_ARGS, pair_id
 
 LOCAL_CANCEL = "Locally cancelled by application!"
+HANG_S = 20  # a bound on a hang, for a loaded machine
+# A deadline the test lets pass: long enough that the call reaches its handler first
+# on a machine that stalls for a while.
+DEADLINE_S = 1.5
 DEAD_PEER_BOUND_S = 2.0
 MiB = 1 << 20
 
@@ -135,7 +139,7 @@ async def _await(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
 
 
-async def server_saw(target: str, tag: str, event: str, timeout: float = 3) -> list:
+async def server_saw(target: str, tag: str, event: str, timeout: float = HANG_S) -> list:
     """The events the server recorded for `tag`, once `event` is among them."""
     end = time.monotonic() + timeout
     async with aio.insecure_channel(target) as ch:
@@ -491,20 +495,20 @@ def test_deadline_exceeded_and_seen_by_the_server(pair: tuple[str, str],
     async def body(channel: Any, target: str) -> None:
         tag = new_tag()
         start = time.monotonic()
-        call = channel.unary_unary(method("hang"))(tag, timeout=0.5)
+        call = channel.unary_unary(method("hang"))(tag, timeout=DEADLINE_S)
         with pytest.raises(aio.AioRpcError) as info:
             await call
-        assert time.monotonic() - start < 2.5
+        assert time.monotonic() - start < DEADLINE_S + HANG_S
         assert (info.value.code(), info.value.details()) == (
             grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
         assert call.done() and not call.cancelled()
         assert call.time_remaining() == 0
         events = await server_saw(target, tag.decode(), "done")
         assert [e[0] for e in events] == ["start", "cancelled", "done"], events
-        assert 0 < events[0][1] <= 0.6
+        assert 0 < events[0][1] <= DEADLINE_S + 0.1
 
         tag = new_tag()
-        stream = channel.unary_stream(method("hang_stream"))(tag, timeout=0.5)
+        stream = channel.unary_stream(method("hang_stream"))(tag, timeout=DEADLINE_S)
         assert await stream.read() == b"first"
         with pytest.raises(aio.AioRpcError) as info:
             await stream.read()
@@ -512,9 +516,9 @@ def test_deadline_exceeded_and_seen_by_the_server(pair: tuple[str, str],
         await server_ended_it(target, tag)
 
         tag = new_tag()
-        call = channel.stream_unary(method("hang_client_stream"))(timeout=0.5)
+        call = channel.stream_unary(method("hang_client_stream"))(timeout=DEADLINE_S)
         await call.write(tag)
-        assert await outcome(call) == ("AioRpcError", grpc.StatusCode.DEADLINE_EXCEEDED,
+        assert await outcome(call, HANG_S) == ("AioRpcError", grpc.StatusCode.DEADLINE_EXCEEDED,
                                        "Deadline Exceeded")
 
     run_pair(pair, aio_servers, body)
@@ -573,8 +577,8 @@ def test_unary_call_nobody_holds_still_runs(pair: tuple[str, str],
 
     async def body(channel: Any, target: str) -> None:
         tags = [new_tag(), new_tag()]
-        channel.unary_unary(method("hang"))(tags[0], timeout=0.5)
-        channel.stream_unary(method("hang_client_stream"))(iter([tags[1]]), timeout=0.5)
+        channel.unary_unary(method("hang"))(tags[0], timeout=DEADLINE_S)
+        channel.stream_unary(method("hang_client_stream"))(iter([tags[1]]), timeout=DEADLINE_S)
         gc.collect()
         for tag in tags:
             events = await server_saw(target, tag.decode(), "done")
@@ -598,8 +602,10 @@ def test_cancelling_the_awaiting_task_cancels_the_rpc(pair: tuple[str, str],
         await server_ended_it(target, tag)
 
         tag = new_tag()
+        call = channel.unary_unary(method("hang"))(tag, timeout=HANG_S)
+        await server_saw(target, tag.decode(), "start")
         with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(channel.unary_unary(method("hang"))(tag, timeout=10), 0.3)
+            await asyncio.wait_for(call, 0.3)
         await server_ended_it(target, tag)
 
         tag = new_tag()
@@ -667,8 +673,8 @@ def test_close_with_grace(pair: tuple[str, str], aio_servers: AioServers) -> Non
         long = channel.unary_unary(method("hang"))(new_tag(), timeout=10)
         await asyncio.sleep(0.05)
         start = time.monotonic()
-        await channel.close(0.6)
-        assert 0.45 < time.monotonic() - start < 2
+        await channel.close(2)  # the short call's 200 ms, with room for a stalled machine
+        assert 1.9 < time.monotonic() - start < 2 + HANG_S
         assert await short == b"200"
         assert await outcome(long) is asyncio.CancelledError
         assert await long.details() == LOCAL_CANCEL
