@@ -269,7 +269,7 @@ struct PyClientCall {
     return s.inherited() ? CallEnd{kUnavailable, kInheritedCall} : born_ended;
   }
   ~PyClientCall() {
-    if (inert()) return;
+    if (inert() || !s->conn->abandon_needed(s)) return;
     NoGil nogil;
     s->conn->abandon(s);
   }
@@ -283,7 +283,7 @@ struct PyServerCall {
   ForkLocal<std::shared_ptr<Stream>> s;
   bool owns;  // the accept() handle; next_event() gives a non-owning one for a cancel
   ~PyServerCall() {
-    if (!s.value() || s.inherited() || !owns) return;
+    if (!s.value() || s.inherited() || !owns || !s->conn->abandon_needed(s)) return;
     NoGil nogil;
     s->conn->abandon(s);
   }

@@ -142,6 +142,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool cancel(const std::shared_ptr<Stream>& s, uint32_t code, const std::string& details);
   // The application dropped its handle: cancel if still running, release held pulls.
   void abandon(const std::shared_ptr<Stream>& s);
+  // Whether abandon(s) has anything to do: false once the call ended and holds no
+  // message, the usual state of a handle dropped after its call ended, so the binding
+  // keeps the GIL (giving it up lets another thread take it for as long as it likes).
+  bool abandon_needed(const std::shared_ptr<Stream>& s);
 
   // connection_rendezvous.cc: large messages, read from the sender's pool.
   // A view of peer memory was released: FIN it.

@@ -9,8 +9,8 @@
 // ACK each way.
 //
 // An old debt is paid by whichever thread next starts to poll (Engine::cool, from
-// cool_if_due), not on a timer of the progress thread: on a busy host each timed wake-up
-// takes a CPU from a thread that polls, and while calls flow there always is a debt.
+// cool_and_pay_if_due), not on a timer of the progress thread: on a busy host each timed
+// wake-up takes a CPU from a thread that polls, and while calls flow there always is a debt.
 // The progress thread's sweep pays what is left when nobody polls any more, within its
 // longest sleep. A debt that old never holds a sender up: it is under the fraction above,
 // and a peer that fills the rest of the ring rings for it to be read, which pays it.
@@ -79,7 +79,8 @@ void Connection::sweep_credits(uint64_t now) {
            consumed_bytes_.load(std::memory_order_acquire) != returned_bytes_;
   }
   // Undated, a debt's batch raced a return (see consumed_locked): pay it too.
-  if (owed && (debt_since_us_.load(std::memory_order_relaxed) == 0 || now >= credits_due_at()))
+  const uint64_t since = debt_since_us_.load(std::memory_order_relaxed);
+  if (owed && (since == 0 || now >= since + uint64_t(knobs::kCreditOweMs) * 1000))
     return_credits();
 }
 

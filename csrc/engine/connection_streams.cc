@@ -175,6 +175,11 @@ void Connection::abandon(const std::shared_ptr<Stream>& s) {
   try_flush_ctrl();
 }
 
+bool Connection::abandon_needed(const std::shared_ptr<Stream>& s) {
+  std::lock_guard<std::mutex> g(s->mu);
+  return !s->ended || !s->inbox.empty();
+}
+
 void Connection::expire(const std::shared_ptr<Stream>& s) {
   abort_stream(s, kDeadlineExceeded, "Deadline Exceeded", kDeadlineExceeded);
   try_flush_ctrl();

@@ -23,7 +23,7 @@ bool Connection::wait(const std::shared_ptr<Stream>& sp, const Deadline& dl, Pre
     return pred();
   };
   if (ready()) return true;
-  engine_->cool_if_due();
+  engine_->cool_and_pay_if_due();
   engine_->enter_polling();
   const bool ok = spin_until(engine_->config().spin_us, dl, ready, [&] { progress(); });
   engine_->leave_polling();

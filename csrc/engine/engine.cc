@@ -203,7 +203,7 @@ void Engine::heat(Connection* c) {
   if (pollers_.load(std::memory_order_seq_cst) > 0) c->fabric().disarm();
 }
 
-void Engine::cool_if_due() {
+void Engine::cool_and_pay_if_due() {
   uint64_t due = next_cool_us_.load(std::memory_order_relaxed);
   const uint64_t now = now_us();
   if (now < due) return;
@@ -394,7 +394,7 @@ void Engine::progress_loop() {
     // is on its way back to read it: work found now was announced to nobody.
     const bool unrung = n == 0 && !leased && leases_.load(std::memory_order_relaxed) == 0 &&
                         pollers_.load(std::memory_order_relaxed) == 0;
-    cool_if_due();
+    cool_and_pay_if_due();
     enter_polling();
     if (progress_all()) {
       if (unrung) missed_doorbells_.fetch_add(1, std::memory_order_relaxed);
@@ -406,7 +406,7 @@ void Engine::progress_loop() {
         sweep_if_due();
         // Work that keeps coming keeps this thread here: cool and pay old credit debts
         // as a poller starting to spin would.
-        cool_if_due();
+        cool_and_pay_if_due();
         sched_yield();
       }
     }

@@ -8,9 +8,9 @@
 // cool_ms. A quiet one is armed and left to its doorbell (the progress thread wakes for
 // it), so a poll pass, entering and leaving polling cost what the busy connections cost,
 // not every connection of the process. The threads that poll drop the quiet ones as they
-// start to spin (cool_if_due), not the progress thread on a timer: a timed wake-up takes
-// a CPU from one of those spinning threads, and nobody reads the hot set while nobody
-// polls (it is armed then). They pay the hot connections' old credit debts (verbs) at
+// start to spin (cool_and_pay_if_due), not the progress thread on a timer: a timed
+// wake-up takes a CPU from one of those spinning threads, and nobody reads the hot set
+// while nobody polls (it is armed then). They pay the hot connections' old credit debts (verbs) at
 // the same look, for the same reason.
 #pragma once
 #include <atomic>
@@ -72,7 +72,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   bool progress_all();
   // A thread about to spin drops the connections quiet for cool_ms from the hot set and
   // pays credit debts credit_owe_ms old, if either is due (one thread looks at a time).
-  void cool_if_due();
+  void cool_and_pay_if_due();
   // Tests only: cool() waits this long once it armed a connection, holding the lock
   // that heat() takes, so a doorbell rung meanwhile meets a connection in mid-cooling.
   void pause_cooling_for_test(uint32_t us) { cool_pause_us_.store(us, std::memory_order_relaxed); }
@@ -96,7 +96,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void progress_loop();
   // Arms and drops from the hot set the connections quiet for cool_ms, and pays their
   // credit debts credit_owe_ms old; returns when the next of either is due (now_us()
-  // scale). Called by cool_if_due only.
+  // scale). Called by cool_and_pay_if_due only.
   uint64_t cool(uint64_t now);
   // Puts the connections into the hot set or takes them out (under conns_mu_); a
   // detached one is never put back.
@@ -122,7 +122,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // whether a deadline set since asks it to sweep sooner.
   alignas(64) std::atomic<uint64_t> next_sweep_us_{0};
   std::atomic<bool> sweep_asked_{false};
-  // When cool_if_due looks next (now_us() scale); taken by the thread that looks.
+  // When cool_and_pay_if_due looks next (now_us() scale); taken by the thread that looks.
   alignas(64) std::atomic<uint64_t> next_cool_us_{0};
 
   // Held by heat(), cool(), arm_all() and disarm_all(): a connection that leaves the hot

@@ -72,7 +72,7 @@ std::vector<uint64_t> Notifier::poll(Engine& engine, int64_t limit_us) {
       std::lock_guard<std::mutex> g(mu_);
       polling_ = true;
     }
-    engine.cool_if_due();
+    engine.cool_and_pay_if_due();
     engine.enter_polling();
     end_lease();  // after entering: no arming in between
     spin_until(spin, Deadline::never(), [&] { return pending(); },

@@ -87,7 +87,7 @@ std::shared_ptr<Stream> Server::accept_locked(std::unique_lock<std::mutex>& lk, 
       spinner_ = true;
       const uint64_t turn = spin_turn_.fetch_add(1, std::memory_order_relaxed) + 1;
       lk.unlock();
-      engine_->cool_if_due();
+      engine_->cool_and_pay_if_due();
       engine_->enter_polling();
       polling_lease::drop();  // this thread polls now: the lease has done its part
       const bool ready = spin_until(
