@@ -20,52 +20,16 @@ import statistics
 import subprocess
 import sys
 import time
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
 # The checkout this file is in wins over an installed argrpc.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import grpc  # noqa: E402
-
-import argrpc  # noqa: E402
 import argrpc.aio  # noqa: E402
 
-METHOD = "/call_object.Echo/Call"
-PAYLOAD = b"x" * 64
-
-
-def serve(kind: str) -> None:
-    """Prints the port, serves until stdin closes."""
-    handlers = {"Call": grpc.unary_unary_rpc_method_handler(lambda req, ctx: req)}
-    if kind == "threaded":
-        server = argrpc.server(futures.ThreadPoolExecutor(4))
-        server.add_registered_method_handlers("call_object.Echo", handlers)
-        print(server.add_insecure_port("127.0.0.1:0"), flush=True)
-        server.start()
-        sys.stdin.read()
-        server.stop(0)
-        return
-
-    async def echo(req: bytes, ctx: Any) -> bytes:
-        return req
-
-    async def main() -> None:
-        aserver = argrpc.aio.server()
-        aserver.add_registered_method_handlers("call_object.Echo", {
-            "Call": grpc.unary_unary_rpc_method_handler(echo)})
-        print(aserver.add_insecure_port("127.0.0.1:0"), flush=True)
-        await aserver.start()
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-        await aserver.stop(0)
-
-    asyncio.run(main())
-
-
-def _quantiles(lat: list[int]) -> tuple[float, float]:
-    lat.sort()
-    return lat[len(lat) // 2] / 1e3, lat[min(len(lat) - 1, len(lat) * 99 // 100)] / 1e3
+# The server, its method and the quantiles are loop_pairs.py's (this file's folder).
+from loop_pairs import METHOD, PAYLOAD, _quantiles, serve  # noqa: E402
 
 
 async def compare(target: str, calls: int, rounds: int) -> dict[str, list[tuple[float, float]]]:
