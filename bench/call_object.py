@@ -52,7 +52,7 @@ async def compare(target: str, calls: int, rounds: int) -> dict[str, list[tuple[
                 outcome = core.try_unary()
                 if outcome is not None:
                     break
-                if bridge.may_poll() and bridge.poll():
+                if bridge.poll_if_idle():
                     continue
                 changed = loop.create_future()
                 bridge._callbacks[token] = \

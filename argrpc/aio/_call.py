@@ -375,7 +375,7 @@ class FastCall:
             return msg
         while True:
             msg = self._core.try_recv()
-            if msg is None and self._bridge.may_poll() and self._bridge.poll():
+            if msg is None and self._bridge.poll_if_idle():
                 msg = self._core.try_recv()
             if msg is None:
                 await self._changed(True)
@@ -424,7 +424,7 @@ class _UnaryResponse(FastCall):
             try:
                 while True:
                     outcome = core.try_unary()
-                    if outcome is None and bridge.may_poll() and bridge.poll():
+                    if outcome is None and bridge.poll_if_idle():
                         outcome = core.try_unary()
                     if outcome is not None:
                         break

@@ -56,7 +56,7 @@ class LoopBridge:
         self._inflight = 0  # calls not ended, servers taking calls
         self._closed = False
         # asyncio's own loop keeps its ready callbacks in this one deque for its life;
-        # other loops do not say (may_poll).
+        # other loops do not say (poll_if_idle).
         self._ready = getattr(loop, "_ready", None)
         loop.add_reader(self.notifier.fd, self.dispatch)
         self.polling = _install_poll(loop, self)
@@ -117,12 +117,18 @@ class LoopBridge:
             return True
         return False
 
-    def may_poll(self) -> bool:
-        """The loop has nothing ready to run, so a coroutine about to wait for a call may
-        poll for it right here instead of going round the loop (asyncio's own loop
-        only: others do not say)."""
+    def poll_if_idle(self) -> bool:
+        """poll() if the loop has nothing ready to run: a coroutine about to wait for a
+        call then polls for it right here instead of going round the loop (asyncio's
+        own loop only: others do not say). True if anything changed."""
         ready = self._ready
-        return ready is not None and not ready
+        if ready is None or ready:
+            return False
+        tokens = self.notifier.poll(self.engine, _FOREVER_US)
+        if tokens:
+            self._run(tokens)
+            return True
+        return False
 
     def close(self) -> None:
         if self._closed:
