@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import argrpc.aio  # noqa: E402
 
-# The server, its method and the quantiles are loop_pairs.py's (this file's folder).
-from loop_pairs import METHOD, PAYLOAD, _quantiles, serve  # noqa: E402
+# The server, its method and the quantiles are loop_pairs.py's.
+from bench.loop_pairs import METHOD, PAYLOAD, _quantiles, serve  # noqa: E402
 
 
 async def compare(target: str, calls: int, rounds: int) -> dict[str, list[tuple[float, float]]]:
