@@ -36,6 +36,13 @@ POLICY = {"maxAttempts": 4, "initialBackoff": "0.01s", "maxBackoff": "0.05s",
 SLOW_POLICY = dict(POLICY, maxAttempts=5, initialBackoff="1s", maxBackoff="2s")
 
 
+def _hold(context: Any) -> None:
+    """Until the call ends (a bound on a hang)."""
+    held = time.monotonic() + HANG_S
+    while context.is_active() and time.monotonic() < held:
+        time.sleep(0.01)
+
+
 class Service:
     """Handlers that fail on request: "fail N" fails the first N attempts of each call
     UNAVAILABLE, "pushback MS" fails with that pushback, "hold" answers once the call
@@ -60,9 +67,7 @@ class Service:
         if word == "sleep":
             time.sleep(float(arg))
         if word == "hold":
-            held = time.monotonic() + HANG_S
-            while context.is_active() and time.monotonic() < held:
-                time.sleep(0.01)
+            _hold(context)
         if word == "big":
             return b"y" * int(arg)
         return f"ok after {previous or 0}".encode()
@@ -950,9 +955,7 @@ class _HedgedStreams:
 
     def _silent(self, context: Any) -> None:
         context.add_callback(self.cancelled.set)
-        deadline = time.monotonic() + HANG_S
-        while context.is_active() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        _hold(context)
 
     def collect(self, requests: Any, context: Any) -> bytes:
         seen, got = self._attempt(context)

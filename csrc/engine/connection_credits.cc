@@ -9,8 +9,9 @@
 // ACK each way.
 //
 // An old debt is paid by whichever thread next starts to poll (Engine::cool, from
-// cool_and_pay_if_due), not on a timer of the progress thread: on a busy host each timed
-// wake-up takes a CPU from a thread that polls, and while calls flow there always is a debt.
+// cool_and_pay_if_due), not on a timer of the progress thread: on a busy host each
+// timed wake-up takes a CPU from a thread that polls, and while calls flow there always
+// is a debt.
 // The progress thread's sweep pays what is left when nobody polls any more, within its
 // longest sleep. A debt that old never holds a sender up: it is under the fraction above,
 // and a peer that fills the rest of the ring rings for it to be read, which pays it.
@@ -60,10 +61,14 @@ void Connection::return_credits() {
   returned_batches_ = batches;
 }
 
+namespace {
+// When a debt dated `since` (now_us() scale, nonzero) is due.
+uint64_t due_after(uint64_t since) { return since + uint64_t(knobs::kCreditOweMs) * 1000; }
+}  // namespace
+
 uint64_t Connection::credits_due_at() const {
   const uint64_t since = debt_since_us_.load(std::memory_order_relaxed);
-  return since == 0 ? std::numeric_limits<uint64_t>::max()
-                    : since + uint64_t(knobs::kCreditOweMs) * 1000;
+  return since == 0 ? std::numeric_limits<uint64_t>::max() : due_after(since);
 }
 
 void Connection::return_credits_if_due(uint64_t now) {
@@ -80,7 +85,7 @@ void Connection::sweep_credits(uint64_t now) {
   }
   // Undated, a debt's batch raced a return (see consumed_locked): pay it too.
   const uint64_t since = debt_since_us_.load(std::memory_order_relaxed);
-  if (owed && (since == 0 || now >= since + uint64_t(knobs::kCreditOweMs) * 1000))
+  if (owed && (since == 0 || now >= due_after(since)))
     return_credits();
 }
 

@@ -10,8 +10,8 @@
 // not every connection of the process. The threads that poll drop the quiet ones as they
 // start to spin (cool_and_pay_if_due), not the progress thread on a timer: a timed
 // wake-up takes a CPU from one of those spinning threads, and nobody reads the hot set
-// while nobody polls (it is armed then). They pay the hot connections' old credit debts (verbs) at
-// the same look, for the same reason.
+// while nobody polls (it is armed then). They pay the hot connections' old credit
+// debts (verbs) at the same look, for the same reason.
 #pragma once
 #include <atomic>
 #include <memory>
