@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """What argrpc.aio's call object costs a round trip: a 64 B bytes echo from an asyncio
 client, timed through the stub (`await stub(request)`) and through a bare loop over the
-same engine calls (start the watched unary call, ask it, poll on the loop's thread,
-else wait for its watch), in alternating rounds on one channel.
+same engine calls (start the watched unary call, ask it or poll on the loop's thread
+in one step, else wait for its watch), in alternating rounds on one channel.
 
     python3 bench/call_object.py [--calls N] [--rounds R] [--server asyncio|threaded]
 
@@ -49,11 +49,13 @@ async def compare(target: str, calls: int, rounds: int) -> dict[str, list[tuple[
                                                PAYLOAD, False)
             bridge.started()
             while True:
-                outcome = core.try_unary()
+                outcome = core.answer_or_poll(bridge.notifier, bridge.engine, bridge.ready,
+                                              token)
+                if outcome.__class__ is list:
+                    bridge.run(outcome)
+                    continue
                 if outcome is not None:
                     break
-                if bridge.poll_if_idle():
-                    continue
                 changed = loop.create_future()
                 bridge._callbacks[token] = \
                     lambda: changed.done() or changed.set_result(None)

@@ -423,12 +423,15 @@ class _UnaryResponse(FastCall):
             bridge = self._bridge
             try:
                 while True:
-                    outcome = core.try_unary()
-                    if outcome is None and bridge.poll_if_idle():
-                        outcome = core.try_unary()
-                    if outcome is not None:
+                    # The outcome, or a poll for it while the loop is idle (one crossing).
+                    outcome = core.answer_or_poll(bridge.notifier, bridge.engine, bridge.ready,
+                                                  self._token if self._waiters is None else 0)
+                    if outcome is None:
+                        yield from self._future()
+                    elif outcome.__class__ is list:
+                        bridge.run(outcome)  # other calls' changes, seen by the poll
+                    else:
                         break
-                    yield from self._future()
             except asyncio.CancelledError:
                 if not self.done():
                     self.cancel()

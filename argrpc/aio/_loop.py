@@ -57,7 +57,7 @@ class LoopBridge:
         self._closed = False
         # asyncio's own loop keeps its ready callbacks in this one deque for its life;
         # other loops do not say (poll_if_idle).
-        self._ready = getattr(loop, "_ready", None)
+        self.ready = getattr(loop, "_ready", None)
         loop.add_reader(self.notifier.fd, self.dispatch)
         self.polling = _install_poll(loop, self)
         if self.polling:
@@ -98,9 +98,10 @@ class LoopBridge:
 
     def dispatch(self) -> None:
         """The notifier's fd is readable: run the callbacks of what changed."""
-        self._run(self.notifier.drain())
+        self.run(self.notifier.drain())
 
-    def _run(self, tokens: list[Any]) -> None:
+    def run(self, tokens: list[Any]) -> None:
+        """The callbacks of the calls under `tokens`, which changed."""
         callbacks = self._callbacks
         for token in tokens:
             callback = callbacks.get(token)
@@ -113,7 +114,7 @@ class LoopBridge:
         tokens = self.notifier.poll(self.engine, _FOREVER_US if limit_s is None
                                     else int(limit_s * 1e6))
         if tokens:
-            self._run(tokens)
+            self.run(tokens)
             return True
         return False
 
@@ -121,12 +122,12 @@ class LoopBridge:
         """poll() if the loop has nothing ready to run: a coroutine about to wait for a
         call then polls for it right here instead of going round the loop (asyncio's
         own loop only: others do not say). True if anything changed."""
-        ready = self._ready
+        ready = self.ready
         if ready is None or ready:
             return False
         tokens = self.notifier.poll(self.engine, _FOREVER_US)
         if tokens:
-            self._run(tokens)
+            self.run(tokens)
             return True
         return False
 
@@ -194,7 +195,7 @@ class _PollingSelector(selectors.BaseSelector):
                     # other file descriptors are asked at most every _LOOK_S meanwhile,
                     # not on every round: a call's round trip is shorter than the system
                     # call.
-                    ready = owner._ready
+                    ready = owner.ready
                     now = time.monotonic()
                     until = None if timeout is None else now + timeout
                     while not ready and now - self._looked_at < _LOOK_S and \

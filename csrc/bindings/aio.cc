@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <thread>
@@ -84,6 +85,32 @@ int try_send(const std::shared_ptr<Stream>& s, const py::object& msg, bool half_
   if (give_up) return s->conn->send(s, b.data(), b.size(), half_close) ? 1 : 0;
   return send_result(s->conn->try_send(s, b.data(), b.size(), half_close));
 }
+
+// A unary call's outcome once it ended: (code, details, initial, trailing, response or
+// None), as Connection.unary returns it; None while it runs.
+py::object try_unary(PyClientCall& c) {
+  if (c.inert()) return unary_tuple(c.end());
+  Stream& s = *c.s;
+  {
+    // Ended, and its response (if any) is whole: a large one may still be pulled after
+    // the trailers came.
+    std::lock_guard<std::mutex> g(s.mu);
+    if (!s.ended || (!s.inbox.empty() && !s.inbox.front().ready())) return py::none();
+  }
+  Payload p;
+  int got;
+  {
+    NoGil nogil;
+    got = s.conn->try_recv(c.s, &p);
+  }
+  py::object response = got > 0 ? to_python(std::move(p)) : py::none();
+  std::lock_guard<std::mutex> g(s.mu);
+  return py::make_tuple(s.code, py::str(s.details), from_metadata(s.initial_md),
+                        from_metadata(s.trailing_md), response);
+}
+
+// Notifier::poll's limit when only the engine's spin bounds it.
+constexpr int64_t kPollForever = int64_t(1) << 40;
 
 }  // namespace
 
@@ -213,28 +240,35 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
         }
         return status_tuple(*c.s);
       })
-      // A unary call's outcome once it ended: (code, details, initial, trailing,
-      // response or None), as Connection.unary returns it; None while it runs.
-      .def("try_unary", [](PyClientCall& c) -> py::object {
-        if (c.inert()) return unary_tuple(c.end());
-        Stream& s = *c.s;
-        {
-          // Ended, and its response (if any) is whole: a large one may still be pulled
-          // after the trailers came.
-          std::lock_guard<std::mutex> g(s.mu);
-          if (!s.ended || (!s.inbox.empty() && !s.inbox.front().ready())) return py::none();
+      .def("try_unary", &try_unary)
+      // What an awaited unary call does before it waits, in one crossing: its outcome
+      // if it has one; else, when the loop has nothing ready to run (`ready`, asyncio's
+      // deque of ready callbacks, is empty), a poll on the loop's thread
+      // (Notifier::poll), and its outcome again if only its own token came. Returns
+      // the outcome, the other tokens posted meanwhile (the caller runs their callbacks,
+      // then asks again), or None: wait for the call's watch. `own` is the call's token
+      // when nothing but the awaiting task waits on the call (its callback would only
+      // end it, which the caller does with the outcome), else 0.
+      .def("answer_or_poll", [](PyClientCall& c, PyNotifier& n, PyEngine& e,
+                                py::handle ready, uint64_t own) -> py::object {
+        for (;;) {
+          py::object outcome = try_unary(c);
+          if (!outcome.is_none()) return outcome;
+          if (ready.is_none() || PyObject_Length(ready.ptr()) != 0) {
+            PyErr_Clear();  // a `ready` without a length: never polled for, as a loop's
+            return outcome;
+          }
+          if (n.here.inherited() || e.engine.inherited()) return outcome;
+          std::vector<uint64_t> tokens;
+          {
+            NoGil nogil;
+            tokens = n.n->poll(*e.engine, kPollForever);
+          }
+          if (tokens.empty()) return outcome;
+          if (own != 0) tokens.erase(std::remove(tokens.begin(), tokens.end(), own), tokens.end());
+          if (!tokens.empty()) return py::cast(tokens);
         }
-        Payload p;
-        int got;
-        {
-          NoGil nogil;
-          got = s.conn->try_recv(c.s, &p);
-        }
-        py::object response = got > 0 ? to_python(std::move(p)) : py::none();
-        std::lock_guard<std::mutex> g(s.mu);
-        return py::make_tuple(s.code, py::str(s.details), from_metadata(s.initial_md),
-                              from_metadata(s.trailing_md), response);
-      });
+      }, py::arg("notifier"), py::arg("engine"), py::arg("ready"), py::arg("own"));
 
   server.def("watch", [](PyServer& s, PyNotifier& n, uint64_t token) {
     s.server->set_watch(std::make_shared<Watch>(n.n, token));
