@@ -164,7 +164,7 @@ class RpcState:
     """One fast-path call on the server's loop: grpc.aio's RPCState plus the engine I/O."""
 
     __slots__ = (
-        "sc", "method", "server", "loop", "task", "token", "key", "_waiters",
+        "sc", "method", "server", "loop", "task", "token", "key", "waiters",
         "client_closed", "abort_exception", "metadata_sent", "status_sent", "status_code",
         "py_status_code", "status_details", "trailing_metadata", "compression_algorithm",
         "disable_next_compression", "callbacks", "_invocation_metadata",
@@ -178,7 +178,7 @@ class RpcState:
         self.loop = loop
         self.task: Optional[asyncio.Task[Any]] = None
         self.token = 0
-        self._waiters: list[asyncio.Future[Any]] = []
+        self.waiters: list[asyncio.Future[Any]] = []
         # The call ended without our status (peer cancel, deadline, lost connection,
         # stop()): its task was cancelled and nothing more is sent.
         self.client_closed = False
@@ -209,9 +209,9 @@ class RpcState:
             self.close_from_peer()
 
     def wake_all(self) -> None:
-        waiters = self._waiters
+        waiters = self.waiters
         if waiters:
-            self._waiters = []
+            self.waiters = []
             for future in waiters:
                 if not future.done():
                     future.set_result(None)
@@ -225,7 +225,7 @@ class RpcState:
 
     async def wait_change(self, timeout: Optional[float] = None) -> None:
         future = self.loop.create_future()
-        self._waiters.append(future)
+        self.waiters.append(future)
         if timeout is None:
             await future
             return
@@ -294,18 +294,6 @@ class RpcState:
             _LOGGER.error("invalid trailing metadata: %s", exc)
             code, details, md, message = _status.INTERNAL, _status.INVALID_METADATA, [], None
         await self._finish(code, details, md, message)
-
-    def try_send_status(self, message: Any) -> bool:
-        """The final batch of a unary response with the status the handler set, if it
-        can go out now without waiting (the common case: no coroutine for it); False
-        if the caller must await send_status instead. The caller has set status_sent."""
-        trailing = self.trailing_metadata
-        details = self.status_details
-        if trailing or not isinstance(details, str):
-            return False  # to_core's checks and the details' conversion: send_status
-        # quiet: the call's end is not posted to the loop (nobody waits for it).
-        sent: bool = self.sc.try_finish(self.status_code, details, [], message, True) >= 0
-        return sent
 
     async def _finish(self, code: int, details: Any, md: list[Any], message: Any) -> None:
         sc = self.sc

@@ -52,8 +52,7 @@ def _refs_of_a_local_passed_on() -> int:
     return caller()
 
 
-# References to a call's state while _end_call runs for a call answered at once, when
-# nothing else holds it (see _end_call).
+# References to a call's state while _end_answered runs, when nothing else holds it.
 _ONLY_OURS = _refs_of_a_local_passed_on()
 
 
@@ -383,7 +382,7 @@ class Server(aio.Server):
         task = _inline_start.start(loop, serve(self, state, refused, plan),
                                    self._context.copy())
         if task is None:  # answered without waiting
-            self._end_call(state, True)
+            self._end_answered(state)
             return
         state.task = task
         state.token = b.register(state.on_change)
@@ -394,7 +393,8 @@ class Server(aio.Server):
         state.on_change()
         task.add_done_callback(lambda _t: self._end_call(state))
 
-    def _end_call(self, state: RpcState, answered_at_once: bool = False) -> None:
+    def _end_call(self, state: RpcState) -> None:
+        """The call's task is done."""
         if not state.status_sent and not state.client_closed and state.sc.is_active():
             # A task that ended without a status (no request came, a failed batch):
             # grpc.aio's core cancels such a call when it lets go of it.
@@ -407,11 +407,24 @@ class Server(aio.Server):
             del self._calls[state.key]
         if state.callbacks:
             state.run_callbacks()
-        # A call answered without waiting had no task, and so no traceback cycle that
-        # could keep its state: if nothing but this method and its caller refer to
-        # it (the handler kept no context), it goes, engine handle and all, when they
-        # return, and the release (five engine reads) is not needed.
-        if not answered_at_once or sys.getrefcount(state) > _ONLY_OURS:
+        state.release()
+        if self._stage is _serving.Stage.STOPPING and self._changed is not None:
+            self._changed.set()
+
+    def _end_answered(self, state: RpcState) -> None:
+        """_end_call for a call answered without waiting: it had no task, token or
+        place in _calls."""
+        if not state.status_sent and not state.client_closed and state.sc.is_active():
+            state.sc.cancel()  # as _end_call
+        if state.waiters:  # a task of the handler's own
+            state.wake_all()
+        if state.callbacks:
+            state.run_callbacks()
+        # With no task, there is no traceback cycle that could keep its state: if
+        # nothing but this method and its caller refer to it (the handler kept no
+        # context), it goes, engine handle and all, when they return, and the release
+        # (five engine reads) is not needed.
+        if sys.getrefcount(state) > _ONLY_OURS:
             state.release()
         if self._stage is _serving.Stage.STOPPING and self._changed is not None:
             self._changed.set()

@@ -29,6 +29,7 @@ _LOGGER = _grpc_log.AIO
 
 
 _ASYNC_SEEN: dict[Any, bool] = {}
+_NO_METADATA: tuple[Any, ...] = ()
 
 
 def is_async_handler(handler: Any) -> bool:
@@ -132,23 +133,6 @@ async def _unary_response(state: RpcState, behavior: Any, request: Any,
     await _unary_status(state, response, serializer)
 
 
-async def _unary_call(state: RpcState, plan: UnaryPlan) -> None:
-    """A registered unary-unary `async def` method, from its plan: the steps of
-    _handle_rpc, _handle and _unary_response in one frame."""
-    raw = state.sc.try_recv()  # a unary request is usually there already
-    if raw is None or raw is False:
-        raw = await state.recv()
-    if raw is None:
-        return  # ended before its request came (grpc.aio: no status either)
-    deserializer = plan.deserializer
-    response = await plan.behavior(raw if deserializer is None else
-                                   deserialize(deserializer, raw),
-                                   ServicerContext(state, None, None))
-    rest = _end_unary(state, response, plan.serializer)
-    if rest is not None:
-        await rest
-
-
 async def _unary_status(state: RpcState, response: Any,
                         serializer: Optional[Callable[..., Any]]) -> None:
     """A unary response's end: the response (unless the status is an error) and the
@@ -163,21 +147,28 @@ def _end_unary(state: RpcState, response: Any, serializer: Optional[Callable[...
     """_unary_status's work, done at once when nothing need wait (the common end: no
     coroutine for it); else what is left to await."""
     state.raise_for_termination()
+    code = state.status_code
     raw = None
-    if state.status_code == _status.OK:
+    if code == _status.OK:
         raw = response if serializer is None and type(response) is bytes else \
             serialize(serializer, response)
-        too_big = state.check_size(raw)
-        if too_big is not None:
-            state.status_sent = True
-            return state.send_status(_status.RESOURCE_EXHAUSTED, too_big, ())
+        if state.server._max_send >= 0:
+            too_big = state.check_size(raw)
+            if too_big is not None:
+                state.status_sent = True
+                return state.send_status(_status.RESOURCE_EXHAUSTED, too_big, ())
     # A response beside an error status is dropped by every client: not sent.
     state.metadata_sent = True
     state.status_sent = True
-    if state.try_send_status(raw):
+    details = state.status_details
+    trailing = state.trailing_metadata
+    # At once when it can go out now (the common case: no coroutine for it); trailing
+    # metadata and details that are not text take send_status's checks.
+    # quiet: the call's end is not posted to the loop (nobody waits for it).
+    if not trailing and type(details) is str and \
+            state.sc.try_finish(code, details, _NO_METADATA, raw, True) >= 0:
         return None
-    return state.send_status(state.status_code, state.status_details,
-                             state.trailing_metadata, raw)
+    return state.send_status(code, details, trailing, raw)
 
 
 async def _stream_responses(state: RpcState, behavior: Any, request: Any,
@@ -267,8 +258,23 @@ async def serve(server: ServerSide, state: RpcState, refused: bool = False,
     method = state.method
     try:
         try:
-            await (_handle_rpc(server, state, refused) if plan is None
-                   else _unary_call(state, plan))
+            if plan is None:
+                await _handle_rpc(server, state, refused)
+            else:
+                # A registered unary-unary `async def` method, from its plan: the steps
+                # of _handle_rpc, _handle and _unary_response in this frame.
+                raw = state.sc.try_recv()  # a unary request is usually there already
+                if raw is None or raw is False:
+                    raw = await state.recv()
+                # None: ended before its request came (grpc.aio: no status either)
+                if raw is not None:
+                    deserializer = plan.deserializer
+                    response = await plan.behavior(raw if deserializer is None else
+                                                   deserialize(deserializer, raw),
+                                                   ServicerContext(state, None, None))
+                    rest = _end_unary(state, response, plan.serializer)
+                    if rest is not None:
+                        await rest
         except aio.AbortError as exc:
             if state.abort_exception is not exc:
                 _LOGGER.error("Abort error has been replaced in method [%s]", method)

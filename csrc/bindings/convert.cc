@@ -16,6 +16,10 @@ namespace bindings {
 Metadata to_metadata(const py::object& o) {
   Metadata md;
   if (o.is_none()) return md;
+  // Most calls carry none: an empty list costs no iterator.
+  if ((PyList_CheckExact(o.ptr()) && PyList_GET_SIZE(o.ptr()) == 0) ||
+      (PyTuple_CheckExact(o.ptr()) && PyTuple_GET_SIZE(o.ptr()) == 0))
+    return md;
   for (auto item : o) {
     auto t = py::reinterpret_borrow<py::tuple>(item);
     if (t.size() != 2) throw py::value_error("metadata entries must be (key, value) pairs");
