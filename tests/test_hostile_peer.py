@@ -8,17 +8,20 @@ with its connection count and pool back where they were.
 """
 from __future__ import annotations
 
+import asyncio
 import struct
 import time
 from types import SimpleNamespace
 from typing import Any, Callable
 
+import grpc
 import pytest
 
-from tests.support import payload
+from tests.support import inproc, payload
 from tests.support.clients import UNLIMITED_SERVER_ARGS
 from tests.support.faults import Baseline, ShmClient
-from tests.support.frames import FIN, HEADERS, MESSAGE, PING, RTS, frame, headers, rts
+from tests.support.frames import (FIN, HALF_CLOSE, HEADERS, MESSAGE, PING, RTS, frame,
+                                  headers, metadata, rts, string)
 from tests.support.procs import ServerProcess
 from tests.support.hooks import needs_test_hooks
 
@@ -107,3 +110,80 @@ def test_malformed_batch_closes_only_that_connection(case: str, server: ServerPr
     finally:
         other.channel.close()
         hostile.channel.close()
+
+
+FORGED_NAME = b"/\xff\xfe.Echo/\x80"
+FORGED_AS_READ = "/\ufffd\ufffd.Echo/\ufffd"
+OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
+
+
+class _Recorder(grpc.GenericRpcHandler):
+    """Serves /e.E/Echo and records every name it is asked for."""
+
+    def __init__(self, asyncio_handler: bool = False) -> None:
+        self.asked: list[str] = []
+        self._asyncio = asyncio_handler
+
+    def service(self, details: grpc.HandlerCallDetails) -> Any:
+        self.asked.append(details.method)
+        if details.method != "/e.E/Echo":
+            return None
+        if self._asyncio:
+            async def echo(req: bytes, ctx: Any) -> bytes:
+                return req
+            return grpc.unary_unary_rpc_method_handler(echo)
+        return grpc.unary_unary_rpc_method_handler(lambda req, ctx: req)
+
+    def forge_and_wait(self, conn: Any) -> bool:
+        """A call named FORGED_NAME, through `conn`; True once the server looked it up."""
+        assert conn._probe_raw_batch(
+            frame(HEADERS, S, struct.pack("<q", -1) + string(FORGED_NAME) + metadata([]))
+            + frame(MESSAGE, S, b"abc") + frame(HALF_CLOSE, S))
+        end = time.monotonic() + SETTLE_S
+        while FORGED_AS_READ not in self.asked and time.monotonic() < end:
+            time.sleep(0.02)
+        return FORGED_AS_READ in self.asked
+
+
+# A HEADERS frame is well formed whatever bytes its method name holds: the server reads
+# the name with replacement characters and looks it up as any name (grpc reads such a
+# path as Latin-1), finds no handler and ends the call UNIMPLEMENTED; the connection
+# stays and the server goes on (the threaded one used to raise where it took the call
+# and lose that worker silently, the asyncio one to drop what it took with it). The
+# forging connection's own next call would take a stream id below the forged one, which
+# ends it: the server's next call comes on a connection of its own.
+def test_a_method_name_that_is_not_utf8_is_looked_up_and_unimplemented() -> None:
+    import argrpc
+
+    recorder = _Recorder()
+    with inproc.threaded("argrpc", recorder) as channel:
+        assert channel.unary_unary("/e.E/Echo")(b"x", timeout=30) == b"x"
+        assert channel.transport == "shm", channel.fallback_reason
+        assert recorder.forge_and_wait(channel._fast), recorder.asked
+        assert channel._fast.alive, "a well-formed frame closed the connection"
+        other = argrpc.insecure_channel(channel._target, options=OWN_CONNECTION)
+        try:
+            for _ in range(4):  # more than the server's workers
+                assert other.unary_unary("/e.E/Echo")(b"y", timeout=30) == b"y"
+        finally:
+            other.close()
+
+
+def test_an_asyncio_server_looks_up_a_name_that_is_not_utf8_too() -> None:
+    import argrpc
+
+    recorder = _Recorder(asyncio_handler=True)
+
+    async def scenario() -> None:
+        async with inproc.asyncio_server("argrpc", recorder) as target:
+            async with argrpc.aio.insecure_channel(target) as channel:
+                assert await channel.unary_unary("/e.E/Echo")(b"x", timeout=30) == b"x"
+                assert channel.transport == "shm"
+                loop = asyncio.get_running_loop()
+                assert await loop.run_in_executor(None, recorder.forge_and_wait,
+                                                  channel._fast), recorder.asked
+                assert channel._fast.alive, "a well-formed frame closed the connection"
+            async with argrpc.aio.insecure_channel(target, options=OWN_CONNECTION) as other:
+                assert await other.unary_unary("/e.E/Echo")(b"y", timeout=30) == b"y"
+
+    asyncio.run(scenario())

@@ -170,10 +170,11 @@ class RpcState:
         "disable_next_compression", "callbacks", "_invocation_metadata",
     )
 
-    def __init__(self, sc: Any, server: "ServerSide", loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, sc: Any, method: str, key: int, server: "ServerSide",
+                 loop: asyncio.AbstractEventLoop) -> None:
         self.sc = sc
-        self.method: str = sc.method
-        self.key: int = sc.key
+        self.method = method
+        self.key = key  # the call's identity across its handles (sc.key)
         self.server = server
         self.loop = loop
         self.task: Optional[asyncio.Task[Any]] = None

@@ -359,24 +359,24 @@ class Server(aio.Server):
         """The engine server's watch fired: take every waiting call, then every event."""
         calls, changes = self._core.take_events()
         sc: Any = None
-        for sc in calls:
-            self._start_call(sc, False)
+        for sc, method, key in calls:
+            self._start_call(sc, method, key, False)
         for kind, sc in changes:
             if kind == "cancelled":
                 state = self._calls.get(sc.key)
                 if state is not None:
                     state.on_change()
             else:  # over_limit
-                self._start_call(sc, True)
+                self._start_call(sc, sc.method, sc.key, True)
         # The last handle must not outlive this pass (it holds its connection).
         del calls, changes, sc
 
-    def _start_call(self, sc: Any, refused: bool) -> None:
+    def _start_call(self, sc: Any, method: str, key: int, refused: bool) -> None:
         loop = self._loop
         b = self._bridge
         assert loop is not None and b is not None
-        state = RpcState(sc, self, loop)
-        plan = None if refused else self._plans.get(state.method)
+        state = RpcState(sc, method, key, self, loop)
+        plan = None if refused else self._plans.get(method)
         # Run right here, in this loop callback; the call is watched (and counted in
         # flight) only if its handler waits: one answered at once never needs either.
         task = _inline_start.start(loop, serve(self, state, refused, plan),

@@ -273,8 +273,9 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
   server.def("watch", [](PyServer& s, PyNotifier& n, uint64_t token) {
     s.server->set_watch(std::make_shared<Watch>(n.n, token));
   }, py::arg("notifier"), py::arg("token"));
-  // Everything waiting, without waiting: ([new calls], [("cancelled" | "over_limit",
-  // call)]), in one crossing instead of an accept() and a next_event() per item.
+  // Everything waiting, without waiting: ([(new call, method, key)], [("cancelled" |
+  // "over_limit", call)]), in one crossing instead of an accept() and a next_event()
+  // per item.
   server.def("take_events", [](PyServer& s) -> py::tuple {
     std::vector<std::shared_ptr<Stream>> calls;
     std::vector<ServerEvent> events;
@@ -289,7 +290,11 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
       }
     }
     py::list new_calls, changes;
-    for (auto& st : calls) new_calls.append(py::cast(std::make_unique<PyServerCall>(s.engine, st, true)));
+    // With each new call, what every call's state reads of it (its method and key).
+    for (auto& st : calls)
+      new_calls.append(py::make_tuple(std::make_unique<PyServerCall>(s.engine, st, true),
+                                      method_name(st->method),
+                                      reinterpret_cast<uintptr_t>(st.get())));
     for (auto& ev : events) {
       if (ev.kind == ServerEvent::Kind::kCancelled)  // a second, non-owning handle
         changes.append(py::make_tuple("cancelled", std::make_unique<PyServerCall>(s.engine, ev.stream, false)));

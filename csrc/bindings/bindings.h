@@ -298,6 +298,8 @@ inline pybind11::str lenient_str(const std::string& s) {
 
 Metadata to_metadata(const pybind11::object& o);
 pybind11::list from_metadata(const Metadata& md);
+// A server call's method name as a str, the same object for the same name.
+pybind11::str method_name(const std::string& method);
 // A server call's metadata when it carries only the user-agent (or nothing).
 pybind11::tuple user_agent_only(const std::string& ua);
 // bytes for an eager message, a memoryview keeping the pool block for a large one.

@@ -6,6 +6,8 @@
 #include <mutex>
 #include <string>
 
+#include <unordered_map>
+
 #include "bindings/bindings.h"
 
 namespace py = pybind11;
@@ -32,6 +34,22 @@ py::list from_metadata(const Metadata& md) {
   py::list l;
   for (auto& kv : md) l.append(py::make_tuple(py::str(kv.first), py::bytes(kv.second)));
   return l;
+}
+
+py::str method_name(const std::string& method) {
+  // A server's calls name a few methods, again and again: the same str object each time
+  // (its hash computed once) saves a decode per call and a hash per lookup. Under the
+  // GIL; never freed, as the interpreter may be gone at exit. A peer that names many
+  // methods only fills it up to kMax.
+  static constexpr size_t kMax = 256;
+  static auto* names = new std::unordered_map<std::string, py::str>();
+  auto it = names->find(method);
+  if (it != names->end()) return it->second;
+  // A peer's bytes: a name that is not UTF-8 reads with replacement characters, and so
+  // matches no handler (UNIMPLEMENTED) instead of raising where the call is taken.
+  py::str name = lenient_str(method);
+  if (names->size() < kMax) names->emplace(method, name);
+  return name;
 }
 
 py::tuple user_agent_only(const std::string& ua) {

@@ -37,7 +37,7 @@ py::class_<PyServerCall> add_server_call(py::module_& m) {
       .def_property_readonly("id", [](PyServerCall& c) { return c.s->id; })
       // Identity of the call across handles (accept() and next_event()).
       .def_property_readonly("key", [](PyServerCall& c) { return reinterpret_cast<uintptr_t>(c.s.value().get()); })
-      .def_property_readonly("method", [](PyServerCall& c) { return c.s->method; })
+      .def_property_readonly("method", [](PyServerCall& c) { return method_name(c.s->method); })
       .def_property_readonly("metadata", [](PyServerCall& c) -> py::tuple {
         // grpc lists the client's user-agent first; over the fast path it is the one the
         // client's channel sent when it negotiated.
