@@ -298,6 +298,29 @@ def test_unary_unary(pair: tuple[str, str], aio_servers: AioServers) -> None:
     run_pair(pair, aio_servers, body)
 
 
+def test_unary_unary_awaited_beside_its_status(pair: tuple[str, str],
+                                              aio_servers: AioServers) -> None:
+    """Tasks waiting for a unary call's status and metadata while another awaits its
+    response all wake when it ends (the awaiting task ends the call itself when nobody
+    else waits on it, and must not leave those who do asleep)."""
+    async def body(channel: Any, target: str) -> None:
+        delayed = channel.unary_unary(method("delay"))
+        for ms in (0, 30) * 5:
+            call = delayed(str(ms).encode(), timeout=10)
+            code = asyncio.ensure_future(call.code())
+            imd = asyncio.ensure_future(call.initial_metadata())
+            seen: list[Any] = []
+            call.add_done_callback(seen.append)
+            await asyncio.sleep(0)  # both wait on the call before it is awaited
+            assert await call == str(ms).encode()
+            assert await asyncio.wait_for(code, HANG_S) == grpc.StatusCode.OK
+            assert await asyncio.wait_for(imd, HANG_S) == aio.Metadata()
+            await asyncio.sleep(0.01)
+            assert seen == [call]
+
+    run_pair(pair, aio_servers, body)
+
+
 def test_unary_stream_iterate_and_read(pair: tuple[str, str],
                                        aio_servers: AioServers) -> None:
     async def body(channel: Any, target: str) -> None:
