@@ -125,9 +125,10 @@ class FastCall:
     # send at once, the requests of an iterator.
     _sender: Optional[asyncio.Task[Any]] = None
     _request_poller: Optional[asyncio.Task[Any]] = None
-    # Set on the instance only when they change: every store a call makes costs on the
-    # unary path, and most unary calls never wait on a future, get a callback, or read
-    # their status or metadata as objects.
+    # Set on the instance only when they change (most unary calls never read their
+    # status or metadata as objects), but for those every unary call reads, which the
+    # constructor sets: CPython 3.11 does not specialize reading a class attribute
+    # through an instance, and that read costs more than the store.
     _waiters: Optional[list[asyncio.Future[Any]]] = None
     _done_callbacks: Optional[list[Callable[[Any], None]]] = None
     _status: Optional[_Status] = None
@@ -143,6 +144,12 @@ class FastCall:
         self._token = token
         self._deadline = None if timeout is None else time.time() + timeout
         self._deserializer = response_deserializer
+        self._waiters = None
+        self._done_callbacks = None
+        self._ended = False
+        self._locally_cancelled = False
+        self._send_error = None
+        self.max_response = -1
         bridge.started()
         channel.inflight += 1
 
