@@ -164,7 +164,7 @@ class RpcState:
     """One fast-path call on the server's loop: grpc.aio's RPCState plus the engine I/O."""
 
     __slots__ = (
-        "sc", "method", "server", "loop", "task", "token", "key", "waiters",
+        "sc", "method", "server", "loop", "task", "token", "key", "_waiters",
         "client_closed", "abort_exception", "metadata_sent", "status_sent", "status_code",
         "py_status_code", "status_details", "trailing_metadata", "compression_algorithm",
         "disable_next_compression", "callbacks", "_invocation_metadata",
@@ -179,7 +179,7 @@ class RpcState:
         self.loop = loop
         self.task: Optional[asyncio.Task[Any]] = None
         self.token = 0
-        self.waiters: list[asyncio.Future[Any]] = []
+        self._waiters: list[asyncio.Future[Any]] = []
         # The call ended without our status (peer cancel, deadline, lost connection,
         # stop()): its task was cancelled and nothing more is sent.
         self.client_closed = False
@@ -210,9 +210,9 @@ class RpcState:
             self.close_from_peer()
 
     def wake_all(self) -> None:
-        waiters = self.waiters
+        waiters = self._waiters
         if waiters:
-            self.waiters = []
+            self._waiters = []
             for future in waiters:
                 if not future.done():
                     future.set_result(None)
@@ -226,7 +226,7 @@ class RpcState:
 
     async def wait_change(self, timeout: Optional[float] = None) -> None:
         future = self.loop.create_future()
-        self.waiters.append(future)
+        self._waiters.append(future)
         if timeout is None:
             await future
             return

@@ -416,8 +416,7 @@ class Server(aio.Server):
         place in _calls."""
         if not state.status_sent and not state.client_closed and state.sc.is_active():
             state.sc.cancel()  # as _end_call
-        if state.waiters:  # a task of the handler's own
-            state.wake_all()
+        state.wake_all()  # a task of the handler's own may wait on the call
         if state.callbacks:
             state.run_callbacks()
         # With no task, there is no traceback cycle that could keep its state: if

@@ -255,7 +255,7 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
           py::object outcome = try_unary(c);
           if (!outcome.is_none()) return outcome;
           if (ready.is_none() || PyObject_Length(ready.ptr()) != 0) {
-            PyErr_Clear();  // a `ready` without a length: never polled for, as a loop's
+            PyErr_Clear();  // a `ready` without a length (not asyncio's deque): no poll
             return outcome;
           }
           if (n.here.inherited() || e.engine.inherited()) return outcome;

@@ -5,7 +5,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-
 #include <unordered_map>
 
 #include "bindings/bindings.h"
