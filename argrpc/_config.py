@@ -482,8 +482,16 @@ class Limits:
         "thread wants that CPU, perhaps the one it waits for, and it yields at every turn",
         engine=True)
     yield_shared_us: int = _fixed(
-        3, "a yield that takes this long or longer ran another thread on the CPU meanwhile "
-        "(see spin_poll_us)", engine=True)
+        1, "a yield that takes this long or longer ran another thread on the CPU meanwhile "
+        "(see spin_poll_us; one that ran nothing returns within half a microsecond)",
+        engine=True)
+    share_nap_after: int = _fixed(
+        16, "a waiting thread whose yields ran another thread this many times in a row naps "
+        "once (a timer sleep of some tens of microseconds): two threads that wait for each "
+        "other from one CPU while another CPU idles hand that CPU back and forth at every "
+        "message, and the kernel leaves them so for tens of milliseconds, as neither ever "
+        "sleeps; waking from the nap, the thread is placed on an idle CPU if there is one",
+        engine=True)
     arm_tries: int = _fixed(
         4, "rounds in which the last thread to stop polling reads what came in before it "
         "could ask the peers to ring again, and asks again, before it leaves the rest to the "

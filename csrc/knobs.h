@@ -132,8 +132,15 @@ inline constexpr int64_t kLeaseCheckMs = 1;
 inline constexpr int64_t kSpinPollUs = 2;
 
 // a yield that takes this long or longer ran another thread on the CPU meanwhile (see
-// spin_poll_us)
-inline constexpr int64_t kYieldSharedUs = 3;
+// spin_poll_us; one that ran nothing returns within half a microsecond)
+inline constexpr int64_t kYieldSharedUs = 1;
+
+// a waiting thread whose yields ran another thread this many times in a row naps once (a
+// timer sleep of some tens of microseconds): two threads that wait for each other from
+// one CPU while another CPU idles hand that CPU back and forth at every message, and the
+// kernel leaves them so for tens of milliseconds, as neither ever sleeps; waking from the
+// nap, the thread is placed on an idle CPU if there is one
+inline constexpr int64_t kShareNapAfter = 16;
 
 // rounds in which the last thread to stop polling reads what came in before it could ask
 // the peers to ring again, and asks again, before it leaves the rest to the progress

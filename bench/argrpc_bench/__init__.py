@@ -15,7 +15,15 @@ processes), ``report`` (terminal table, Markdown, targets), ``plots`` (PNG), ``p
 """
 from __future__ import annotations
 
-from argrpc._transports import names
+import os
+
+# NumPy's import wakes OpenBLAS's worker threads, which then spin for about a tenth of a
+# second: every measured process would start its first repeat with a CPU taken. The
+# bench does no linear algebra, so every process it starts (they inherit this) keeps one
+# BLAS thread, unless the caller chose otherwise. Set before anything imports NumPy.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from argrpc._transports import names  # noqa: E402
 
 BENCHMARKS = ("latency", "bandwidth", "ps")
 FAST_TRANSPORTS = names()

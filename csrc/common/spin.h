@@ -4,6 +4,8 @@
 // the engine first spins with sched_yield() for spin_us, then blocks.
 #pragma once
 #include <sched.h>
+#include <time.h>
+
 #include <cstdint>
 #include "common/clock.h"
 #include "knobs.h"
@@ -18,6 +20,28 @@ inline constexpr uint64_t kSpinPollUs = uint64_t(knobs::kSpinPollUs);
 inline constexpr uint64_t kYieldSharedUs = uint64_t(knobs::kYieldSharedUs);
 // What this thread's last yield said of its CPU.
 inline thread_local bool t_cpu_shared = false;
+
+// Two threads that wait for each other (a caller and the server thread that answers it)
+// can end up spinning on one CPU while another idles: each message then costs a context
+// switch, and the kernel's balancer leaves the pair so for tens of milliseconds, both
+// being always runnable and cache-hot. Only a wake-up places a thread again, so a waiter
+// whose yields kept running another thread kShareNapAfter times in a row sleeps once on
+// a timer; the wake-up puts it on an idle CPU if there is one. Counted across waits: in
+// such a pair each wait sees one yield.
+inline constexpr uint32_t kShareNapAfter = uint32_t(knobs::kShareNapAfter);
+inline thread_local uint32_t t_shared_yields = 0;
+
+// Notes what a yield from `before` to `after` said of this thread's CPU, napping as above.
+inline void note_yield(uint64_t before, uint64_t after) {
+  t_cpu_shared = after - before >= kYieldSharedUs;
+  if (!t_cpu_shared) {
+    t_shared_yields = 0;
+  } else if (++t_shared_yields >= kShareNapAfter) {
+    t_shared_yields = 0;
+    timespec nap{0, 1000};  // the timer's slack makes it tens of microseconds
+    nanosleep(&nap, nullptr);
+  }
+}
 
 // Tells the core this is a spin (x86's PAUSE, Arm's YIELD): it lets the sibling
 // hyperthread run and spares the memory-order flush when the awaited line changes.
@@ -48,7 +72,7 @@ bool spin_until(int spin_us, const Deadline& dl, Ready&& ready, Poll&& poll) {
     }
     sched_yield();
     const uint64_t after = now_us();
-    t_cpu_shared = after - t >= kYieldSharedUs;
+    note_yield(t, after);
     yield_at = after + (t_cpu_shared ? 0 : kSpinPollUs);
   }
 }
