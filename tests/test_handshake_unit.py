@@ -297,7 +297,7 @@ def test_listener_close_stops_threads(listener_factory: Any) -> None:
 
 # --------------------------------------------------------------------------- handshake
 
-def raw_hello(name: str, secret: bytes, meta: bytes = b'{"v": 2, "ring_size": 65536, "pool_size": 65536}',
+def raw_hello(name: str, secret: bytes, meta: bytes = b'{"v": 3, "ring_size": 65536, "pool_size": 65536}',
               fds: tuple[int, ...] = ()) -> tuple[bytes, bytes]:
     """Speak the wire protocol by hand (a hostile or broken client)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -381,12 +381,12 @@ def test_handshake_bad_hellos(listener_factory: Any) -> None:
         tag, why = raw_hello(name, lst.decide(request()).shm.secret, b"{nope", tuple(memfds[:2]))
         assert tag == b"NO" and b"malformed" in why
         tag, why = raw_hello(name, lst.decide(request()).shm.secret,
-                             b'{"v": 2, "ring_size": -1, "pool_size": 1}', tuple(memfds[:2]))
+                             b'{"v": 3, "ring_size": -1, "pool_size": 1}', tuple(memfds[:2]))
         assert tag == b"NO" and b"invalid ring_size" in why
-        # another release's handshake (the version before sent a doorbell eventfd too)
+        # another release's handshake (version 2 knew no ring restarts)
         tag, why = raw_hello(name, lst.decide(request()).shm.secret,
-                             b'{"v": 1, "ring_size": 4096, "pool_size": 4096}', tuple(memfds[:2]))
-        assert tag == b"NO" and b"shm handshake version 1, this process 2" in why
+                             b'{"v": 2, "ring_size": 4096, "pool_size": 4096}', tuple(memfds[:2]))
+        assert tag == b"NO" and b"shm handshake version 2, this process 3" in why
         # the server closed every fd it received
         assert wait_for(lambda: open_fds() <= before)
     finally:

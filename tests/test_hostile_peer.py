@@ -32,7 +32,7 @@ SETTLE_S = 10.0
 S = 1001
 # name -> (batch, what the server's log line must say)
 CASES: dict[str, tuple[bytes, str]] = {
-    "length_not_multiple_of_8": (b"\0" * 13, "batch length 13 is invalid"),
+    "length_not_multiple_of_8": (b"\0" * 13, "batch immediate 13 is invalid"),
     "truncated_header": (b"\0" * 8, "truncated frame header"),
     "frame_past_batch": (frame(PING, 0, b"", length=4096), "runs past its batch"),
     "unknown_type": (frame(200, S), "unknown frame type 200"),

@@ -69,7 +69,8 @@ void FloorLink::send(const void* data, size_t len, double timeout_s) {
     if (dl.expired()) throw CoreError("floor link: the peer did not read the last message in time");
     sched_yield();
   }
-  if (!fabric_->write_imm(data, static_cast<uint32_t>(len), 0)) gone(*fabric_, "a send");
+  const auto n = static_cast<uint32_t>(len);
+  if (!fabric_->write_imm(data, n, 0, n)) gone(*fabric_, "a send");
   ++sent_;
 }
 

@@ -211,7 +211,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // connection_progress.cc
   bool progress_locked();
-  bool handle_batch(uint32_t len);
+  bool handle_batch(uint32_t imm);
 
   // connection_credits.cc: returning the peer's ring credits (poll lock for the first).
   void consumed_locked();
@@ -350,6 +350,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<int> appenders_{0};
   std::vector<uint8_t> batch_;
   uint64_t wpos_ = 0, wbatches_ = 0;
+  uint64_t wfree_ = 0;  // where the last restart began: all before it is free (flush_locked)
   std::mutex ctrl_mu_;
   std::vector<std::vector<uint8_t>> ctrl_;
   std::atomic<bool> ctrl_pending_{false};

@@ -81,14 +81,15 @@ bool Connection::progress_locked() {
   return did;
 }
 
-bool Connection::handle_batch(uint32_t len) {
+bool Connection::handle_batch(uint32_t imm) {
   const size_t ring = fabric_->ring_size();
-  if (len == 0 || len % 8 || len > ring / 2) {
-    protocol_error("batch length " + std::to_string(len) + " is invalid");
+  const uint32_t len = imm & ~kBatchFlags;
+  if (len == 0 || (imm & kBatchFlags & ~kBatchRestart) || len > ring / 2) {
+    protocol_error("batch immediate " + std::to_string(imm) + " is invalid");
     return false;
   }
   size_t off = rpos_ % ring;
-  if (ring - off < len) {
+  if (off != 0 && ((imm & kBatchRestart) || ring - off < len)) {
     rpos_ += ring - off;
     off = 0;
   }

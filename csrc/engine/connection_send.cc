@@ -301,7 +301,8 @@ bool Connection::flush_locked() {
   const size_t ring = fabric_->peer_ring_size();
   const uint32_t len = static_cast<uint32_t>(batch_.size());
   const size_t off = wpos_ % ring;
-  const size_t skip = ring - off < len ? ring - off : 0;
+  size_t skip = ring - off < len ? ring - off : 0;
+  uint32_t imm = len;
   const Deadline stall = Deadline::after_seconds(knobs::kCreditStallSeconds);
   for (int spins = 0;; ++spins) {
     if (!alive()) {
@@ -315,7 +316,17 @@ bool Connection::flush_locked() {
       protocol_error("peer returned more ring credits than it was given");
       return false;
     }
-    if (wpos_ + skip + len - cb <= ring && wbatches_ - cn < fabric_->peer_slots()) break;
+    // The peer has read everything: start again at the ring's start (kBatchRestart).
+    // Not where credits come back late (verbs): the skipped bytes would make them due.
+    if (spins == 0 && skip == 0 && off != 0 && cb == wpos_ && !fabric_->lazy_credits()) {
+      skip = ring - off;
+      imm |= kBatchRestart;
+    }
+    // Free up to here: what the peer read, or what a restart skipped with everything
+    // before it read (the peer's credits pass that point only once it reads the batch
+    // that restarted).
+    const uint64_t done = (imm & kBatchRestart) ? wpos_ + skip : std::max(cb, wfree_);
+    if (wpos_ + skip + len - done <= ring && wbatches_ - cn < fabric_->peer_slots()) break;
     // The peer may be stuck the same way, waiting for credits we still owe it.
     if (spins == 0) return_credits();
     if (stall.expired()) {
@@ -341,7 +352,8 @@ bool Connection::flush_locked() {
     return false;
   }
   wpos_ += skip;
-  if (!fabric_->write_imm(batch_.data(), len, wpos_ % ring)) {
+  if (imm & kBatchRestart) wfree_ = wpos_;
+  if (!fabric_->write_imm(batch_.data(), len, wpos_ % ring, imm)) {
     batch_.clear();
     fail(kUnavailable, "argrpc: write to peer " + peer_.name + " failed");
     return false;

@@ -29,6 +29,16 @@ enum FrameType : uint8_t {
 constexpr uint8_t kPingAck = 1;
 
 constexpr size_t kFrameHeader = 16;
+
+// A batch's immediate: its length, a multiple of 8, with flags in the three low bits.
+// kBatchRestart: the batch starts at the ring's start, the rest of the ring skipped. A
+// sender whose peer has read everything starts again there, so that a call's messages
+// keep to the ring's first pages: warm in both caches, and on shared memory the rest of
+// the ring is never faulted in (an idle connection holds a page or two, and no call
+// pays a page fault once the first pages are in).
+constexpr uint32_t kBatchRestart = 1;
+constexpr uint32_t kBatchFlags = 7;
+
 constexpr size_t kMaxMetadataEntries = 4096;
 
 using Metadata = std::vector<std::pair<std::string, std::string>>;

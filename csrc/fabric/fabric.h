@@ -21,7 +21,7 @@ struct RemoteRef {
 struct Completion {
   enum Kind : uint8_t { kRecv, kReadDone, kError };
   Kind kind = kRecv;
-  uint32_t len = 0;     // kRecv: length of the batch the peer wrote (its immediate)
+  uint32_t len = 0;     // kRecv: the immediate of the batch the peer wrote (length, flags)
   uint64_t wr_id = 0;   // kReadDone: the id given to read()
 };
 
@@ -38,10 +38,10 @@ class Fabric {
   virtual uint32_t peer_slots() const = 0;          // batches it can hold unconsumed
   virtual size_t peer_stream_window() const = 0;    // unread eager bytes per stream
 
-  // Copies [src, src+len) into the peer's ring at `remote_off` and delivers `len` to
-  // the peer as the immediate of a kRecv completion. Thread-compatible: the engine
-  // serialises calls.
-  virtual bool write_imm(const void* src, uint32_t len, size_t remote_off) = 0;
+  // Copies [src, src+len) into the peer's ring at `remote_off` and delivers `imm` to
+  // the peer as the immediate of a kRecv completion (its `len`: the engine's batch
+  // length and flags). Thread-compatible: the engine serialises calls.
+  virtual bool write_imm(const void* src, uint32_t len, size_t remote_off, uint32_t imm) = 0;
 
   // Whether expose() can make `b` readable by the peer; false, with the reason, when
   // it cannot (verbs: registering that part of the pool is past the locked-memory

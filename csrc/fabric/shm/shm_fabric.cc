@@ -18,7 +18,7 @@ namespace argrpc {
 
 namespace {
 constexpr uint64_t kMagic = 0x31767473616d6873ULL;  // "shmastv1"
-constexpr uint32_t kVersion = 2;  // 2: the doorbell is the socket
+constexpr uint32_t kVersion = 3;  // 2: the doorbell is the socket; 3: a batch may restart the ring
 constexpr size_t kHeaderBytes = 4096;
 }  // namespace
 
@@ -164,11 +164,11 @@ const uint8_t* ShmFabric::ring() const {
   return local_->seg_.data() + (local_->seg_.size() - local_->ring_size_);
 }
 
-bool ShmFabric::write_imm(const void* src, uint32_t len, size_t remote_off) {
+bool ShmFabric::write_imm(const void* src, uint32_t len, size_t remote_off, uint32_t imm) {
   if (shut_.load(std::memory_order_relaxed)) return false;
   if (remote_off + len > peer_ring_size_) return false;
   std::memcpy(peer_ring_ + remote_off, src, len);
-  peer_cq_[sent_batches_ % peer_slots_] = len;
+  peer_cq_[sent_batches_ % peer_slots_] = imm;
   ++sent_batches_;
   // seq_cst store then seq_cst load of `armed`: pairs with arm() (store armed, load
   // head) so either we see the owner asleep or the owner sees our batch.

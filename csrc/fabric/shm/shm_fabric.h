@@ -60,7 +60,7 @@ class ShmFabric final : public Fabric {
   size_t peer_ring_size() const override { return peer_ring_size_; }
   uint32_t peer_slots() const override { return peer_slots_; }
   size_t peer_stream_window() const override { return peer_window_; }
-  bool write_imm(const void* src, uint32_t len, size_t remote_off) override;
+  bool write_imm(const void* src, uint32_t len, size_t remote_off, uint32_t imm) override;
   RemoteRef expose(const Block& b) override;
   bool read(void* dst, const RemoteRef& src, size_t len, uint64_t wr_id) override;
   const uint8_t* peer_view(const RemoteRef& src, size_t len) const override;

@@ -268,7 +268,7 @@ int SimFabric::liveness_fd() const { return me().gone.get(); }
 // credits that a peer gone for certain will never give back.
 bool SimFabric::peer_gone() const { return peer().left.load(); }
 
-bool SimFabric::write_imm(const void* src, uint32_t len, size_t remote_off) {
+bool SimFabric::write_imm(const void* src, uint32_t len, size_t remote_off, uint32_t imm) {
   SimSide& s = me();
   SimSide& p = peer();
   if (s.shut.load()) return false;
@@ -291,7 +291,7 @@ bool SimFabric::write_imm(const void* src, uint32_t len, size_t remote_off) {
   std::lock_guard<std::mutex> g(p.mu);
   Entry e;
   e.c.kind = Completion::kRecv;
-  e.c.len = len;
+  e.c.len = imm;
   e.hold = p.delay_locked(++p.recvs == p.faults.hold_recv);
   p.queue_locked(&p.recv, std::move(e));
   return true;

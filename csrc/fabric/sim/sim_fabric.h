@@ -120,7 +120,7 @@ class SimFabric final : public Fabric {
   size_t peer_ring_size() const override;
   uint32_t peer_slots() const override;
   size_t peer_stream_window() const override;
-  bool write_imm(const void* src, uint32_t len, size_t remote_off) override;
+  bool write_imm(const void* src, uint32_t len, size_t remote_off, uint32_t imm) override;
   RemoteRef expose(const Block& b) override;
   void unexpose(const Block& b) override;
   bool read(void* dst, const RemoteRef& src, size_t len, uint64_t wr_id) override;

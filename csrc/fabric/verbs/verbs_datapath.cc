@@ -92,7 +92,7 @@ void VerbsFabric::drain_locked() {
   queued_.swap(rest);
 }
 
-bool VerbsFabric::write_imm(const void* src, uint32_t len, size_t remote_off) {
+bool VerbsFabric::write_imm(const void* src, uint32_t len, size_t remote_off, uint32_t imm) {
   if (shut_.load(std::memory_order_relaxed)) return false;
   if (remote_off > peer_ring_size_ || len > peer_ring_size_ - remote_off) return false;
   std::lock_guard<std::mutex> g(sq_mu_);
@@ -101,7 +101,7 @@ bool VerbsFabric::write_imm(const void* src, uint32_t len, size_t remote_off) {
   wr.wr_id = tag_id(kTagEager);
   wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
   wr.send_flags = IBV_SEND_SIGNALED;
-  wr.imm_data = htonl(len);
+  wr.imm_data = htonl(imm);
   wr.wr.rdma.remote_addr = peer_ring_addr_ + remote_off;
   wr.wr.rdma.rkey = peer_ring_rkey_;
   wr.num_sge = len ? 1 : 0;

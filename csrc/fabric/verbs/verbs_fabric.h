@@ -165,7 +165,7 @@ class VerbsFabric final : public Fabric {
   int liveness_fd() const override { return -1; }
 
   // verbs_datapath.cc
-  bool write_imm(const void* src, uint32_t len, size_t remote_off) override;
+  bool write_imm(const void* src, uint32_t len, size_t remote_off, uint32_t imm) override;
   bool read(void* dst, const RemoteRef& src, size_t len, uint64_t wr_id) override;
   void publish_consumed(uint64_t bytes, uint64_t batches) override;
   void peer_consumed(uint64_t* bytes, uint64_t* batches) const override;
