@@ -1,9 +1,9 @@
 # Types of the compiled engine (csrc/bindings/*.cc), as docs/core-api.md states them.
 # Dicts whose keys are knob names or device facts stay dict[str, Any]: their schema is the
 # config tables' (argrpc/_config.py) and the doc's, not something this stub can pin.
-from typing import Any, Literal, Optional, Union, overload
+from typing import Any, Generator, Literal, Optional, Union, overload
 
-from typing_extensions import Buffer, TypeAlias
+from typing_extensions import Buffer, TypeAlias, disjoint_base
 
 # Metadata goes in as (key, bytes | str) pairs and comes out as (key, bytes) pairs.
 _MetadataIn: TypeAlias = Any
@@ -127,6 +127,35 @@ class Notifier:
     def poll(self, engine: Engine, limit_us: int) -> list[int]: ...
     def end_lease(self) -> None: ...
     def look_before_sleeping(self) -> None: ...
+
+@disjoint_base
+class CallState:
+    """The fields and the end every argrpc.aio fast-path call has (argrpc/aio/_call.py)."""
+    _channel: Any
+    _bridge: Any
+    _core: Any
+    _token: int
+    _deadline: Optional[float]
+    _deserializer: Any
+    _waiters: Any
+    _done_callbacks: Any
+    _send_error: Any
+    _status: Any
+    _imd: Any
+    _sender: Any
+    _request_poller: Any
+    _peeked: Any
+    _result: Any
+    max_send: int
+    max_response: int
+    _ended: bool
+    _locally_cancelled: bool
+    _have_result: bool
+    def _on_end(self) -> None: ...
+
+class UnaryCallState(CallState):
+    """A CallState awaited for its one response."""
+    def __await__(self) -> Generator[Any, None, Any]: ...
 
 class Connection:
     @property

@@ -26,6 +26,15 @@ from .._errors import code_from_int, received_too_large
 from .._metadata import from_core
 from ._loop import LoopBridge
 
+try:
+    from .._core import CallState, UnaryCallState
+except ImportError:  # no engine: every call is grpc.aio's, and these are never made
+    class CallState:  # type: ignore[no-redef]
+        pass
+
+    class UnaryCallState(CallState):  # type: ignore[no-redef]
+        pass
+
 if TYPE_CHECKING:
     from .._core import ClientCall
 
@@ -109,32 +118,32 @@ def _watched(conn: Any, bridge: LoopBridge, token: int, retry_unsent: bool, meth
     return core
 
 
-class FastCall:
+class FastCall(CallState):
     """What every fast-path call shares: its engine call, its watch, its waiters, its
-    status and done callbacks (``grpc.aio.Call``'s part)."""
+    status and done callbacks (``grpc.aio.Call``'s part). Its fields and its end
+    (``_on_end``) are CallState's, in the engine's module: a call needs no instance
+    dict, and an OK unary call ends without a Python frame."""
 
+    _bridge: LoopBridge
+    _core: ClientCall
     # A request the engine could not take (not a buffer): grpc.aio raises its TypeError
     # where the call is awaited or read, not where it is made.
-    _send_error: Optional[BaseException] = None
-    max_send = -1  # the request size limit of the call's method (-1: none)
-    max_response = -1  # its maxResponseMessageBytes, beyond the channel's (-1: none)
+    _send_error: Optional[BaseException]
+    max_send: int  # the request size limit of the call's method (-1: none)
+    max_response: int  # its maxResponseMessageBytes, beyond the channel's (-1: none)
     over_limit_ends_in_core_error = False
     # A response read ahead to tell whether a streaming call has any left (read()).
-    _peeked: Any = None
+    _peeked: Any
     # What sends for the call after it was made: the request a unary call could not
     # send at once, the requests of an iterator.
-    _sender: Optional[asyncio.Task[Any]] = None
-    _request_poller: Optional[asyncio.Task[Any]] = None
-    # Set on the instance only when they change (most unary calls never read their
-    # status or metadata as objects), but for those every unary call reads, which the
-    # constructor sets: CPython 3.11 does not specialize reading a class attribute
-    # through an instance, and that read costs more than the store.
-    _waiters: Optional[list[asyncio.Future[Any]]] = None
-    _done_callbacks: Optional[list[Callable[[Any], None]]] = None
-    _status: Optional[_Status] = None
-    _imd: Optional[aio.Metadata] = None
-    _locally_cancelled = False
-    _ended = False
+    _sender: Optional[asyncio.Task[Any]]
+    _request_poller: Optional[asyncio.Task[Any]]
+    _waiters: Optional[list[asyncio.Future[Any]]]
+    _done_callbacks: Optional[list[Callable[[Any], None]]]
+    _status: Optional[_Status]
+    _imd: Optional[aio.Metadata]
+    _locally_cancelled: bool
+    _ended: bool
 
     def __init__(self, channel: Any, bridge: LoopBridge, core_call: ClientCall, token: int,
                  timeout: Optional[float], response_deserializer: Optional[Callable[..., Any]]) -> None:
@@ -142,14 +151,9 @@ class FastCall:
         self._bridge = bridge
         self._core = core_call
         self._token = token
-        self._deadline = None if timeout is None else time.time() + timeout
+        if timeout is not None:
+            self._deadline = time.time() + timeout
         self._deserializer = response_deserializer
-        self._waiters = None
-        self._done_callbacks = None
-        self._ended = False
-        self._locally_cancelled = False
-        self._send_error = None
-        self.max_response = -1
         bridge.started()
         channel.inflight += 1
 
@@ -167,19 +171,6 @@ class FastCall:
                     fut.set_result(None)
         if not self._ended and self._core.settled():
             self._on_end()
-
-    def _on_end(self) -> None:
-        self._ended = True
-        self._bridge.finished(self._token)  # what held a unary call lets go of it
-        channel = self._channel
-        channel.inflight -= 1
-        if channel.closing:
-            channel.call_ended()
-        callbacks = self._done_callbacks
-        if callbacks:
-            self._done_callbacks = None
-            for cb in callbacks:
-                self._run_callback(cb)
 
     def _run_callback(self, cb: Callable[[Any], None]) -> None:
         try:
@@ -212,17 +203,23 @@ class FastCall:
     def _detach(self) -> None:
         self._bridge.unregister(self._token)
 
-    def __del__(self) -> None:
+    def _collected(self) -> None:
+        """Collected before it ended (CallState's finalizer): cancelled, as grpc.aio's."""
         try:
-            if not self._ended:
-                if not self._core.done():
-                    self._core.cancel(_status.CANCELLED, _GC_CANCEL)
-                self._bridge.finished(self._token)
-                self._channel.inflight -= 1
-                if self._channel.closing:
-                    self._channel.call_ended()
+            if not self._core.done():
+                self._core.cancel(_status.CANCELLED, _GC_CANCEL)
+            self._bridge.finished(self._token)
+            self._channel.inflight -= 1
+            if self._channel.closing:
+                self._channel.call_ended()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+
+    @staticmethod
+    def _deserialize_error(exc: BaseException) -> None:
+        """A response deserializer raised `exc` in CallState's await: logged as
+        _deserialize logs it."""
+        _grpc_log.CODEC.error("Exception deserializing message!", exc_info=exc)
 
     # -- grpc.aio.RpcContext ----------------------------------------------------
     def cancelled(self) -> bool:
@@ -416,54 +413,35 @@ class FastCall:
         return False
 
 
-class _UnaryResponse(FastCall):
+class _UnaryResponse(UnaryCallState, FastCall):
     """A call with one response. Its loop's bridge holds it until it ends, as grpc.aio's
     task does: a call nobody awaits still runs to its end (fire and forget). A call
     with a response stream is the caller's alone: dropped, it is cancelled."""
 
-    _result: Any = None
-    _have_result = False
-
-    def __await__(self) -> Generator[Any, None, Any]:
-        if not self._have_result:
-            core = self._core
-            bridge = self._bridge
-            try:
-                while True:
-                    # The outcome, or a poll for it while the loop is idle (one crossing).
-                    outcome = core.answer_or_poll(bridge.notifier, bridge.engine, bridge.ready,
-                                                  self._token if self._waiters is None else 0)
-                    if outcome is None:
-                        yield from self._future()
-                    elif outcome.__class__ is list:
-                        bridge.run(outcome)  # other calls' changes, seen by the poll
-                    else:
-                        break
-            except asyncio.CancelledError:
-                if not self.done():
-                    self.cancel()
-                raise
-            if not self._ended:
-                self._on_end()
-            if self._send_error is not None:
-                raise self._send_error
-            code, details, imd, tmd, response = outcome
-            if not code and response is not None and self.max_response >= 0 and \
-                    (n := nbytes(response)) > self.max_response:
-                self._status = (grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                received_too_large(n, self.max_response), tmd)
-                raise rpc_error(*self._status[:2], imd, tmd)
-            # OK needs no status object; initial metadata is made on demand.
-            if code or self._locally_cancelled:
-                status = self._final_status()  # may find the channel's close() did it
-                if self._locally_cancelled:
-                    raise asyncio.CancelledError()
-                if status is not None and status[0] is not _OK:
-                    raise rpc_error(status[0], status[1], imd, tmd)
-            deserializer = self._deserializer
-            self._result = response if response is None or deserializer is None else \
-                _deserialize(response, deserializer)
-            self._have_result = True
+    def _settle(self, outcome: tuple[int, str, Any, Any, Any]) -> Any:
+        """The end of the await (UnaryCallState's) for what it does not finish itself:
+        the result, or the call's error raised."""
+        if not self._ended:
+            self._on_end()
+        if self._send_error is not None:
+            raise self._send_error
+        code, details, imd, tmd, response = outcome
+        if not code and response is not None and self.max_response >= 0 and \
+                (n := nbytes(response)) > self.max_response:
+            self._status = (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            received_too_large(n, self.max_response), tmd)
+            raise rpc_error(*self._status[:2], imd, tmd)
+        # OK needs no status object; initial metadata is made on demand.
+        if code or self._locally_cancelled:
+            status = self._final_status()  # may find the channel's close() did it
+            if self._locally_cancelled:
+                raise asyncio.CancelledError()
+            if status is not None and status[0] is not _OK:
+                raise rpc_error(status[0], status[1], imd, tmd)
+        deserializer = self._deserializer
+        self._result = response if response is None or deserializer is None else \
+            _deserialize(response, deserializer)
+        self._have_result = True
         return self._result
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 import time
 from typing import Any, Callable, Optional, cast
 
@@ -38,7 +39,8 @@ from ._pending import PendingCall
 __all__ = ["Channel", "insecure_channel", "secure_channel"]
 
 _LOGGER = logging.getLogger("argrpc")
-_running_loop = asyncio._get_running_loop  # None outside a loop, and cheap
+_running_loop = asyncio._get_running_loop  # None outside a loop (asks getpid() each time)
+_thread_ident = threading.get_ident
 
 _NEGOTIATION_TIMEOUT_S = _config.LIMITS.negotiation_timeout_s
 
@@ -317,6 +319,10 @@ class _MultiCallable:
         # The channel's loop and its bridge, once a fast-path call was made on it.
         self._loop: Any = None
         self._loop_bridge: Any = None
+        # The loop says which thread runs it (asyncio's own loops: `_thread_id`, None
+        # while stopped), so a call finds out that it runs on that loop without asking
+        # asyncio, which makes a system call of it.
+        self._loop_says_thread = False
 
     def __call__(self, request: Any = None, *, timeout: Optional[float] = None,
                  metadata: Any = None, credentials: Optional[grpc.CallCredentials] = None,
@@ -410,6 +416,7 @@ class _MultiCallable:
                 return None
             self._loop = loop
             self._loop_bridge = bridge(get_engine(self._channel._cfg))
+            self._loop_says_thread = hasattr(loop, "_thread_id")
         return self._loop_bridge
 
     def _fast_call(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
@@ -505,7 +512,9 @@ class UnaryUnaryMultiCallable(_MultiCallable, AioUnaryUnaryBase):
         fast = self._channel._fast
         if fast is None or credentials is not None or self._intercepted or not fast.alive \
                 or self._mc is not None or self._max_send >= 0 \
-                or metadata or compression is not None or _running_loop() is not self._loop:
+                or metadata or compression is not None \
+                or (self._loop._thread_id != _thread_ident() if self._loop_says_thread
+                    else _running_loop() is not self._loop):
             return super().__call__(request, timeout=timeout, metadata=metadata,
                                     credentials=credentials, wait_for_ready=wait_for_ready,
                                     compression=compression)

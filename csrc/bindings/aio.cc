@@ -24,18 +24,6 @@ namespace bindings {
 
 namespace {
 
-struct PyNotifier {
-  std::shared_ptr<Notifier> n = std::make_shared<Notifier>();
-  ForkLocal<bool> here{true};  // a forked child's copy must not drain the parent's
-  PyNotifier() = default;
-  PyNotifier(const PyNotifier&) = delete;
-  PyNotifier& operator=(const PyNotifier&) = delete;
-  // The loop's lease goes with it (the notifier itself may outlive it in a watch).
-  ~PyNotifier() {
-    if (!here.inherited()) n->end_lease();
-  }
-};
-
 void watch_stream(const std::shared_ptr<Stream>& s, PyNotifier& n, uint64_t token) {
   auto w = std::make_shared<Watch>(n.n, token);
   std::lock_guard<std::mutex> g(s->mu);
@@ -113,6 +101,35 @@ py::object try_unary(PyClientCall& c) {
 constexpr int64_t kPollForever = int64_t(1) << 40;
 
 }  // namespace
+
+// What an awaited unary call does before it waits, in one crossing: its outcome
+// if it has one; else, when the loop has nothing ready to run (`ready`, asyncio's
+// deque of ready callbacks, is empty), a poll on the loop's thread
+// (Notifier::poll), and its outcome again if only its own token came. Returns
+// the outcome, the other tokens posted meanwhile (the caller runs their callbacks,
+// then asks again), or None: wait for the call's watch. `own` is the call's token
+// when nothing but the awaiting task waits on the call (its callback would only
+// end it, which the caller does with the outcome), else 0.
+py::object answer_or_poll(PyClientCall& c, PyNotifier& n, PyEngine& e, py::handle ready,
+                          uint64_t own) {
+  for (;;) {
+    py::object outcome = try_unary(c);
+    if (!outcome.is_none()) return outcome;
+    if (ready.is_none() || PyObject_Length(ready.ptr()) != 0) {
+      PyErr_Clear();  // a `ready` without a length (not asyncio's deque): no poll
+      return outcome;
+    }
+    if (n.here.inherited() || e.engine.inherited()) return outcome;
+    std::vector<uint64_t> tokens;
+    {
+      NoGil nogil;
+      tokens = n.n->poll(*e.engine, kPollForever);
+    }
+    if (tokens.empty()) return outcome;
+    if (own != 0) tokens.erase(std::remove(tokens.begin(), tokens.end(), own), tokens.end());
+    if (!tokens.empty()) return py::cast(tokens);
+  }
+}
 
 void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnection>& connection,
              py::class_<PyClientCall>& client_call, py::class_<PyServer>& server,
@@ -241,34 +258,8 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
         return status_tuple(*c.s);
       })
       .def("try_unary", &try_unary)
-      // What an awaited unary call does before it waits, in one crossing: its outcome
-      // if it has one; else, when the loop has nothing ready to run (`ready`, asyncio's
-      // deque of ready callbacks, is empty), a poll on the loop's thread
-      // (Notifier::poll), and its outcome again if only its own token came. Returns
-      // the outcome, the other tokens posted meanwhile (the caller runs their callbacks,
-      // then asks again), or None: wait for the call's watch. `own` is the call's token
-      // when nothing but the awaiting task waits on the call (its callback would only
-      // end it, which the caller does with the outcome), else 0.
-      .def("answer_or_poll", [](PyClientCall& c, PyNotifier& n, PyEngine& e,
-                                py::handle ready, uint64_t own) -> py::object {
-        for (;;) {
-          py::object outcome = try_unary(c);
-          if (!outcome.is_none()) return outcome;
-          if (ready.is_none() || PyObject_Length(ready.ptr()) != 0) {
-            PyErr_Clear();  // a `ready` without a length (not asyncio's deque): no poll
-            return outcome;
-          }
-          if (n.here.inherited() || e.engine.inherited()) return outcome;
-          std::vector<uint64_t> tokens;
-          {
-            NoGil nogil;
-            tokens = n.n->poll(*e.engine, kPollForever);
-          }
-          if (tokens.empty()) return outcome;
-          if (own != 0) tokens.erase(std::remove(tokens.begin(), tokens.end(), own), tokens.end());
-          if (!tokens.empty()) return py::cast(tokens);
-        }
-      }, py::arg("notifier"), py::arg("engine"), py::arg("ready"), py::arg("own"));
+      .def("answer_or_poll", &answer_or_poll, py::arg("notifier"), py::arg("engine"),
+           py::arg("ready"), py::arg("own"));
 
   server.def("watch", [](PyServer& s, PyNotifier& n, uint64_t token) {
     s.server->set_watch(std::make_shared<Watch>(n.n, token));

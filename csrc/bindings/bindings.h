@@ -17,6 +17,7 @@
 #include "common/interrupt.h"
 #include "engine/connection.h"
 #include "engine/engine.h"
+#include "engine/notifier.h"
 #include "engine/server.h"
 #include "engine_config.h"
 
@@ -343,11 +344,30 @@ void add_log(pybind11::module_& m);  // log.cc: engine messages for Python's log
 void add_floor(pybind11::module_& m, pybind11::class_<PyEngine>& engine);
 // call_stats.cc: per-call records for an application's metrics
 void add_call_stats(pybind11::module_& m, pybind11::class_<PyConnection>& connection);
+// aio.cc: an event loop's notifier: the engine posts the token of each watched call that
+// changed, and the loop, watching the fd, drains them.
+struct PyNotifier {
+  std::shared_ptr<Notifier> n = std::make_shared<Notifier>();
+  ForkLocal<bool> here{true};  // a forked child's copy must not drain the parent's
+  PyNotifier() = default;
+  PyNotifier(const PyNotifier&) = delete;
+  PyNotifier& operator=(const PyNotifier&) = delete;
+  // The loop's lease goes with it (the notifier itself may outlive it in a watch).
+  ~PyNotifier() {
+    if (!here.inherited()) n->end_lease();
+  }
+};
+
+// aio.cc: what an awaited unary call does before it waits (ClientCall.answer_or_poll).
+pybind11::object answer_or_poll(PyClientCall& c, PyNotifier& n, PyEngine& e,
+                                pybind11::handle ready, uint64_t own);
 // aio.cc: the loop's Notifier and the calls' and server's methods that never wait.
 void add_aio(pybind11::module_& m, pybind11::class_<PyEngine>& engine,
              pybind11::class_<PyConnection>& connection,
              pybind11::class_<PyClientCall>& client_call, pybind11::class_<PyServer>& server,
              pybind11::class_<PyServerCall>& server_call);
+// aio_call.cc: CallState and UnaryCallState, the C part of argrpc.aio's call objects.
+void add_aio_call(pybind11::module_& m);
 
 }  // namespace bindings
 }  // namespace argrpc

@@ -50,5 +50,6 @@ PYBIND11_MODULE(_core, m) {
   add_log(m);
   add_call_stats(m, connection);
   add_aio(m, engine, connection, client_call, server, server_call);
+  add_aio_call(m);
   add_floor(m, engine);  // argrpc-bench's reference rows
 }

@@ -321,6 +321,51 @@ def test_unary_unary_awaited_beside_its_status(pair: tuple[str, str],
     run_pair(pair, aio_servers, body)
 
 
+def test_every_way_to_await_a_unary_call(pair: tuple[str, str],
+                                        aio_servers: AioServers) -> None:
+    """A unary call is awaited the ways asyncio and its users await things: by two tasks
+    at once, through gather, through a generator-based coroutine's `yield from`, under
+    a tracer (a debugger's or a coverage tool's), and seen as awaitable; each gets the
+    response, and a call that failed raises the same error to every awaiter."""
+    import collections.abc
+    import inspect
+    import sys
+    import types
+
+    @types.coroutine
+    def delegated(call: Any) -> Any:
+        return (yield from call.__await__())
+
+    async def body(channel: Any, target: str) -> None:
+        delayed = channel.unary_unary(method("delay"))
+        call = delayed(b"30", timeout=HANG_S)
+        assert inspect.isawaitable(call)
+        assert not isinstance(call, collections.abc.Iterable)  # as grpc.aio's
+        first, second = asyncio.ensure_future(call), asyncio.ensure_future(call)
+        assert await asyncio.wait_for(asyncio.gather(first, second), HANG_S) == [b"30", b"30"]
+        assert await asyncio.wait_for(delegated(delayed(b"20", timeout=HANG_S)), HANG_S) == b"20"
+        traced: list[str] = []
+
+        def tracer(frame: Any, event: str, arg: Any) -> Any:
+            traced.append(event)
+            return tracer
+
+        sys.settrace(tracer)
+        try:
+            assert await delayed(b"10", timeout=HANG_S) == b"10"
+            assert await channel.unary_unary(method("echo"))(b"x", timeout=HANG_S) == b"x"
+        finally:
+            sys.settrace(None)
+        assert traced
+        failing = channel.unary_unary(method("fail"))(
+            fail_request("NOT_FOUND", "gone"), timeout=HANG_S)
+        outcomes = await asyncio.gather(outcome(failing), outcome(failing),
+                                        outcome(delegated(failing)))
+        assert outcomes == [("AioRpcError", grpc.StatusCode.NOT_FOUND, "gone")] * 3
+
+    run_pair(pair, aio_servers, body)
+
+
 def test_unary_stream_iterate_and_read(pair: tuple[str, str],
                                        aio_servers: AioServers) -> None:
     async def body(channel: Any, target: str) -> None:

@@ -1,0 +1,547 @@
+// The C part of argrpc.aio's fast-path call objects (argrpc/aio/_call.py). A unary
+// call made and awaited from a coroutine costs its loop a few microseconds in all, so
+// the Python frames of its state, its end and its await were a fifth of an asyncio
+// round trip. Here: CallState, the fields every call has (C members, so a call needs no
+// instance dict) and its end (_on_end); UnaryCallState, the await of a call with one
+// response, which asks the engine in one crossing and finishes an OK call without a
+// Python frame. The rare outcomes (an error status, a cancelled or refused call, a
+// response over the method's limit) go to the Python class's _settle, the collected
+// unfinished call to its _collected: what grpc.aio says there is written once, in Python.
+//
+// Raw CPython types rather than pybind11 classes: a pybind11 method's dispatch costs as
+// much as the work here, an await needs the am_send slot (a result without raising
+// StopIteration), and the types are subclassed by Python classes with ABC bases.
+#include <Python.h>
+#include <structmember.h>
+#include <pybind11/pybind11.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "bindings/bindings.h"
+
+namespace py = pybind11;
+
+#if PY_VERSION_HEX < 0x030A0000
+static inline PyObject* Py_NewRef(PyObject* o) {
+  Py_INCREF(o);
+  return o;
+}
+#endif
+
+namespace argrpc {
+namespace bindings {
+
+namespace {
+
+struct CallState {
+  PyObject_HEAD
+  PyObject* channel;
+  PyObject* bridge;
+  PyObject* core;
+  PyObject* deadline;
+  PyObject* deserializer;
+  PyObject* waiters;
+  PyObject* done_callbacks;
+  PyObject* send_error;
+  PyObject* status;
+  PyObject* imd;
+  PyObject* sender;
+  PyObject* request_poller;
+  PyObject* peeked;
+  PyObject* result;
+  unsigned long long token;
+  long long max_send;
+  long long max_response;
+  char ended;
+  char locally_cancelled;
+  char have_result;
+};
+
+// Interned names and the objects the await needs, made once at import.
+struct Names {
+  PyObject* finished;
+  PyObject* inflight;
+  PyObject* closing;
+  PyObject* call_ended;
+  PyObject* run_callback;
+  PyObject* future;
+  PyObject* blocking;
+  PyObject* run;
+  PyObject* notifier;
+  PyObject* engine;
+  PyObject* ready;
+  PyObject* settle;
+  PyObject* collected;
+  PyObject* deserialize_error;
+  PyObject* done;
+  PyObject* cancel;
+  PyObject* cancelled_error;  // asyncio.CancelledError
+};
+Names names;
+
+bool is_none(PyObject* o) { return o == nullptr || o == Py_None; }
+
+#define CALL_FIELDS(X)                                                                 \
+  X(channel) X(bridge) X(core) X(deadline) X(deserializer) X(waiters) X(done_callbacks) \
+  X(send_error) X(status) X(imd) X(sender) X(request_poller) X(peeked) X(result)
+
+int call_traverse(PyObject* o, visitproc visit, void* arg) {
+  auto* self = reinterpret_cast<CallState*>(o);
+#define VISIT(f) Py_VISIT(self->f);
+  CALL_FIELDS(VISIT)
+#undef VISIT
+  return 0;
+}
+
+int call_clear(PyObject* o) {
+  auto* self = reinterpret_cast<CallState*>(o);
+#define CLEAR(f) Py_CLEAR(self->f);
+  CALL_FIELDS(CLEAR)
+#undef CLEAR
+  return 0;
+}
+
+PyObject* call_new(PyTypeObject* type, PyObject*, PyObject*) {
+  auto* self = reinterpret_cast<CallState*>(type->tp_alloc(type, 0));
+  if (self == nullptr) return nullptr;
+  self->max_send = -1;
+  self->max_response = -1;
+  return reinterpret_cast<PyObject*>(self);
+}
+
+// A call collected before it ended (dropped by its caller and no longer held by its
+// loop): the Python class cancels it and lets its loop and channel go of it.
+void call_finalize(PyObject* o) {
+  auto* self = reinterpret_cast<CallState*>(o);
+  if (self->ended) return;
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyObject* r = PyObject_CallMethodNoArgs(o, names.collected);
+  if (r == nullptr)
+    PyErr_Clear();  // interpreter shutdown: nothing left to tell
+  else
+    Py_DECREF(r);
+  PyErr_Restore(type, value, tb);
+}
+
+void call_dealloc(PyObject* o) {
+  // A subclass's dealloc (every instance is one) runs the finalizer before it calls this.
+  PyObject_GC_UnTrack(o);
+  call_clear(o);
+  Py_TYPE(o)->tp_free(o);
+}
+
+// _on_end: the call ended. Its loop's bridge lets go of it (a unary call is held there
+// until it ends), its channel counts it out, and its done callbacks run.
+int on_end(CallState* self) {
+  self->ended = 1;
+  PyObject* token = PyLong_FromUnsignedLongLong(self->token);
+  if (token == nullptr) return -1;
+  PyObject* r = PyObject_CallMethodOneArg(self->bridge, names.finished, token);
+  Py_DECREF(token);
+  if (r == nullptr) return -1;
+  Py_DECREF(r);
+  PyObject* channel = self->channel;
+  PyObject* n = PyObject_GetAttr(channel, names.inflight);
+  if (n == nullptr) return -1;
+  const long long count = PyLong_AsLongLong(n);
+  Py_DECREF(n);
+  if (count == -1 && PyErr_Occurred()) return -1;
+  PyObject* less = PyLong_FromLongLong(count - 1);
+  if (less == nullptr) return -1;
+  const int set = PyObject_SetAttr(channel, names.inflight, less);
+  Py_DECREF(less);
+  if (set < 0) return -1;
+  PyObject* closing = PyObject_GetAttr(channel, names.closing);
+  if (closing == nullptr) return -1;
+  const int is_closing = PyObject_IsTrue(closing);
+  Py_DECREF(closing);
+  if (is_closing < 0) return -1;
+  if (is_closing) {
+    r = PyObject_CallMethodNoArgs(channel, names.call_ended);
+    if (r == nullptr) return -1;
+    Py_DECREF(r);
+  }
+  PyObject* callbacks = self->done_callbacks;
+  if (!is_none(callbacks)) {
+    self->done_callbacks = nullptr;
+    PyObject* seq = PySequence_Fast(callbacks, "done callbacks");
+    Py_DECREF(callbacks);
+    if (seq == nullptr) return -1;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); ++i) {
+      r = PyObject_CallMethodOneArg(reinterpret_cast<PyObject*>(self), names.run_callback,
+                                    PySequence_Fast_GET_ITEM(seq, i));
+      if (r == nullptr) {
+        Py_DECREF(seq);
+        return -1;
+      }
+      Py_DECREF(r);
+    }
+    Py_DECREF(seq);
+  }
+  return 0;
+}
+
+PyObject* call_on_end(PyObject* o, PyObject*) {
+  if (on_end(reinterpret_cast<CallState*>(o)) < 0) return nullptr;
+  Py_RETURN_NONE;
+}
+
+PyMethodDef call_methods[] = {
+    {"_on_end", call_on_end, METH_NOARGS,
+     "The call ended: its loop and channel let go of it; its done callbacks run."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+#define OBJ_MEMBER(name, field) \
+  {const_cast<char*>(name), T_OBJECT, offsetof(CallState, field), 0, nullptr}
+PyMemberDef call_members[] = {
+    OBJ_MEMBER("_channel", channel),
+    OBJ_MEMBER("_bridge", bridge),
+    OBJ_MEMBER("_core", core),
+    OBJ_MEMBER("_deadline", deadline),
+    OBJ_MEMBER("_deserializer", deserializer),
+    OBJ_MEMBER("_waiters", waiters),
+    OBJ_MEMBER("_done_callbacks", done_callbacks),
+    OBJ_MEMBER("_send_error", send_error),
+    OBJ_MEMBER("_status", status),
+    OBJ_MEMBER("_imd", imd),
+    OBJ_MEMBER("_sender", sender),
+    OBJ_MEMBER("_request_poller", request_poller),
+    OBJ_MEMBER("_peeked", peeked),
+    OBJ_MEMBER("_result", result),
+    {const_cast<char*>("_token"), T_ULONGLONG, offsetof(CallState, token), 0, nullptr},
+    {const_cast<char*>("max_send"), T_LONGLONG, offsetof(CallState, max_send), 0, nullptr},
+    {const_cast<char*>("max_response"), T_LONGLONG, offsetof(CallState, max_response), 0,
+     nullptr},
+    {const_cast<char*>("_ended"), T_BOOL, offsetof(CallState, ended), 0, nullptr},
+    {const_cast<char*>("_locally_cancelled"), T_BOOL, offsetof(CallState, locally_cancelled),
+     0, nullptr},
+    {const_cast<char*>("_have_result"), T_BOOL, offsetof(CallState, have_result), 0, nullptr},
+    {nullptr, 0, 0, 0, nullptr},
+};
+#undef OBJ_MEMBER
+
+// A static type's start: what PyType_Ready needs before the slots.
+PyTypeObject static_type(const char* name, const char* doc, Py_ssize_t size,
+                         unsigned long flags) {
+  PyTypeObject t{};
+  Py_SET_REFCNT(reinterpret_cast<PyObject*>(&t), 1);
+  t.tp_name = name;
+  t.tp_doc = doc;
+  t.tp_basicsize = size;
+  t.tp_flags = flags;
+  return t;
+}
+
+constexpr unsigned long kCallFlags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC;
+
+PyTypeObject call_state_type = [] {
+  PyTypeObject t = static_type("argrpc._core.CallState",
+                               "The fields and the end every argrpc.aio fast-path call has.",
+                               sizeof(CallState), kCallFlags);
+  t.tp_new = call_new;
+  t.tp_dealloc = call_dealloc;
+  t.tp_traverse = call_traverse;
+  t.tp_clear = call_clear;
+  t.tp_finalize = call_finalize;
+  t.tp_methods = call_methods;
+  t.tp_members = call_members;
+  return t;
+}();
+
+// ---------------------------------------------------------------- the await
+
+enum class Step { kReturn, kNext, kError };
+
+// The engine's answer for the call: its outcome tuple, a list of other calls' tokens, or
+// None (wait). `own`: see answer_or_poll.
+PyObject* ask(CallState* self, uint64_t own) {
+  PyObject* bridge = self->bridge;
+  PyObject* notifier = PyObject_GetAttr(bridge, names.notifier);
+  PyObject* engine = notifier ? PyObject_GetAttr(bridge, names.engine) : nullptr;
+  PyObject* ready = engine ? PyObject_GetAttr(bridge, names.ready) : nullptr;
+  PyObject* out = nullptr;
+  if (ready != nullptr) {
+    try {
+      out = answer_or_poll(py::cast<PyClientCall&>(py::handle(self->core)),
+                           py::cast<PyNotifier&>(py::handle(notifier)),
+                           py::cast<PyEngine&>(py::handle(engine)), py::handle(ready), own)
+                .release()
+                .ptr();
+    } catch (py::error_already_set& e) {
+      e.restore();
+    } catch (const std::exception& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+  }
+  Py_XDECREF(notifier);
+  Py_XDECREF(engine);
+  Py_XDECREF(ready);
+  return out;
+}
+
+// The end of the await with the call's outcome (code, details, initial metadata,
+// trailing metadata, response or None). Consumes `outcome`.
+Step settle(CallState* self, PyObject* outcome, PyObject** result) {
+  PyObject* me = reinterpret_cast<PyObject*>(self);
+  const long code = PyLong_AsLong(PyTuple_GET_ITEM(outcome, 0));
+  if (code == -1 && PyErr_Occurred()) {
+    Py_DECREF(outcome);
+    return Step::kError;
+  }
+  if (code != 0 || self->locally_cancelled || !is_none(self->send_error) ||
+      self->max_response >= 0) {
+    *result = PyObject_CallMethodOneArg(me, names.settle, outcome);
+    Py_DECREF(outcome);
+    return *result ? Step::kReturn : Step::kError;
+  }
+  if (!self->ended && on_end(self) < 0) {
+    Py_DECREF(outcome);
+    return Step::kError;
+  }
+  PyObject* response = PyTuple_GET_ITEM(outcome, 4);
+  PyObject* value;
+  if (response == Py_None || is_none(self->deserializer)) {
+    value = Py_NewRef(response);
+  } else {
+    value = PyObject_CallOneArg(self->deserializer, response);
+    // As grpc.aio: a deserializer that raises is logged, and the application gets None.
+    if (value == nullptr && PyErr_ExceptionMatches(PyExc_Exception)) {
+      PyObject *type, *exc, *tb;
+      PyErr_Fetch(&type, &exc, &tb);
+      PyErr_NormalizeException(&type, &exc, &tb);
+      if (tb != nullptr) PyException_SetTraceback(exc, tb);
+      PyObject* r = PyObject_CallMethodOneArg(me, names.deserialize_error, exc);
+      Py_XDECREF(type);
+      Py_XDECREF(exc);
+      Py_XDECREF(tb);
+      if (r == nullptr) {
+        Py_DECREF(outcome);
+        return Step::kError;
+      }
+      Py_DECREF(r);
+      value = Py_NewRef(Py_None);
+    }
+  }
+  Py_DECREF(outcome);
+  if (value == nullptr) return Step::kError;
+  Py_XSETREF(self->result, Py_NewRef(value));
+  self->have_result = 1;
+  *result = value;
+  return Step::kReturn;
+}
+
+Step unary_step(PyObject* o, PyObject** result) {
+  auto* self = reinterpret_cast<CallState*>(o);
+  *result = nullptr;
+  if (self->have_result) {
+    *result = Py_NewRef(self->result ? self->result : Py_None);
+    return Step::kReturn;
+  }
+  for (;;) {
+    // Only the awaiting task waits: the call's own post would only end it, which the
+    // outcome does here.
+    const uint64_t own = is_none(self->waiters) ? self->token : 0;
+    PyObject* outcome = ask(self, own);
+    if (outcome == nullptr) return Step::kError;
+    if (outcome == Py_None) {
+      Py_DECREF(outcome);
+      PyObject* fut = PyObject_CallMethodNoArgs(o, names.future);
+      if (fut == nullptr) return Step::kError;
+      // What a future's own __await__ sets before it yields itself to the task.
+      if (PyObject_SetAttr(fut, names.blocking, Py_True) < 0) {
+        Py_DECREF(fut);
+        return Step::kError;
+      }
+      *result = fut;
+      return Step::kNext;
+    }
+    if (PyList_CheckExact(outcome)) {  // other calls' changes, seen by the poll
+      PyObject* r = PyObject_CallMethodOneArg(self->bridge, names.run, outcome);
+      Py_DECREF(outcome);
+      if (r == nullptr) return Step::kError;
+      Py_DECREF(r);
+      continue;
+    }
+    if (!PyTuple_CheckExact(outcome) || PyTuple_GET_SIZE(outcome) != 5) {
+      Py_DECREF(outcome);
+      PyErr_SetString(PyExc_SystemError, "argrpc: a unary call's outcome is malformed");
+      return Step::kError;
+    }
+    return settle(self, outcome, result);
+  }
+}
+
+// The await's iterator: the call's own, not the call, which is awaitable but not
+// iterable (as grpc.aio's). Holds only the call, so it needs no part in the collector.
+struct Awaiter {
+  PyObject_HEAD
+  PyObject* call;
+};
+
+void awaiter_dealloc(PyObject* o) {
+  Py_XDECREF(reinterpret_cast<Awaiter*>(o)->call);
+  Py_TYPE(o)->tp_free(o);
+}
+
+PyObject* call_of(PyObject* o) { return reinterpret_cast<Awaiter*>(o)->call; }
+
+#if PY_VERSION_HEX >= 0x030A0000
+PySendResult awaiter_send(PyObject* o, PyObject*, PyObject** result) {
+  switch (unary_step(call_of(o), result)) {
+    case Step::kReturn: return PYGEN_RETURN;
+    case Step::kNext: return PYGEN_NEXT;
+    case Step::kError: break;
+  }
+  return PYGEN_ERROR;
+}
+#endif
+
+// For whoever drives the await without am_send (a tracer, Python before 3.10).
+PyObject* awaiter_next(PyObject* o) {
+  PyObject* result;
+  switch (unary_step(call_of(o), &result)) {
+    case Step::kNext: return result;
+    case Step::kError: return nullptr;
+    case Step::kReturn: break;
+  }
+  if (result != Py_None) {
+    PyObject* stop = PyObject_CallOneArg(PyExc_StopIteration, result);
+    if (stop != nullptr) {
+      PyErr_SetObject(PyExc_StopIteration, stop);
+      Py_DECREF(stop);
+    }
+  }
+  Py_DECREF(result);
+  return nullptr;  // with no exception set: StopIteration(None)
+}
+
+// What the awaiting coroutine is thrown (its task's cancellation) comes here while it
+// waits on the call's future: a cancelled await cancels the call, as grpc.aio's does;
+// the exception goes on either way.
+PyObject* awaiter_throw(PyObject* o, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 1 || nargs > 3) {
+    PyErr_SetString(PyExc_TypeError, "throw expected 1 to 3 arguments");
+    return nullptr;
+  }
+  PyObject* call = call_of(o);
+  PyObject* typ = args[0];
+  PyObject* val = nargs > 1 ? args[1] : nullptr;
+  PyObject* tb = nargs > 2 && args[2] != Py_None ? args[2] : nullptr;
+  const int cancelled = PyExceptionInstance_Check(typ)
+                            ? PyObject_IsInstance(typ, names.cancelled_error)
+                            : (PyType_Check(typ) ? PyObject_IsSubclass(typ, names.cancelled_error)
+                                                 : 0);
+  if (cancelled < 0) return nullptr;
+  if (cancelled) {
+    PyObject* done = PyObject_CallMethodNoArgs(call, names.done);
+    if (done == nullptr) return nullptr;
+    const int is_done = PyObject_IsTrue(done);
+    Py_DECREF(done);
+    if (is_done < 0) return nullptr;
+    if (!is_done) {
+      PyObject* r = PyObject_CallMethodNoArgs(call, names.cancel);
+      if (r == nullptr) return nullptr;
+      Py_DECREF(r);
+    }
+  }
+  if (PyExceptionInstance_Check(typ)) {
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(typ)), typ);
+  } else if (PyExceptionClass_Check(typ)) {
+    PyErr_SetObject(typ, val ? val : Py_None);
+  } else {
+    PyErr_SetString(PyExc_TypeError, "exceptions must derive from BaseException");
+    return nullptr;
+  }
+  if (tb != nullptr) {
+    PyObject *t, *v, *old_tb;
+    PyErr_Fetch(&t, &v, &old_tb);
+    PyErr_NormalizeException(&t, &v, &old_tb);
+    Py_XDECREF(old_tb);
+    PyErr_Restore(t, v, Py_NewRef(tb));
+  }
+  return nullptr;
+}
+
+PyMethodDef awaiter_methods[] = {
+    {"throw", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(awaiter_throw)),
+     METH_FASTCALL, "What the awaiting coroutine is thrown while it waits on the call."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyAsyncMethods awaiter_async = [] {
+  PyAsyncMethods a{};
+#if PY_VERSION_HEX >= 0x030A0000
+  a.am_send = awaiter_send;
+#endif
+  return a;
+}();
+
+PyTypeObject awaiter_type = [] {
+  PyTypeObject t = static_type("argrpc._core.UnaryAwait", "The iterator of a unary call's await.",
+                               sizeof(Awaiter), Py_TPFLAGS_DEFAULT);
+  t.tp_dealloc = awaiter_dealloc;
+  t.tp_as_async = &awaiter_async;
+  t.tp_iter = PyObject_SelfIter;
+  t.tp_iternext = awaiter_next;
+  t.tp_methods = awaiter_methods;
+  return t;
+}();
+
+PyObject* unary_await(PyObject* o) {
+  auto* a = PyObject_New(Awaiter, &awaiter_type);
+  if (a == nullptr) return nullptr;
+  a->call = Py_NewRef(o);
+  return reinterpret_cast<PyObject*>(a);
+}
+
+PyAsyncMethods unary_async = [] {
+  PyAsyncMethods a{};
+  a.am_await = unary_await;
+  return a;
+}();
+
+PyTypeObject unary_state_type = [] {
+  PyTypeObject t = static_type("argrpc._core.UnaryCallState",
+                               "CallState awaited for its one response.", sizeof(CallState),
+                               kCallFlags);
+  t.tp_base = &call_state_type;
+  t.tp_traverse = call_traverse;
+  t.tp_clear = call_clear;
+  t.tp_as_async = &unary_async;
+  return t;
+}();
+
+}  // namespace
+
+void add_aio_call(py::module_& m) {
+  struct {
+    PyObject** slot;
+    const char* text;
+  } const interned[] = {
+      {&names.finished, "finished"},     {&names.inflight, "inflight"},
+      {&names.closing, "closing"},       {&names.call_ended, "call_ended"},
+      {&names.run_callback, "_run_callback"}, {&names.future, "_future"},
+      {&names.blocking, "_asyncio_future_blocking"}, {&names.run, "run"},
+      {&names.notifier, "notifier"},     {&names.engine, "engine"},
+      {&names.ready, "ready"},           {&names.settle, "_settle"},
+      {&names.collected, "_collected"},  {&names.deserialize_error, "_deserialize_error"},
+      {&names.done, "done"},             {&names.cancel, "cancel"},
+  };
+  for (const auto& n : interned) {
+    *n.slot = PyUnicode_InternFromString(n.text);
+    if (*n.slot == nullptr) throw py::error_already_set();
+  }
+  names.cancelled_error =
+      py::object(py::module_::import("asyncio").attr("CancelledError")).release().ptr();
+  if (PyType_Ready(&call_state_type) < 0 || PyType_Ready(&unary_state_type) < 0 ||
+      PyType_Ready(&awaiter_type) < 0)
+    throw py::error_already_set();
+  m.add_object("CallState", py::handle(reinterpret_cast<PyObject*>(&call_state_type)));
+  m.add_object("UnaryCallState", py::handle(reinterpret_cast<PyObject*>(&unary_state_type)));
+}
+
+}  // namespace bindings
+}  // namespace argrpc
