@@ -36,8 +36,7 @@ class ServerSide(Protocol):
     _max_send: int
     _thread_pool: Optional[Executor]
     _interceptors: tuple[Any, ...]
-
-    def _is_stopped(self) -> bool: ...
+    stopped: bool  # stop() is over
 
     def _find_handler_now(self, state: "RpcState") -> Optional[grpc.RpcMethodHandler[Any, Any]]: ...
 
@@ -179,7 +178,8 @@ class RpcState:
         self.loop = loop
         self.task: Optional[asyncio.Task[Any]] = None
         self.token = 0
-        self._waiters: list[asyncio.Future[Any]] = []
+        # Empty tuples until something waits or a callback comes (most calls: never).
+        self._waiters: list[asyncio.Future[Any]] | tuple[()] = ()
         # The call ended without our status (peer cancel, deadline, lost connection,
         # stop()): its task was cancelled and nothing more is sent.
         self.client_closed = False
@@ -192,7 +192,7 @@ class RpcState:
         self.trailing_metadata: tuple[Any, ...] = ()
         self.compression_algorithm: Any = None
         self.disable_next_compression = False
-        self.callbacks: list[Callable[[], None]] = []
+        self.callbacks: list[Callable[[], None]] | tuple[()] = ()
         self._invocation_metadata: Optional[tuple[Any, ...]] = None
 
     def release(self) -> None:
@@ -212,7 +212,7 @@ class RpcState:
     def wake_all(self) -> None:
         waiters = self._waiters
         if waiters:
-            self._waiters = []
+            self._waiters = ()
             for future in waiters:
                 if not future.done():
                     future.set_result(None)
@@ -226,7 +226,11 @@ class RpcState:
 
     async def wait_change(self, timeout: Optional[float] = None) -> None:
         future = self.loop.create_future()
-        self._waiters.append(future)
+        waiters = self._waiters
+        if isinstance(waiters, list):
+            waiters.append(future)
+        else:
+            self._waiters = [future]
         if timeout is None:
             await future
             return
@@ -328,7 +332,7 @@ class RpcState:
             raise self.abort_exception
         if self.status_sent:
             raise aio.UsageError(_status.RPC_FINISHED)
-        if self.server._is_stopped():
+        if self.server.stopped:
             raise ServerStoppedError(_status.SERVER_STOPPED)
 
     def invocation_metadata(self) -> tuple[Any, ...]:
@@ -339,7 +343,7 @@ class RpcState:
         return md
 
     def run_callbacks(self) -> None:
-        callbacks, self.callbacks = self.callbacks, []
+        callbacks, self.callbacks = self.callbacks, ()
         try:
             for callback in callbacks:
                 callback()
@@ -453,7 +457,11 @@ class ServicerContext(FastPathPeer, aio.ServicerContext[Any, Any]):
         return None if remaining is None else max(remaining, 0.0)
 
     def add_done_callback(self, callback: Callable[["ServicerContext"], None]) -> None:
-        self._state.callbacks.append(functools.partial(callback, self))
+        state, done = self._state, functools.partial(callback, self)
+        if isinstance(state.callbacks, list):
+            state.callbacks.append(done)
+        else:
+            state.callbacks = [done]
 
     def done(self) -> bool:
         return self._state.status_sent

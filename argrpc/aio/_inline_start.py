@@ -9,19 +9,17 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import types
-from typing import Any, Coroutine, Generator, Optional, cast
+from typing import Any, Coroutine, Generator, cast
 
-__all__ = ["start"]
+__all__ = ["carry_on"]
 
 
-def start(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any],
-          context: contextvars.Context) -> Optional[asyncio.Task[Any]]:
-    """Runs `coro` up to its first wait in `context`; None if it finished (its exceptions
-    propagate, as its own), else the task that carries on from there."""
-    try:
-        yielded = context.run(coro.send, None)
-    except StopIteration:
-        return None
+def carry_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], yielded: Any,
+             context: contextvars.Context) -> asyncio.Task[Any]:
+    """The task that carries `coro` on from its first wait, where it yielded `yielded`.
+    The caller took that first step itself, in `context`: `context.run(coro.send,
+    None)`, whose StopIteration means the coroutine finished without waiting (its
+    other exceptions propagate, as its own)."""
     task = loop.create_task(_resume(coro, yielded), context=context)
     task.add_done_callback(lambda _t: _cancel_unstarted(coro, context))
     return task

@@ -143,6 +143,7 @@ class Server(aio.Server):
         self._thread_pool = thread_pool
         self._interceptors = interceptors
         self._stage = _serving.Stage.NEW
+        self.stopped = False  # read by every call's end: a plain attribute
         # In-flight fast-path calls by ServerCall.key.
         self._calls: dict[int, RpcState] = {}
         # The registered unary-unary `async def` methods served from a plan (no
@@ -310,6 +311,7 @@ class Server(aio.Server):
                 await self._grpc.wait_for_termination()
             finally:
                 self._stage = _serving.Stage.STOPPED
+                self.stopped = True
                 assert self._terminated is not None
                 self._terminated.set()
 
@@ -337,9 +339,6 @@ class Server(aio.Server):
         await self._terminated.wait()
         if self._stoppers_gone is not None:
             await self._stoppers_gone.wait()  # they return in the turns that follow
-
-    def _is_stopped(self) -> bool:
-        return self._stage is _serving.Stage.STOPPED
 
     def __del__(self) -> None:
         # grpc.aio schedules a stop of a server collected while running; the engine's
@@ -377,13 +376,17 @@ class Server(aio.Server):
         assert loop is not None and b is not None
         state = RpcState(sc, method, key, self, loop)
         plan = None if refused else self._plans.get(method)
-        # Run right here, in this loop callback; the call is watched (and counted in
-        # flight) only if its handler waits: one answered at once never needs either.
-        task = _inline_start.start(loop, serve(self, state, refused, plan),
-                                   self._context.copy())
-        if task is None:  # answered without waiting
+        # Run right here, in this loop callback (_inline_start, its first step in this
+        # frame); the call is watched (and counted in flight) only if its handler
+        # waits: one answered at once never needs either.
+        coro = serve(self, state, refused, plan)
+        context = self._context.copy()
+        try:
+            yielded = context.run(coro.send, None)
+        except StopIteration:  # answered without waiting
             self._end_answered(state)
             return
+        task = _inline_start.carry_on(loop, coro, yielded, context)
         state.task = task
         state.token = b.register(state.on_change)
         self._calls[state.key] = state
@@ -416,7 +419,8 @@ class Server(aio.Server):
         place in _calls."""
         if not state.status_sent and not state.client_closed and state.sc.is_active():
             state.sc.cancel()  # as _end_call
-        state.wake_all()  # a task of the handler's own may wait on the call
+        if state._waiters:
+            state.wake_all()  # a task of the handler's own may wait on the call
         if state.callbacks:
             state.run_callbacks()
         # With no task, there is no traceback cycle that could keep its state: if
