@@ -114,7 +114,11 @@ class LoopBridge:
         tokens = self.notifier.poll(self.engine, _FOREVER_US if limit_s is None
                                     else int(limit_s * 1e6))
         if tokens:
-            self.run(tokens)
+            callbacks = self._callbacks  # run(tokens), in this frame: a server's every call
+            for token in tokens:
+                callback = callbacks.get(token)
+                if callback is not None:
+                    callback()
             return True
         return False
 

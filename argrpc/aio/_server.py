@@ -38,22 +38,16 @@ __all__ = ["Server", "server"]
 _LOGGER = logging.getLogger(__name__)
 
 
-def _refs_of_a_local_passed_on() -> int:
-    """What sys.getrefcount says of an object that only a caller's local and the
-    callee's argument refer to (3 on CPython 3.11: those two and getrefcount's own),
-    measured rather than assumed: interpreters differ in what a local costs."""
-    def callee(obj: object, _flag: bool) -> int:
-        return sys.getrefcount(obj)
-
-    def caller() -> int:
-        obj = object()
-        return callee(obj, True)
-
-    return caller()
+def _refs_of_a_local() -> int:
+    """What sys.getrefcount says of an object that only a local refers to (2 on CPython
+    3.11: the local and getrefcount's argument), measured rather than assumed:
+    interpreters differ in what a local costs."""
+    obj = object()
+    return sys.getrefcount(obj)
 
 
-# References to a call's state while _end_answered runs, when nothing else holds it.
-_ONLY_OURS = _refs_of_a_local_passed_on()
+# References to a call's state answered at once, in _start_call, when nothing else holds it.
+_ONLY_OURS = _refs_of_a_local()
 
 
 # --- the gRPC port ----------------------------------------------------------------------
@@ -239,9 +233,24 @@ class Server(aio.Server):
             ref = weakref.ref(self)
 
             def on_events() -> None:
+                # The engine server's watch fired: take every waiting call, then every
+                # event. (The work here rather than in a method: a frame less a call.)
                 srv = ref()
-                if srv is not None:
-                    srv._on_events()
+                if srv is None:
+                    return
+                calls, changes = srv._core.take_events()
+                sc: Any = None
+                for sc, method, key in calls:
+                    srv._start_call(sc, method, key, False)
+                for kind, sc in changes:
+                    if kind == "cancelled":
+                        state = srv._calls.get(sc.key)
+                        if state is not None:
+                            state.on_change()
+                    else:  # over_limit
+                        srv._start_call(sc, sc.method, sc.key, True)
+                # The last handle must not outlive this pass (it holds its connection).
+                del calls, changes, sc
 
             self._token = b.register(on_events)
             b.started()  # a server taking calls: the loop polls the engine before sleeping
@@ -354,22 +363,6 @@ class Server(aio.Server):
                 pass
 
     # --- fast-path calls ----------------------------------------------------------------
-    def _on_events(self) -> None:
-        """The engine server's watch fired: take every waiting call, then every event."""
-        calls, changes = self._core.take_events()
-        sc: Any = None
-        for sc, method, key in calls:
-            self._start_call(sc, method, key, False)
-        for kind, sc in changes:
-            if kind == "cancelled":
-                state = self._calls.get(sc.key)
-                if state is not None:
-                    state.on_change()
-            else:  # over_limit
-                self._start_call(sc, sc.method, sc.key, True)
-        # The last handle must not outlive this pass (it holds its connection).
-        del calls, changes, sc
-
     def _start_call(self, sc: Any, method: str, key: int, refused: bool) -> None:
         loop = self._loop
         b = self._bridge
@@ -383,8 +376,22 @@ class Server(aio.Server):
         context = self._context.copy()
         try:
             yielded = context.run(coro.send, None)
-        except StopIteration:  # answered without waiting
-            self._end_answered(state)
+        except StopIteration:  # answered without waiting: _end_call's steps that apply
+            # (it has no task, token or place in _calls)
+            if not state.status_sent and not state.client_closed and sc.is_active():
+                sc.cancel()  # as _end_call
+            if state._waiters:
+                state.wake_all()  # a task of the handler's own may wait on the call
+            if state.callbacks:
+                state.run_callbacks()
+            # With no task, there is no traceback cycle that could keep its state: if
+            # nothing but this frame refers to it (the handler kept no context), it
+            # goes, engine handle and all, when this returns, and the release (five
+            # engine reads) is not needed.
+            if sys.getrefcount(state) > _ONLY_OURS:
+                state.release()
+            if self._stage is _serving.Stage.STOPPING and self._changed is not None:
+                self._changed.set()
             return
         task = _inline_start.carry_on(loop, coro, yielded, context)
         state.task = task
@@ -411,24 +418,6 @@ class Server(aio.Server):
         if state.callbacks:
             state.run_callbacks()
         state.release()
-        if self._stage is _serving.Stage.STOPPING and self._changed is not None:
-            self._changed.set()
-
-    def _end_answered(self, state: RpcState) -> None:
-        """_end_call for a call answered without waiting: it had no task, token or
-        place in _calls."""
-        if not state.status_sent and not state.client_closed and state.sc.is_active():
-            state.sc.cancel()  # as _end_call
-        if state._waiters:
-            state.wake_all()  # a task of the handler's own may wait on the call
-        if state.callbacks:
-            state.run_callbacks()
-        # With no task, there is no traceback cycle that could keep its state: if
-        # nothing but this method and its caller refer to it (the handler kept no
-        # context), it goes, engine handle and all, when they return, and the release
-        # (five engine reads) is not needed.
-        if sys.getrefcount(state) > _ONLY_OURS:
-            state.release()
         if self._stage is _serving.Stage.STOPPING and self._changed is not None:
             self._changed.set()
 
