@@ -134,7 +134,16 @@ void call_dealloc(PyObject* o) {
 
 // _on_end: the call ended. Its loop's bridge lets go of it (a unary call is held there
 // until it ends), its channel counts it out, and its done callbacks run.
+// Set up by the Python class's constructor; a bare CallState has none of it.
+bool set_up(CallState* self) {
+  if (self->bridge != nullptr && self->channel != nullptr && self->core != nullptr) return true;
+  PyErr_SetString(PyExc_RuntimeError,
+                  "argrpc: this call object was not made by an argrpc.aio channel");
+  return false;
+}
+
 int on_end(CallState* self) {
+  if (!set_up(self)) return -1;
   self->ended = 1;
   PyObject* token = PyLong_FromUnsignedLongLong(self->token);
   if (token == nullptr) return -1;
@@ -340,6 +349,7 @@ Step unary_step(PyObject* o, PyObject** result) {
     *result = Py_NewRef(self->result ? self->result : Py_None);
     return Step::kReturn;
   }
+  if (!set_up(self)) return Step::kError;
   for (;;) {
     // Only the awaiting task waits: the call's own post would only end it, which the
     // outcome does here.

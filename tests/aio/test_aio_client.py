@@ -366,6 +366,23 @@ def test_every_way_to_await_a_unary_call(pair: tuple[str, str],
     run_pair(pair, aio_servers, body)
 
 
+def test_a_call_object_not_made_by_a_channel_says_so() -> None:
+    """The engine's base types of the call classes, made bare, raise a clear error where
+    a channel's call would run, not crash the interpreter."""
+    from argrpc import _core
+
+    bare = _core.UnaryCallState()
+    assert bare.max_send == -1 and bare._waiters is None and not bare._ended
+    with pytest.raises(RuntimeError, match="not made by an argrpc.aio channel"):
+        bare._on_end()
+
+    async def awaited() -> None:
+        await _core.UnaryCallState()
+
+    with pytest.raises(RuntimeError, match="not made by an argrpc.aio channel"):
+        asyncio.run(awaited())
+
+
 def test_unary_stream_iterate_and_read(pair: tuple[str, str],
                                        aio_servers: AioServers) -> None:
     async def body(channel: Any, target: str) -> None:
