@@ -1,7 +1,7 @@
 // The C part of argrpc.aio's fast-path call objects (argrpc/aio/_call.py). A unary
-// call made and awaited from a coroutine costs its loop a few microseconds in all, so
-// the Python frames of its state, its end and its await were a fifth of an asyncio
-// round trip. Here: CallState, the fields every call has (C members, so a call needs no
+// call made and awaited from a coroutine costs its loop only a few engine operations,
+// so the Python frames of its state, its end and its await were a large part of an
+// asyncio round trip (docs/benchmarks.md). Here: CallState, the fields every call has (C members, so a call needs no
 // instance dict) and its end (_on_end); UnaryCallState, the await of a call with one
 // response, which asks the engine in one crossing and finishes an OK call without a
 // Python frame. The rare outcomes (an error status, a cancelled or refused call, a
