@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, NoReturn, Optional, Protocol, Sequenc
 import grpc
 from grpc import aio
 
-from .. import _grpc_log, _metadata, _status
+from .. import _grpc_log, _metadata, _serving, _status
 from .._context import FastPathPeer
 
 __all__ = ["ExecuteBatchError", "RpcState", "ServerSide", "ServerStoppedError", "ServicerContext",
@@ -36,7 +36,7 @@ class ServerSide(Protocol):
     _max_send: int
     _thread_pool: Optional[Executor]
     _interceptors: tuple[Any, ...]
-    stopped: bool  # stop() is over
+    _stage: _serving.Stage
 
     def _find_handler_now(self, state: "RpcState") -> Optional[grpc.RpcMethodHandler[Any, Any]]: ...
 
@@ -178,8 +178,7 @@ class RpcState:
         self.loop = loop
         self.task: Optional[asyncio.Task[Any]] = None
         self.token = 0
-        # Empty tuples until something waits or a callback comes (most calls: never).
-        self._waiters: list[asyncio.Future[Any]] | tuple[()] = ()
+        self._waiters: list[asyncio.Future[Any]] = []
         # The call ended without our status (peer cancel, deadline, lost connection,
         # stop()): its task was cancelled and nothing more is sent.
         self.client_closed = False
@@ -192,7 +191,7 @@ class RpcState:
         self.trailing_metadata: tuple[Any, ...] = ()
         self.compression_algorithm: Any = None
         self.disable_next_compression = False
-        self.callbacks: list[Callable[[], None]] | tuple[()] = ()
+        self.callbacks: list[Callable[[], None]] = []
         self._invocation_metadata: Optional[tuple[Any, ...]] = None
 
     def release(self) -> None:
@@ -212,7 +211,7 @@ class RpcState:
     def wake_all(self) -> None:
         waiters = self._waiters
         if waiters:
-            self._waiters = ()
+            self._waiters = []
             for future in waiters:
                 if not future.done():
                     future.set_result(None)
@@ -226,11 +225,7 @@ class RpcState:
 
     async def wait_change(self, timeout: Optional[float] = None) -> None:
         future = self.loop.create_future()
-        waiters = self._waiters
-        if isinstance(waiters, list):
-            waiters.append(future)
-        else:
-            self._waiters = [future]
+        self._waiters.append(future)
         if timeout is None:
             await future
             return
@@ -332,7 +327,7 @@ class RpcState:
             raise self.abort_exception
         if self.status_sent:
             raise aio.UsageError(_status.RPC_FINISHED)
-        if self.server.stopped:
+        if self.server._stage is _serving.Stage.STOPPED:
             raise ServerStoppedError(_status.SERVER_STOPPED)
 
     def invocation_metadata(self) -> tuple[Any, ...]:
@@ -343,7 +338,7 @@ class RpcState:
         return md
 
     def run_callbacks(self) -> None:
-        callbacks, self.callbacks = self.callbacks, ()
+        callbacks, self.callbacks = self.callbacks, []
         try:
             for callback in callbacks:
                 callback()
@@ -457,11 +452,7 @@ class ServicerContext(FastPathPeer, aio.ServicerContext[Any, Any]):
         return None if remaining is None else max(remaining, 0.0)
 
     def add_done_callback(self, callback: Callable[["ServicerContext"], None]) -> None:
-        state, done = self._state, functools.partial(callback, self)
-        if isinstance(state.callbacks, list):
-            state.callbacks.append(done)
-        else:
-            state.callbacks = [done]
+        self._state.callbacks.append(functools.partial(callback, self))
 
     def done(self) -> bool:
         return self._state.status_sent

@@ -137,7 +137,6 @@ class Server(aio.Server):
         self._thread_pool = thread_pool
         self._interceptors = interceptors
         self._stage = _serving.Stage.NEW
-        self.stopped = False  # read by every call's end: a plain attribute
         # In-flight fast-path calls by ServerCall.key.
         self._calls: dict[int, RpcState] = {}
         # The registered unary-unary `async def` methods served from a plan (no
@@ -320,7 +319,6 @@ class Server(aio.Server):
                 await self._grpc.wait_for_termination()
             finally:
                 self._stage = _serving.Stage.STOPPED
-                self.stopped = True
                 assert self._terminated is not None
                 self._terminated.set()
 

@@ -19,7 +19,7 @@ from typing import (Any, AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 import grpc
 from grpc import aio
 
-from .. import _grpc_log, _handlers, _status
+from .. import _grpc_log, _handlers, _serving, _status
 from .._handlers import UnaryPlan
 from ._context import (ExecuteBatchError, RpcState, ServerSide, ServerStoppedError, ServicerContext,
                        SyncServicerContext, deserialize, serialize)
@@ -146,8 +146,7 @@ def _end_unary(state: RpcState, response: Any, serializer: Optional[Callable[...
                ) -> Optional[Coroutine[Any, Any, None]]:
     """_unary_status's work, done at once when nothing need wait (the common end: no
     coroutine for it); else what is left to await."""
-    if state.abort_exception is not None or state.status_sent or state.server.stopped:
-        state.raise_for_termination()
+    state.raise_for_termination()
     code = state.status_code
     raw = None
     if code == _status.OK:
@@ -297,7 +296,8 @@ async def serve(server: ServerSide, state: RpcState, refused: bool = False,
     except Exception as exc:  # noqa: BLE001 - the application's: a status, as grpc.aio
         _LOGGER.exception("Unexpected [%s] raised by servicer method [%s]",
                           type(exc).__name__, method)
-        if not state.status_sent and not state.client_closed and not server.stopped:
+        if not state.status_sent and not state.client_closed and \
+                server._stage is not _serving.Stage.STOPPED:
             # A code the handler set wins over UNKNOWN.
             code = _status.UNKNOWN if state.status_code == _status.OK else state.status_code
             state.status_sent = True
