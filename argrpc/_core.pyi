@@ -157,6 +157,32 @@ class UnaryCallState(CallState):
     """A CallState awaited for its one response."""
     def __await__(self) -> Generator[Any, None, Any]: ...
 
+@disjoint_base
+class ServerCallState:
+    """The fields of one fast-path call on an argrpc.aio server's loop (RpcState,
+    argrpc/aio/_context.py), set to their defaults when it is made."""
+    sc: Any
+    method: Any
+    key: Any
+    server: Any
+    loop: Any
+    task: Any
+    token: int
+    _waiters: Any
+    client_closed: bool
+    abort_exception: Any
+    metadata_sent: bool
+    status_sent: bool
+    status_code: Any
+    py_status_code: Any
+    status_details: Any
+    trailing_metadata: Any
+    compression_algorithm: Any
+    disable_next_compression: bool
+    callbacks: Any
+    _invocation_metadata: Any
+    def __init__(self, sc: Any, method: Any, key: Any, server: Any, loop: Any, /) -> None: ...
+
 class Connection:
     @property
     def transport(self) -> str: ...

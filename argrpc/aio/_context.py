@@ -159,40 +159,48 @@ class _EndedCall:
         return False
 
 
-class RpcState:
-    """One fast-path call on the server's loop: grpc.aio's RPCState plus the engine I/O."""
+try:
+    from .._core import ServerCallState
+except ImportError:  # no engine: no fast-path calls, and so no RpcState is ever made
+    class ServerCallState:  # type: ignore[no-redef]
+        pass
 
-    __slots__ = (
-        "sc", "method", "server", "loop", "task", "token", "key", "_waiters",
-        "client_closed", "abort_exception", "metadata_sent", "status_sent", "status_code",
-        "py_status_code", "status_details", "trailing_metadata", "compression_algorithm",
-        "disable_next_compression", "callbacks", "_invocation_metadata",
-    )
 
-    def __init__(self, sc: Any, method: str, key: int, server: "ServerSide",
-                 loop: asyncio.AbstractEventLoop) -> None:
-        self.sc = sc
-        self.method = method
-        self.key = key  # the call's identity across its handles (sc.key)
-        self.server = server
-        self.loop = loop
-        self.task: Optional[asyncio.Task[Any]] = None
-        self.token = 0
-        self._waiters: list[asyncio.Future[Any]] = []
-        # The call ended without our status (peer cancel, deadline, lost connection,
-        # stop()): its task was cancelled and nothing more is sent.
-        self.client_closed = False
-        self.abort_exception: Optional[BaseException] = None
-        self.metadata_sent = False
-        self.status_sent = False
-        self.status_code = _status.OK
-        self.py_status_code: Any = None
-        self.status_details = ""
-        self.trailing_metadata: tuple[Any, ...] = ()
-        self.compression_algorithm: Any = None
-        self.disable_next_compression = False
-        self.callbacks: list[Callable[[], None]] = []
-        self._invocation_metadata: Optional[tuple[Any, ...]] = None
+class RpcState(ServerCallState):
+    """One fast-path call on the server's loop: grpc.aio's RPCState plus the engine I/O.
+
+    Its fields are ServerCallState's, in the engine's module (C members: no instance
+    dict, and no Python frame to set them up): `sc`, `method`, `key` (the call's
+    identity across its handles, sc.key), `server` and `loop` as given; `task` None,
+    `token` 0, `_waiters` and `callbacks` empty lists, `client_closed` (the call ended
+    without our status: peer cancel, deadline, lost connection, stop(); its task was
+    cancelled and nothing more is sent), `metadata_sent`, `status_sent` and
+    `disable_next_compression` False, `status_code` OK, `status_details` "",
+    `trailing_metadata` (), and None for `abort_exception`, `py_status_code`,
+    `compression_algorithm` and `_invocation_metadata`."""
+
+    __slots__ = ()
+
+    sc: Any
+    method: str
+    key: int
+    server: "ServerSide"
+    loop: asyncio.AbstractEventLoop
+    task: Optional[asyncio.Task[Any]]
+    token: int
+    _waiters: list[asyncio.Future[Any]]
+    client_closed: bool
+    abort_exception: Optional[BaseException]
+    metadata_sent: bool
+    status_sent: bool
+    status_code: int
+    py_status_code: Any
+    status_details: str
+    trailing_metadata: tuple[Any, ...]
+    compression_algorithm: Any
+    disable_next_compression: bool
+    callbacks: list[Callable[[], None]]
+    _invocation_metadata: Optional[tuple[Any, ...]]
 
     def release(self) -> None:
         """The call's task is done: let go of the engine's handle (see _EndedCall)."""

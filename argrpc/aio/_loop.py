@@ -202,14 +202,23 @@ class _PollingSelector(selectors.BaseSelector):
                     ready = owner.ready
                     now = time.monotonic()
                     until = None if timeout is None else now + timeout
-                    while not ready and now - self._looked_at < _LOOK_S and \
-                            (until is None or now < until) and \
-                            owner.poll(None if until is None else until - now):
+                    while True:
+                        while not ready and now - self._looked_at < _LOOK_S and \
+                                (until is None or now < until) and \
+                                owner.poll(None if until is None else until - now):
+                            now = time.monotonic()
+                        if now - self._looked_at < _LOOK_S:
+                            return []
+                        self._looked_at = now
+                        events = self._inner.select(0)
+                        # A look that found nothing, with nothing ready and no timer
+                        # due: a round of the loop would only come back here, at the
+                        # cost of a round (its timers, its ready queue, this select).
+                        if events or ready or (until is not None and now >= until):
+                            return events
+                        if not owner.poll(None if until is None else until - now):
+                            return []
                         now = time.monotonic()
-                    if now - self._looked_at < _LOOK_S:
-                        return []
-                    self._looked_at = now
-                    return self._inner.select(0)
             elif owner.notifier.pending:
                 # Posted by this thread's own engine calls, which write no eventfd
                 # (Notifier::set_looker): drained here, before any sleep.

@@ -368,6 +368,8 @@ void add_aio(pybind11::module_& m, pybind11::class_<PyEngine>& engine,
              pybind11::class_<PyServerCall>& server_call);
 // aio_call.cc: CallState and UnaryCallState, the C part of argrpc.aio's call objects.
 void add_aio_call(pybind11::module_& m);
+// aio_server_state.cc: ServerCallState, the fields of argrpc.aio's server-side call state.
+void add_aio_server_state(pybind11::module_& m);
 
 }  // namespace bindings
 }  // namespace argrpc

@@ -1133,3 +1133,111 @@ def test_timers_sockets_and_tasks_run_while_answers_need_no_round(stack: str) ->
             assert seen["calls"] > 0, seen
 
     asyncio.run(asyncio.wait_for(scenario(), 90))
+
+
+_PING_PONG = """
+import sys, threading
+import argrpc
+target, name = sys.argv[1], sys.argv[2]
+done = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+with argrpc.insecure_channel(target) as ch:
+    call = ch.unary_unary(name)
+    for _ in range(2000):
+        call(b"x" * 64, timeout=10)
+    print("polling", flush=True)
+    n = 0
+    while not done.is_set():
+        call(b"x" * 64, timeout=10)
+        n += 1
+    print(ch.transport if n else "no calls", flush=True)
+"""
+
+_BUSY_SERVER = """
+import asyncio, json, subprocess, sys, threading
+import grpc
+from grpc import aio
+import argrpc.aio
+
+async def echo(request, context):
+    return request
+
+async def tcp_echo(reader, writer):
+    writer.write(await reader.readexactly(5))
+    await writer.drain()
+    writer.close()
+
+async def main():
+    loop = asyncio.get_running_loop()
+    server = argrpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "t.Busy", {"Echo": grpc.unary_unary_rpc_method_handler(echo)}),))
+    target = "127.0.0.1:%d" % server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    pinger = subprocess.Popen([sys.executable, "-c", PING_PONG, target, "/t.Busy/Echo"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    seen = []
+    try:
+        line = await loop.run_in_executor(None, pinger.stdout.readline)
+        seen.append(line.strip())  # "polling": 2000 calls made
+        for _ in range(5):  # timers
+            await asyncio.sleep(0.02)
+        seen.append("timers")
+        tcp = await asyncio.start_server(tcp_echo, "127.0.0.1", 0)  # a socket of its own
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", tcp.sockets[0].getsockname()[1])
+        writer.write(b"hello")
+        seen.append((await reader.readexactly(5)).decode())
+        writer.close()
+        tcp.close()
+        woke = asyncio.Event()  # a callback from another thread: the self-pipe
+        threading.Thread(target=loop.call_soon_threadsafe, args=(woke.set,)).start()
+        await woke.wait()
+        seen.append("woken")
+        async with aio.insecure_channel(target) as plain:  # the gRPC port
+            seen.append((await plain.unary_unary("/t.Busy/Echo")(b"grpc", timeout=10)).decode())
+    finally:
+        out, _ = await loop.run_in_executor(None, pinger.communicate, None, 10)
+        seen.append(out.strip().splitlines()[-1] if out.strip() else "")
+        await server.stop(None)
+    return seen
+
+try:
+    print("RESULT " + json.dumps({"seen": asyncio.run(asyncio.wait_for(main(), 60))}))
+except BaseException as exc:
+    print("RESULT " + json.dumps({"error": repr(exc)}))
+"""
+
+
+def test_the_loop_serves_its_other_work_while_fast_path_calls_keep_it_polling() -> None:
+    """A server answering a steady ping-pong (a client process) polls the engine instead
+    of going round its loop; its timers, sockets, threadsafe callbacks and gRPC port must
+    still be served. The engine's spin is long here, so that a pause in the ping-pong
+    (which ends a poll with nothing found) is not what lets the loop go round."""
+    result = script_result(f"PING_PONG = {_PING_PONG!r}\n" + _BUSY_SERVER,
+                           env={"TF_RDMA_SPIN_US": "20000"}, timeout=120)
+    assert result["seen"] == ["polling", "timers", "hello", "woken", "grpc", "shm"]
+
+
+def test_the_server_call_state_is_made_with_grpc_aio_defaults() -> None:
+    """The C fields of a server-side call state: the five given, the rest grpc.aio's
+    RPCState defaults; made any other way, a TypeError that says how."""
+    from argrpc import _core
+    from argrpc.aio._context import RpcState
+
+    a = RpcState("sc", "/s/m", 7, "server", "loop")
+    b = RpcState("sc", "/s/m", 8, "server", "loop")
+    assert (a.sc, a.method, a.key, a.server, a.loop) == ("sc", "/s/m", 7, "server", "loop")
+    assert (a.status_code, a.status_details, a.trailing_metadata) == (0, "", ())
+    assert not (a.client_closed or a.metadata_sent or a.status_sent or a.disable_next_compression)
+    assert (a.task, a.token, a.abort_exception, a.py_status_code) == (None, 0, None, None)
+    assert a._waiters == [] and a.callbacks == [] and a._waiters is not b._waiters
+    assert a.callbacks is not b.callbacks
+    a.callbacks.append(1)
+    assert b.callbacks == []
+    with pytest.raises(TypeError, match="five positional arguments"):
+        _core.ServerCallState("sc", "/s/m", 7, "server")
+    with pytest.raises(TypeError, match="five positional arguments"):
+        RpcState("sc", "/s/m", 7, "server", loop="loop")
+    with pytest.raises(AttributeError):
+        a.something_else = 1  # type: ignore[attr-defined]
