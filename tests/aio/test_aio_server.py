@@ -50,11 +50,16 @@ def method(name: str) -> str:
 
 @contextlib.asynccontextmanager
 async def serving(handlers: dict[str, grpc.RpcMethodHandler], stack: str = "argrpc",
-                  **kwargs: Any) -> AsyncIterator[tuple[Any, str]]:
-    """A started server of `stack` ("argrpc": argrpc.aio, "grpc": grpc.aio) on a free port."""
+                  registered: bool = False, **kwargs: Any) -> AsyncIterator[tuple[Any, str]]:
+    """A started server of `stack` ("argrpc": argrpc.aio, "grpc": grpc.aio) on a free port,
+    with `handlers` as a generic handler, or as registered method handlers (as generated
+    code adds them; argrpc.aio serves a registered unary `async def` method from a plan)."""
     factory = aio_server.server if stack == "argrpc" else aio.server
     srv = factory(**kwargs)
-    srv.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    if registered:
+        srv.add_registered_method_handlers(SERVICE, handlers)
+    else:
+        srv.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     port = srv.add_insecure_port("127.0.0.1:0")
     await srv.start()
     try:
@@ -345,12 +350,14 @@ PARITY_CALLS: list[tuple] = [
 ]
 
 
-def test_outcomes_match_grpc_aio() -> None:
+@pytest.mark.parametrize("registered", [False, True], ids=["generic", "registered"])
+def test_outcomes_match_grpc_aio(registered: bool) -> None:
     """Every arity, statuses, details, aborts, exceptions, metadata: an argrpc client over
-    shared memory and a grpc.aio client on the port see what grpc.aio's server gives."""
+    shared memory and a grpc.aio client on the port see what grpc.aio's server gives,
+    whether the handlers come as a generic handler or registered."""
 
     async def outcomes(stack: str) -> tuple[list, list, list, str, str]:
-        async with serving(PARITY_HANDLERS, stack) as (_, target):
+        async with serving(PARITY_HANDLERS, stack, registered) as (_, target):
             async with aio.insecure_channel(target) as ch:
                 via_port = [await aio_outcome(ch, *c) for c in PARITY_CALLS]
             # argrpc.aio's client on the server's own loop.
@@ -992,12 +999,23 @@ def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def test_a_kept_context_keeps_no_connection() -> None:
+@pytest.mark.parametrize("registered", [False, True], ids=["generic", "registered"])
+def test_a_kept_context_keeps_no_connection(registered: bool) -> None:
     """A handler may keep its context after the call (a log, a cache of recent calls).
     The call's engine handle must still go when the call ends, whether the handler
-    answered at once or waited first, so a client's connection (socket, rings,
-    segments) closes when the client goes, not when the kept context does."""
+    answered at once or waited first, aborted or raised, so a client's connection
+    (socket, rings, segments) closes when the client goes, not when the kept context
+    (or the exception its state keeps) does."""
     kept: list = []
+
+    async def keep_and_abort(request: bytes, context: aio.ServicerContext) -> bytes:
+        kept.append(context)
+        await context.abort(grpc.StatusCode.NOT_FOUND, "gone")
+        return request
+
+    async def keep_and_raise(request: bytes, context: aio.ServicerContext) -> bytes:
+        kept.append(context)
+        raise ValueError("kept")
 
     async def keep_now(request: bytes, context: aio.ServicerContext) -> bytes:
         kept.append(context)
@@ -1010,24 +1028,29 @@ def test_a_kept_context_keeps_no_connection() -> None:
 
     def client(target: str, name: str) -> str:
         with argrpc.insecure_channel(target) as ch:
-            assert ch.unary_unary(method(name))(b"x", timeout=10) == b"x"
+            try:
+                assert ch.unary_unary(method(name))(b"x", timeout=10) == b"x"
+            except grpc.RpcError as e:
+                assert e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNKNOWN), e
             return transport_of(ch)
 
     handlers = {"keep_now": grpc.unary_unary_rpc_method_handler(keep_now),
-                "keep_later": grpc.unary_unary_rpc_method_handler(keep_later)}
+                "keep_later": grpc.unary_unary_rpc_method_handler(keep_later),
+                "keep_and_abort": grpc.unary_unary_rpc_method_handler(keep_and_abort),
+                "keep_and_raise": grpc.unary_unary_rpc_method_handler(keep_and_raise)}
 
     async def body() -> None:
-        async with serving(handlers) as (_, target):
+        async with serving(handlers, registered=registered) as (_, target):
             assert await in_thread(client, target, "keep_now") == "shm"
             await asyncio.sleep(0.2)
             baseline = _open_fds()
-            for name in ("keep_now", "keep_later") * 2:
+            for name in ("keep_now", "keep_later", "keep_and_abort", "keep_and_raise") * 2:
                 assert await in_thread(client, target, name) == "shm"
             deadline = time.monotonic() + 10
             while _open_fds() > baseline and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             assert _open_fds() <= baseline, (baseline, _open_fds())
-            assert len(kept) == 5
+            assert len(kept) == 9
             assert all(not c.cancelled() for c in kept)
 
     run(body())
