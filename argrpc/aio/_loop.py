@@ -214,11 +214,9 @@ class _PollingSelector(selectors.BaseSelector):
                         # A look that found nothing, with nothing ready and no timer
                         # due: a round of the loop would only come back here, at the
                         # cost of a round (its timers, its ready queue, this select).
+                        # Poll on: a poll that finds nothing ends the stretch above.
                         if events or ready or (until is not None and now >= until):
                             return events
-                        if not owner.poll(None if until is None else until - now):
-                            return []
-                        now = time.monotonic()
             elif owner.notifier.pending:
                 # Posted by this thread's own engine calls, which write no eventfd
                 # (Notifier::set_looker): drained here, before any sleep.

@@ -232,18 +232,6 @@ PyMemberDef call_members[] = {
 };
 #undef OBJ_MEMBER
 
-// A static type's start: what PyType_Ready needs before the slots.
-PyTypeObject static_type(const char* name, const char* doc, Py_ssize_t size,
-                         unsigned long flags) {
-  PyTypeObject t{};
-  Py_SET_REFCNT(reinterpret_cast<PyObject*>(&t), 1);
-  t.tp_name = name;
-  t.tp_doc = doc;
-  t.tp_basicsize = size;
-  t.tp_flags = flags;
-  return t;
-}
-
 constexpr unsigned long kCallFlags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC;
 
 PyTypeObject call_state_type = [] {

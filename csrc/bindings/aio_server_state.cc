@@ -77,6 +77,11 @@ void server_state_dealloc(PyObject* o) {
 
 // Allocated with grpc.aio's RPCState defaults: status OK, no details, no trailing
 // metadata, empty waiter and callback lists (the lists are the call's own).
+void set_field(PyObject** field, PyObject* value) {
+  Py_INCREF(value);
+  Py_XSETREF(*field, value);
+}
+
 PyObject* server_state_new(PyTypeObject* type, PyObject*, PyObject*) {
   auto* self = reinterpret_cast<ServerCallState*>(type->tp_alloc(type, 0));
   if (self == nullptr) return nullptr;
@@ -86,18 +91,10 @@ PyObject* server_state_new(PyTypeObject* type, PyObject*, PyObject*) {
     Py_DECREF(self);
     return nullptr;
   }
-  Py_INCREF(zero_code);
-  self->status_code = zero_code;
-  Py_INCREF(no_details);
-  self->status_details = no_details;
-  Py_INCREF(no_metadata);
-  self->trailing_metadata = no_metadata;
+  set_field(&self->status_code, zero_code);
+  set_field(&self->status_details, no_details);
+  set_field(&self->trailing_metadata, no_metadata);
   return reinterpret_cast<PyObject*>(self);
-}
-
-void set_field(PyObject** field, PyObject* value) {
-  Py_INCREF(value);
-  Py_XSETREF(*field, value);
 }
 
 // ServerCallState(sc, method, key, server, loop): positional, as argrpc.aio makes it (an
@@ -150,12 +147,10 @@ PyMemberDef server_state_members[] = {
 #undef STATE_BOOL
 
 PyTypeObject server_state_type = [] {
-  PyTypeObject t{};
-  Py_SET_REFCNT(reinterpret_cast<PyObject*>(&t), 1);
-  t.tp_name = "argrpc._core.ServerCallState";
-  t.tp_doc = "The fields of one fast-path call on an argrpc.aio server's loop.";
-  t.tp_basicsize = sizeof(ServerCallState);
-  t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC;
+  PyTypeObject t = static_type("argrpc._core.ServerCallState",
+                               "The fields of one fast-path call on an argrpc.aio server's loop.",
+                               sizeof(ServerCallState),
+                               Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC);
   t.tp_new = server_state_new;
   t.tp_init = server_state_init;
   t.tp_dealloc = server_state_dealloc;

@@ -366,6 +366,18 @@ void add_aio(pybind11::module_& m, pybind11::class_<PyEngine>& engine,
              pybind11::class_<PyConnection>& connection,
              pybind11::class_<PyClientCall>& client_call, pybind11::class_<PyServer>& server,
              pybind11::class_<PyServerCall>& server_call);
+// A static type's start, for the units that define raw CPython types (aio_call.cc,
+// aio_server_state.cc): what PyType_Ready needs before the slots.
+inline PyTypeObject static_type(const char* name, const char* doc, Py_ssize_t size,
+                                unsigned long flags) {
+  PyTypeObject t{};
+  Py_SET_REFCNT(reinterpret_cast<PyObject*>(&t), 1);
+  t.tp_name = name;
+  t.tp_doc = doc;
+  t.tp_basicsize = size;
+  t.tp_flags = flags;
+  return t;
+}
 // aio_call.cc: CallState and UnaryCallState, the C part of argrpc.aio's call objects.
 void add_aio_call(pybind11::module_& m);
 // aio_server_state.cc: ServerCallState, the fields of argrpc.aio's server-side call state.
