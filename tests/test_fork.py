@@ -38,6 +38,20 @@ def _child(client: ShmClient, results: Any, new_channel_target: str) -> None:
     # A normal exit: finalizers (Channel.__del__ among them) run in the child.
 
 
+# gcc's AddressSanitizer runtime does not hold its allocator's lock across fork(): a child
+# forked while another thread of the parent allocates can block in malloc for good. Seen
+# under ASan in each test it skips: the threads a child starts for its own engine, each
+# blocked in the allocator's lock as it starts (the child's calls then end
+# DEADLINE_EXCEEDED); a child forked while the parent's engine threads pull a streaming
+# call's large messages, never reported; a child of a serving process stuck in
+# asan_malloc under _after_fork_in_child. The suite runs them without ASan.
+_NOT_UNDER_ASAN = pytest.mark.skipif(
+    "libasan" in os.environ.get("LD_PRELOAD", ""),
+    reason="ASan's allocator can deadlock a child forked while other threads allocate "
+    "(gcc's libasan holds no lock across fork)")
+
+
+@_NOT_UNDER_ASAN
 @pytest.mark.parametrize("children", [1, 3])
 def test_forked_children_and_parent_both_work(children: int, servers: Any,
                                               pb: SimpleNamespace) -> None:
@@ -90,17 +104,6 @@ def _child_iterates(stream: Any, results: Any) -> None:
         results.put(("no error", ""))
     except grpc.RpcError as e:
         results.put((e.code().name, e.details()))
-
-
-# gcc's AddressSanitizer runtime does not hold its allocator's lock across fork(): a child
-# forked while another thread of the parent allocates can block in its first malloc for
-# good (seen: a child of test_children_of_a_serving_process_exit_at_once stuck in
-# asan_malloc under _after_fork_in_child; a child of the test below, forked while the
-# parent's engine threads pull a streaming call's large messages, never reported).
-_NOT_UNDER_ASAN = pytest.mark.skipif(
-    "libasan" in os.environ.get("LD_PRELOAD", ""),
-    reason="ASan's allocator can deadlock a child forked while other threads allocate "
-    "(gcc's libasan holds no lock across fork)")
 
 
 @_NOT_UNDER_ASAN

@@ -18,6 +18,7 @@ threaded facade in this process (its engine is this process's, so the count is i
 from __future__ import annotations
 
 import contextlib
+import select
 import threading
 import time
 from concurrent import futures
@@ -232,6 +233,77 @@ def test_its_holder_counts_as_a_worker(rig: SimpleNamespace) -> None:
     assert call is not None
     answer(call)
     assert [r[0] for r in caller.join() + second.join()] == [OK, OK]
+
+
+@needs_test_hooks
+def test_a_loop_ending_its_lease_wakes_itself_for_what_came_meanwhile() -> None:
+    """An event loop's lease (Notifier::poll): the loop's thread took one when a call's
+    answer came while it polled, and the next answer, written during the lease, rang no
+    doorbell. The loop ends the lease on its way to sleep, which reads that answer and
+    posts it from the loop's own thread, past its last look at `pending`: the notifier's
+    eventfd must say so, or the loop sleeps on a call that has its answer until some
+    timer or other file descriptor wakes it."""
+    engine = core.Engine({"buf_size": 64 << 20, "spin_us": 100_000})  # the most allowed
+    # The served side has an engine of its own, as a peer process would: its workers'
+    # leases are not counted in the loop's engine.
+    server_engine = core.Engine({"buf_size": 64 << 20})
+    server = core.Server(server_engine, {})
+    client, served, _link = core._sim_pair(engine, server, {}, {"max_recv": -1},
+                                           server_engine)
+    notifier = core.Notifier()
+    notifier.look_before_sleeping()  # this thread is the loop's
+    answered = []
+    calls = []  # a client call let go of is cancelled
+
+    def answer_one() -> None:
+        call = server.accept(HANG_S)
+        assert call is not None
+        answer(call)
+        answered.append(call)
+
+    try:
+        seen = 0
+        for token in range(1, 41, 2):
+            # An answer that comes while the loop polls: the loop keeps a lease.
+            t = threading.Thread(target=answer_one)
+            t.start()
+            calls.append(client.start_unary_watched(ECHO, [], HANG_S, notifier, token, b"a"))
+            got: list[int] = []
+            end = time.monotonic() + HANG_S
+            while not got and time.monotonic() < end:
+                got = notifier.poll(engine, 100_000)
+            t.join(HANG_S)
+            assert got == [token]
+            if engine.polling_leases != 1:
+                continue  # it came between two polls: no lease this time
+            t = threading.Thread(target=answer_one)
+            t.start()
+            calls.append(client.start_unary_watched(ECHO, [], HANG_S, notifier, token + 1,
+                                                    b"b"))
+            t.join(HANG_S)
+            if notifier.pending:
+                notifier.drain()  # the progress thread read it first: no lost wake-up here
+                notifier.end_lease()
+                continue
+            notifier.end_lease()
+            assert engine.polling_leases == 0
+            assert notifier.pending, "ending the lease read the answer"
+            readable, _, _ = select.select([notifier.fd], [], [], 0)
+            assert readable, "posted on the loop's thread past its look, and the eventfd " \
+                "left silent"
+            assert notifier.drain() == [token + 1]
+            seen += 1
+            if seen == 3:
+                break
+        assert seen, "no answer came during a lease in twenty tries"
+        assert len(answered) >= 2 * seen
+    finally:
+        notifier.end_lease()
+        client.close()
+        served.close()
+        server.shutdown()
+        engine.shutdown()
+        server_engine.shutdown()
 
 
 @contextlib.contextmanager

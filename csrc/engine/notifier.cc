@@ -33,13 +33,16 @@ void Notifier::post(std::shared_ptr<Watch> w) {
   std::lock_guard<std::mutex> g(mu_);
   posted_.push_back(std::move(w));
   count_.store(posted_.size(), std::memory_order_release);
-  if (!signalled_ && !polling_ &&
-      looker_.load(std::memory_order_acquire) != std::this_thread::get_id()) {
-    signalled_ = true;
-    const uint64_t one = 1;
-    ssize_t r = ::write(efd_.get(), &one, sizeof one);
-    (void)r;  // EAGAIN only when the counter is full, and then it is readable anyway
-  }
+  if (!polling_ && looker_.load(std::memory_order_acquire) != std::this_thread::get_id())
+    signal_locked();
+}
+
+void Notifier::signal_locked() {
+  if (signalled_) return;
+  signalled_ = true;
+  const uint64_t one = 1;
+  ssize_t r = ::write(efd_.get(), &one, sizeof one);
+  (void)r;  // EAGAIN only when the counter is full, and then it is readable anyway
 }
 
 std::vector<uint64_t> Notifier::drain() {
@@ -98,7 +101,13 @@ void Notifier::end_lease() {
   if (!leased_.load(std::memory_order_acquire)) return;
   // A forked child's copy of the parent's engine is never touched (common/fork.h).
   if (lease_generation_ != fork_generation()) return;
-  if (leased_.exchange(false, std::memory_order_acq_rel)) lease_engine_->end_lease();
+  if (!leased_.exchange(false, std::memory_order_acq_rel)) return;
+  // Ending it reads what the peer wrote without a doorbell meanwhile (leave_polling), and
+  // posts it from this thread, which is the loop's on its way to sleep: past its look at
+  // pending(), so its own posts must write the eventfd here or wait for the next wake.
+  lease_engine_->end_lease();
+  std::lock_guard<std::mutex> g(mu_);
+  if (!posted_.empty() && !polling_) signal_locked();
 }
 
 void Notifier::expire_lease(Engine& engine, uint64_t now) {

@@ -58,7 +58,8 @@ class Notifier : public std::enable_shared_from_this<Notifier> {
   // sleeping, or runs a long callback) the progress thread ends (expire_lease).
   std::vector<uint64_t> poll(Engine& engine, int64_t limit_us);
   // Any thread; cheap without a lease (the bindings' notifier also ends one left when it
-  // goes).
+  // goes). What ending it posts writes the eventfd, from the looker's thread too: that
+  // thread ends the lease after its last look at pending(), just before it sleeps.
   void end_lease();
   bool leased() const { return leased_.load(std::memory_order_acquire); }
   // The progress thread of `engine`, which holds this lease, at `now_us`.
@@ -72,6 +73,7 @@ class Notifier : public std::enable_shared_from_this<Notifier> {
  private:
   friend class Watch;
   void post(std::shared_ptr<Watch> w);
+  void signal_locked();  // under mu_: the eventfd counts one, unless it already does
 
   UniqueFd efd_;
   std::mutex mu_;
