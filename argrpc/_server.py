@@ -294,7 +294,7 @@ class _Server(grpc.Server):
         self._pool = thread_pool
         self._interceptors = tuple(interceptors or ())
         self._lock = threading.RLock()
-        self._stage = _serving.Stage.NEW
+        self._stage = _serving.NEW
         self._pid = os.getpid()
         # In-flight fast-path calls, keyed by ServerCall.key; the dict length is the
         # active count (dict ops are atomic under the GIL: no lock on the hot path).
@@ -352,7 +352,7 @@ class _Server(grpc.Server):
                                        ) -> None:
         with self._lock:
             self._handlers.add_registered(service_name, method_handlers,
-                                          started=self._stage is not _serving.Stage.NEW)
+                                          started=self._stage is not _serving.NEW)
 
     # --- ports --------------------------------------------------------------------------
     def add_insecure_port(self, address: str) -> int:
@@ -364,9 +364,9 @@ class _Server(grpc.Server):
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         with self._lock:
-            if self._stage is not _serving.Stage.NEW:
+            if self._stage is not _serving.NEW:
                 raise ValueError("Cannot start already-started server!")
-            self._stage = _serving.Stage.STARTED
+            self._stage = _serving.STARTED
             if self._core is not None:
                 if not self._interceptors:
                     self._plans = {
@@ -390,7 +390,7 @@ class _Server(grpc.Server):
     def __del__(self) -> None:
         # grpc's server defines __del__ and code calls it to stop a server: start the
         # stop, without waiting (a finalizer must not block), as grpc does.
-        if getattr(self, "_stage", _serving.Stage.NEW) is _serving.Stage.STARTED and not self._inherited():
+        if getattr(self, "_stage", _serving.NEW) is _serving.STARTED and not self._inherited():
             try:
                 self.stop(0)
             except Exception:  # noqa: BLE001 - interpreter teardown: best effort
@@ -402,7 +402,7 @@ class _Server(grpc.Server):
             event.set()
             return event
         with self._lock:
-            if self._stage is _serving.Stage.STOPPED or self._stage is _serving.Stage.NEW:
+            if self._stage is _serving.STOPPED or self._stage is _serving.NEW:
                 # grpc: stopping a server that is not running is a no-op.
                 event.set()
                 return event
@@ -412,8 +412,8 @@ class _Server(grpc.Server):
             # A later stop() may shorten the grace, never lengthen it (as grpc).
             if self._stop_deadline is None or deadline < self._stop_deadline:
                 self._stop_deadline = deadline
-            first = self._stage is _serving.Stage.STARTED
-            self._stage = _serving.Stage.STOPPING
+            first = self._stage is _serving.STARTED
+            self._stage = _serving.STOPPING
             if first:
                 self._accepting = False
                 # From now on grpc's work goes to the user's pool: workers leave as soon
@@ -450,7 +450,7 @@ class _Server(grpc.Server):
         if self._grpc_stopped is not None:
             self._grpc_stopped.wait()
         with self._lock:
-            self._stage = _serving.Stage.STOPPED
+            self._stage = _serving.STOPPED
             events = list(self._stop_events)
         self._release_workers()
         if self._dispatcher is not None:
@@ -503,7 +503,7 @@ class _Server(grpc.Server):
                 self._refuse(sc)
             elif kind == "starved":
                 self._start_workers(n)
-            elif self._stage is not _serving.Stage.STARTED and time.monotonic() - began < 0.01:
+            elif self._stage is not _serving.STARTED and time.monotonic() - began < 0.01:
                 time.sleep(0.05)  # engine shut down returns at once: don't spin
             sc = None
 

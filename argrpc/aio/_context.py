@@ -335,7 +335,7 @@ class RpcState(ServerCallState):
             raise self.abort_exception
         if self.status_sent:
             raise aio.UsageError(_status.RPC_FINISHED)
-        if self.server._stage is _serving.Stage.STOPPED:
+        if self.server._stage is _serving.STOPPED:
             raise ServerStoppedError(_status.SERVER_STOPPED)
 
     def invocation_metadata(self) -> tuple[Any, ...]:

@@ -136,7 +136,7 @@ class Server(aio.Server):
         self._max_send = _config.max_send_length(grpc_options)
         self._thread_pool = thread_pool
         self._interceptors = interceptors
-        self._stage = _serving.Stage.NEW
+        self._stage = _serving.NEW
         # In-flight fast-path calls by ServerCall.key.
         self._calls: dict[int, RpcState] = {}
         # The registered unary-unary `async def` methods served from a plan (no
@@ -198,7 +198,7 @@ class Server(aio.Server):
                                        method_handlers: Mapping[str, grpc.RpcMethodHandler[Any, Any]]
                                        ) -> None:
         self._handlers.add_registered(service_name, method_handlers,
-                                      started=self._stage is not _serving.Stage.NEW)
+                                      started=self._stage is not _serving.NEW)
 
     # --- ports --------------------------------------------------------------------------
     def add_insecure_port(self, address: str) -> int:
@@ -209,9 +209,9 @@ class Server(aio.Server):
 
     # --- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
-        if self._stage is _serving.Stage.STARTED:
+        if self._stage is _serving.STARTED:
             return
-        if self._stage is not _serving.Stage.NEW:
+        if self._stage is not _serving.NEW:
             raise aio.UsageError("Server not in ready state")
         loop = asyncio.get_running_loop()
         self._loop = loop
@@ -254,11 +254,11 @@ class Server(aio.Server):
             self._token = b.register(on_events)
             b.started()  # a server taking calls: the loop polls the engine before sleeping
             core.watch(b.notifier, self._token)
-        self._stage = _serving.Stage.STARTED
+        self._stage = _serving.STARTED
         await self._grpc.start()
 
     async def stop(self, grace: Optional[float]) -> None:
-        if self._stage is _serving.Stage.NEW or self._stage is _serving.Stage.STOPPED:
+        if self._stage is _serving.NEW or self._stage is _serving.STOPPED:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() if grace is None else loop.time() + grace
@@ -267,8 +267,8 @@ class Server(aio.Server):
             self._stop_deadline = deadline
             assert self._changed is not None
             self._changed.set()
-        if self._stage is _serving.Stage.STARTED:
-            self._stage = _serving.Stage.STOPPING
+        if self._stage is _serving.STARTED:
+            self._stage = _serving.STOPPING
             self._listener.close()
             if self._core is not None:
                 self._core.shutdown()  # no new fast-path calls
@@ -318,7 +318,7 @@ class Server(aio.Server):
             try:
                 await self._grpc.wait_for_termination()
             finally:
-                self._stage = _serving.Stage.STOPPED
+                self._stage = _serving.STOPPED
                 assert self._terminated is not None
                 self._terminated.set()
 
@@ -350,7 +350,7 @@ class Server(aio.Server):
     def __del__(self) -> None:
         # grpc.aio schedules a stop of a server collected while running; the engine's
         # half at least stops taking calls here (a finalizer must not wait).
-        if getattr(self, "_stage", _serving.Stage.NEW) is _serving.Stage.STARTED:
+        if getattr(self, "_stage", _serving.NEW) is _serving.STARTED:
             core = self._core
             try:
                 if core is not None:
@@ -388,7 +388,7 @@ class Server(aio.Server):
             # engine reads) is not needed.
             if sys.getrefcount(state) > _ONLY_OURS:
                 state.release()
-            if self._stage is _serving.Stage.STOPPING and self._changed is not None:
+            if self._stage is _serving.STOPPING and self._changed is not None:
                 self._changed.set()
             return
         task = _inline_start.carry_on(loop, coro, yielded, context)
@@ -416,7 +416,7 @@ class Server(aio.Server):
         if state.callbacks:
             state.run_callbacks()
         state.release()
-        if self._stage is _serving.Stage.STOPPING and self._changed is not None:
+        if self._stage is _serving.STOPPING and self._changed is not None:
             self._changed.set()
 
     def _find_handler_now(self, state: RpcState) -> Optional[grpc.RpcMethodHandler[Any, Any]]:

@@ -297,7 +297,7 @@ async def serve(server: ServerSide, state: RpcState, refused: bool = False,
         _LOGGER.exception("Unexpected [%s] raised by servicer method [%s]",
                           type(exc).__name__, method)
         if not state.status_sent and not state.client_closed and \
-                server._stage is not _serving.Stage.STOPPED:
+                server._stage is not _serving.STOPPED:
             # A code the handler set wins over UNKNOWN.
             code = _status.UNKNOWN if state.status_code == _status.OK else state.status_code
             state.status_sent = True
