@@ -9,6 +9,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstddef>
+#include <initializer_list>
 
 #include "bindings/bindings.h"
 
@@ -19,6 +20,11 @@ namespace bindings {
 
 namespace {
 
+// Every field an object, never NULL while the state lives: CPython (3.11) specializes an
+// attribute read or write of a T_OBJECT_EX member as it does a __slots__ slot's, and
+// goes through the generic lookup for any other member kind (T_OBJECT, T_BOOL, integers),
+// several times slower on the twenty-odd reads and writes a call makes. So the flags are
+// True/False objects and the token an int object.
 struct ServerCallState {
   PyObject_HEAD
   PyObject* sc;
@@ -36,17 +42,18 @@ struct ServerCallState {
   PyObject* compression_algorithm;
   PyObject* callbacks;
   PyObject* invocation_metadata;
-  unsigned long long token;
-  char client_closed;
-  char metadata_sent;
-  char status_sent;
-  char disable_next_compression;
+  PyObject* token;
+  PyObject* client_closed;
+  PyObject* metadata_sent;
+  PyObject* status_sent;
+  PyObject* disable_next_compression;
 };
 
 #define SERVER_STATE_FIELDS(X)                                                            \
   X(sc) X(method) X(server) X(loop) X(task) X(key) X(waiters) X(abort_exception)        \
   X(status_code) X(py_status_code) X(status_details) X(trailing_metadata)               \
-  X(compression_algorithm) X(callbacks) X(invocation_metadata)
+  X(compression_algorithm) X(callbacks) X(invocation_metadata) X(token) X(client_closed) \
+  X(metadata_sent) X(status_sent) X(disable_next_compression)
 
 // The defaults a new state shares (immutable), made once at import.
 PyObject* zero_code;
@@ -94,6 +101,14 @@ PyObject* server_state_new(PyTypeObject* type, PyObject*, PyObject*) {
   set_field(&self->status_code, zero_code);
   set_field(&self->status_details, no_details);
   set_field(&self->trailing_metadata, no_metadata);
+  set_field(&self->token, zero_code);
+  for (PyObject** flag : {&self->client_closed, &self->metadata_sent, &self->status_sent,
+                          &self->disable_next_compression})
+    set_field(flag, Py_False);
+  for (PyObject** none : {&self->sc, &self->method, &self->server, &self->loop, &self->task,
+                          &self->key, &self->abort_exception, &self->py_status_code,
+                          &self->compression_algorithm, &self->invocation_metadata})
+    set_field(none, Py_None);
   return reinterpret_cast<PyObject*>(self);
 }
 
@@ -117,9 +132,7 @@ int server_state_init(PyObject* o, PyObject* args, PyObject* kwargs) {
 }
 
 #define STATE_OBJ(name, field) \
-  {const_cast<char*>(name), T_OBJECT, offsetof(ServerCallState, field), 0, nullptr}
-#define STATE_BOOL(name, field) \
-  {const_cast<char*>(name), T_BOOL, offsetof(ServerCallState, field), 0, nullptr}
+  {const_cast<char*>(name), T_OBJECT_EX, offsetof(ServerCallState, field), 0, nullptr}
 PyMemberDef server_state_members[] = {
     STATE_OBJ("sc", sc),
     STATE_OBJ("method", method),
@@ -136,15 +149,14 @@ PyMemberDef server_state_members[] = {
     STATE_OBJ("compression_algorithm", compression_algorithm),
     STATE_OBJ("callbacks", callbacks),
     STATE_OBJ("_invocation_metadata", invocation_metadata),
-    {const_cast<char*>("token"), T_ULONGLONG, offsetof(ServerCallState, token), 0, nullptr},
-    STATE_BOOL("client_closed", client_closed),
-    STATE_BOOL("metadata_sent", metadata_sent),
-    STATE_BOOL("status_sent", status_sent),
-    STATE_BOOL("disable_next_compression", disable_next_compression),
+    STATE_OBJ("token", token),
+    STATE_OBJ("client_closed", client_closed),
+    STATE_OBJ("metadata_sent", metadata_sent),
+    STATE_OBJ("status_sent", status_sent),
+    STATE_OBJ("disable_next_compression", disable_next_compression),
     {nullptr, 0, 0, 0, nullptr},
 };
 #undef STATE_OBJ
-#undef STATE_BOOL
 
 PyTypeObject server_state_type = [] {
   PyTypeObject t = static_type("argrpc._core.ServerCallState",
