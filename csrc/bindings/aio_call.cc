@@ -107,6 +107,10 @@ PyObject* call_new(PyTypeObject* type, PyObject*, PyObject*) {
   if (self == nullptr) return nullptr;
   self->max_send = -1;
   self->max_response = -1;
+  // None, not NULL: see call_members.
+#define NONE(f) self->f = Py_NewRef(Py_None);
+  CALL_FIELDS(NONE)
+#undef NONE
   return reinterpret_cast<PyObject*>(self);
 }
 
@@ -136,7 +140,7 @@ void call_dealloc(PyObject* o) {
 // until it ends), its channel counts it out, and its done callbacks run.
 // Set up by the Python class's constructor; a bare CallState has none of it.
 bool set_up(CallState* self) {
-  if (self->bridge != nullptr && self->channel != nullptr && self->core != nullptr) return true;
+  if (!is_none(self->bridge) && !is_none(self->channel) && !is_none(self->core)) return true;
   PyErr_SetString(PyExc_RuntimeError,
                   "argrpc: this call object was not made by an argrpc.aio channel");
   return false;
@@ -174,7 +178,7 @@ int on_end(CallState* self) {
   }
   PyObject* callbacks = self->done_callbacks;
   if (!is_none(callbacks)) {
-    self->done_callbacks = nullptr;
+    self->done_callbacks = Py_NewRef(Py_None);
     PyObject* seq = PySequence_Fast(callbacks, "done callbacks");
     Py_DECREF(callbacks);
     if (seq == nullptr) return -1;
@@ -203,8 +207,11 @@ PyMethodDef call_methods[] = {
     {nullptr, nullptr, 0, nullptr},
 };
 
+// T_OBJECT_EX over fields that hold None rather than NULL: CPython (3.11) specializes a
+// read or write of such a member as a __slots__ slot's, and takes the generic attribute
+// lookup for a T_OBJECT one (the Python constructor sets six of them on every call).
 #define OBJ_MEMBER(name, field) \
-  {const_cast<char*>(name), T_OBJECT, offsetof(CallState, field), 0, nullptr}
+  {const_cast<char*>(name), T_OBJECT_EX, offsetof(CallState, field), 0, nullptr}
 PyMemberDef call_members[] = {
     OBJ_MEMBER("_channel", channel),
     OBJ_MEMBER("_bridge", bridge),
