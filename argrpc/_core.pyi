@@ -183,6 +183,10 @@ class ServerCallState:
     _invocation_metadata: Any
     def __init__(self, sc: Any, method: Any, key: Any, server: Any, loop: Any, /) -> None: ...
 
+# True: answered; False: its request is not there yet; else (kind, ...) for serve().
+def answer_unary(state: ServerCallState, plan: tuple[Any, Any, Any], context: Any,
+                 context_type: Any, max_send: int, /) -> Union[bool, tuple[Any, ...]]: ...
+
 class Connection:
     @property
     def transport(self) -> str: ...

@@ -11,7 +11,7 @@ import contextvars
 import types
 from typing import Any, Coroutine, Generator, cast
 
-__all__ = ["carry_on"]
+__all__ = ["carry_on", "resume"]
 
 
 def carry_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], yielded: Any,
@@ -20,7 +20,7 @@ def carry_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], yi
     The caller took that first step itself, in `context`: `context.run(coro.send,
     None)`, whose StopIteration means the coroutine finished without waiting (its
     other exceptions propagate, as its own)."""
-    task = loop.create_task(_resume(coro, yielded), context=context)
+    task = loop.create_task(resume(coro, yielded), context=context)
     task.add_done_callback(lambda _t: _cancel_unstarted(coro, context))
     return task
 
@@ -40,10 +40,11 @@ def _cancel_unstarted(coro: Coroutine[Any, Any, Any], context: contextvars.Conte
 
 
 @types.coroutine
-def _resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Generator[Any, Any, Any]:
-    # What a task does with a coroutine, from the point where it first waited: hand
-    # the task each future the coroutine waits on, and the coroutine what the task
-    # sends or throws back (a cancellation among them).
+def resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Generator[Any, Any, Any]:
+    """Awaited, what a task does with a coroutine from the point where it first waited
+    (it yielded `yielded`): hand the task each future the coroutine waits on, and the
+    coroutine what the task sends or throws back (a cancellation among them); its
+    result is the coroutine's."""
     while True:
         try:
             sent = yield yielded

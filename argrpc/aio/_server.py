@@ -29,9 +29,9 @@ from .. import (_bootstrap, _config, _engine, _grpc_originals, _grpc_payloads, _
                 _metrics_hooks, _proto, _serving, _status)
 from .._transports import Caller
 from . import _inline_start
-from ._context import RpcState
+from ._context import RpcState, ServicerContext
 from ._loop import LoopBridge, bridge
-from ._server_handlers import intercept, serve, unary_plan
+from ._server_handlers import answer_unary, intercept, serve, unary_plan
 
 __all__ = ["Server", "server"]
 
@@ -367,39 +367,48 @@ class Server(aio.Server):
         assert loop is not None and b is not None
         state = RpcState(sc, method, key, self, loop)
         plan = None if refused else self._plans.get(method)
-        # Run right here, in this loop callback (_inline_start, its first step in this
-        # frame); the call is watched (and counted in flight) only if its handler
-        # waits: one answered at once never needs either.
-        coro = serve(self, state, refused, plan)
         context = self._context.copy()
-        try:
-            yielded = context.run(coro.send, None)
-        except StopIteration:  # answered without waiting: _end_call's steps that apply
-            # (it has no task, token or place in _calls)
-            if not state.status_sent and not state.client_closed and sc.is_active():
-                sc.cancel()  # as _end_call
-            if state._waiters:
-                state.wake_all()  # a task of the handler's own may wait on the call
-            if state.callbacks:
-                state.run_callbacks()
-            # With no task, there is no traceback cycle that could keep its state: if
-            # nothing but this frame refers to it (the handler kept no context), it
-            # goes, engine handle and all, when this returns, and the release (five
-            # engine reads) is not needed.
-            if sys.getrefcount(state) > _ONLY_OURS:
-                state.release()
-            if self._stage is _serving.STOPPING and self._changed is not None:
-                self._changed.set()
-            return
-        task = _inline_start.carry_on(loop, coro, yielded, context)
-        state.task = task
-        state.token = b.register(state.on_change)
-        self._calls[state.key] = state
-        sc.watch(b.notifier, state.token)
-        # What changed before the watch (a cancellation, room to send) was posted to
-        # nobody: look once now.
-        state.on_change()
-        task.add_done_callback(lambda _t: self._end_call(state))
+        # A planned method's call, answered in one crossing when nothing about it needs
+        # more (csrc/bindings/aio_serve.cc); otherwise serve() goes on from where that
+        # stopped. (A stopped server's calls take serve(), which says so.)
+        started = answer_unary(state, plan, context, ServicerContext, self._max_send) \
+            if plan is not None and self._stage is not _serving.STOPPED else False
+        if started is not True:
+            # Run right here, in this loop callback (_inline_start, its first step in
+            # this frame); the call is watched (and counted in flight) only if its
+            # handler waits: one answered at once never needs either.
+            coro = serve(self, state, refused, plan, started or None)
+            try:
+                yielded = context.run(coro.send, None)
+            except StopIteration:
+                pass
+            else:
+                task = _inline_start.carry_on(loop, coro, yielded, context)
+                state.task = task
+                state.token = b.register(state.on_change)
+                self._calls[state.key] = state
+                sc.watch(b.notifier, state.token)
+                # What changed before the watch (a cancellation, room to send) was
+                # posted to nobody: look once now.
+                state.on_change()
+                task.add_done_callback(lambda _t: self._end_call(state))
+                return
+        # Answered without waiting: _end_call's steps that apply (it has no task, token
+        # or place in _calls).
+        if not state.status_sent and not state.client_closed and sc.is_active():
+            sc.cancel()  # as _end_call
+        if state._waiters:
+            state.wake_all()  # a task of the handler's own may wait on the call
+        if state.callbacks:
+            state.run_callbacks()
+        # With no task, there is no traceback cycle that could keep its state: if
+        # nothing but this frame refers to it (the handler kept no context), it goes,
+        # engine handle and all, when this returns, and the release (five engine reads)
+        # is not needed.
+        if sys.getrefcount(state) > _ONLY_OURS:
+            state.release()
+        if self._stage is _serving.STOPPING and self._changed is not None:
+            self._changed.set()
 
     def _end_call(self, state: RpcState) -> None:
         """The call's task is done."""

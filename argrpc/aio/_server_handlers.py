@@ -21,6 +21,7 @@ from grpc import aio
 
 from .. import _grpc_log, _handlers, _serving, _status
 from .._handlers import UnaryPlan
+from ._inline_start import resume
 from ._context import (ExecuteBatchError, RpcState, ServerSide, ServerStoppedError, ServicerContext,
                        SyncServicerContext, deserialize, serialize)
 
@@ -30,6 +31,15 @@ _LOGGER = _grpc_log.AIO
 
 _ASYNC_SEEN: dict[Any, bool] = {}
 _NO_METADATA: tuple[Any, ...] = ()
+
+# How far answer_unary got with a planned call when it handed the call back (the first
+# item of its tuple; csrc/bindings/aio_serve.cc, Started).
+_RAISED, _WAITS, _AWAIT, _RETURNED, _SEND = range(5)
+
+try:
+    from .._core import answer_unary as answer_unary
+except ImportError:  # no engine: no fast-path calls, so no call is ever answered here
+    answer_unary = None  # type: ignore[assignment]
 
 
 def is_async_handler(handler: Any) -> bool:
@@ -252,13 +262,29 @@ def unary_plan(handler: grpc.RpcMethodHandler[Any, Any]) -> Optional[UnaryPlan]:
 
 
 async def serve(server: ServerSide, state: RpcState, refused: bool = False,
-                plan: Optional[UnaryPlan] = None) -> None:
+                plan: Optional[UnaryPlan] = None, started: Optional[tuple[Any, ...]] = None
+                ) -> None:
     """The call's task: its handler (`plan`: a registered unary-unary method's, found
-    already), and grpc.aio's answer to whatever it raises."""
+    already), and grpc.aio's answer to whatever it raises. `started`: how far
+    answer_unary took the planned call before it handed it back."""
     method = state.method
     try:
         try:
-            if plan is None:
+            if started is not None:
+                assert plan is not None
+                kind = started[0]
+                if kind == _RAISED:
+                    raise started[1]
+                if kind == _SEND:  # marked sent; the end waits for room
+                    await state.send_status(state.status_code, state.status_details,
+                                            state.trailing_metadata, started[1])
+                else:
+                    response = (await resume(started[1], started[2]) if kind == _WAITS else
+                                await started[1] if kind == _AWAIT else started[1])
+                    rest = _end_unary(state, response, plan.serializer)
+                    if rest is not None:
+                        await rest
+            elif plan is None:
                 await _handle_rpc(server, state, refused)
             else:
                 # A registered unary-unary `async def` method, from its plan: the steps

@@ -102,6 +102,31 @@ constexpr int64_t kPollForever = int64_t(1) << 40;
 
 }  // namespace
 
+py::object try_recv_call(PyServerCall& c) { return try_recv(c.s); }
+
+int try_finish_call(PyServerCall& c, uint32_t code, const std::string& details,
+                    const Metadata& md, const py::object& message, bool quiet) {
+  std::unique_ptr<BufferView> b;
+  if (!message.is_none()) b = std::make_unique<BufferView>(message);
+  NoGil nogil;
+  // quiet: the caller lets go of the call once this is sent, so the end this send causes
+  // is not posted (a post nobody reads costs the loop a pass).
+  std::shared_ptr<Watch> w;
+  if (quiet) {
+    std::lock_guard<std::mutex> g(c.s->mu);
+    w = std::move(c.s->watch);
+  }
+  const SendResult r = c.s->conn->try_finish(c.s, code, details, md, b ? b->data() : nullptr,
+                                             b ? b->size() : 0, b != nullptr);
+  if (w && r != SendResult::kSent) {
+    // Still the caller's to watch; a change meanwhile went unposted: post once.
+    std::lock_guard<std::mutex> g(c.s->mu);
+    c.s->watch = w;
+    w->fire();
+  }
+  return send_result(r);
+}
+
 // What an awaited unary call does before it waits, in one crossing: its outcome
 // if it has one; else, when the loop has nothing ready to run (`ready`, asyncio's
 // deque of ready callbacks, is empty), a poll on the loop's thread
@@ -303,29 +328,9 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
       .def("try_send", [](PyServerCall& c, py::object msg) { return try_send(c.s, msg, false); },
            py::arg("message"))
       .def("try_finish",
-           [](PyServerCall& c, uint32_t code, std::string details, py::object trailing,
+           [](PyServerCall& c, uint32_t code, const std::string& details, py::object trailing,
               py::object message, bool quiet) {
-             Metadata md = to_metadata(trailing);
-             std::unique_ptr<BufferView> b;
-             if (!message.is_none()) b = std::make_unique<BufferView>(message);
-             NoGil nogil;
-             // quiet: the caller lets go of the call once this is sent, so the end this
-             // send causes is not posted (a post nobody reads costs the loop a pass).
-             std::shared_ptr<Watch> w;
-             if (quiet) {
-               std::lock_guard<std::mutex> g(c.s->mu);
-               w = std::move(c.s->watch);
-             }
-             const SendResult r = c.s->conn->try_finish(c.s, code, details, md,
-                                                        b ? b->data() : nullptr,
-                                                        b ? b->size() : 0, b != nullptr);
-             if (w && r != SendResult::kSent) {
-               // Still the caller's to watch; a change meanwhile went unposted: post once.
-               std::lock_guard<std::mutex> g(c.s->mu);
-               c.s->watch = w;
-               w->fire();
-             }
-             return send_result(r);
+             return try_finish_call(c, code, details, to_metadata(trailing), message, quiet);
            },
            py::arg("code"), py::arg("details"), py::arg("trailing_md"),
            py::arg("message") = py::none(), py::arg("quiet") = false);

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <initializer_list>
 
+#include "bindings/aio_server_state.h"
 #include "bindings/bindings.h"
 
 namespace py = pybind11;
@@ -19,35 +20,6 @@ namespace argrpc {
 namespace bindings {
 
 namespace {
-
-// Every field an object, never NULL while the state lives: CPython (3.11) specializes an
-// attribute read or write of a T_OBJECT_EX member as it does a __slots__ slot's, and
-// goes through the generic lookup for any other member kind (T_OBJECT, T_BOOL, integers),
-// several times slower on the twenty-odd reads and writes a call makes. So the flags are
-// True/False objects and the token an int object.
-struct ServerCallState {
-  PyObject_HEAD
-  PyObject* sc;
-  PyObject* method;
-  PyObject* server;
-  PyObject* loop;
-  PyObject* task;
-  PyObject* key;
-  PyObject* waiters;
-  PyObject* abort_exception;
-  PyObject* status_code;
-  PyObject* py_status_code;
-  PyObject* status_details;
-  PyObject* trailing_metadata;
-  PyObject* compression_algorithm;
-  PyObject* callbacks;
-  PyObject* invocation_metadata;
-  PyObject* token;
-  PyObject* client_closed;
-  PyObject* metadata_sent;
-  PyObject* status_sent;
-  PyObject* disable_next_compression;
-};
 
 #define SERVER_STATE_FIELDS(X)                                                            \
   X(sc) X(method) X(server) X(loop) X(task) X(key) X(waiters) X(abort_exception)        \
@@ -173,6 +145,8 @@ PyTypeObject server_state_type = [] {
 }();
 
 }  // namespace
+
+bool is_server_call_state(PyObject* o) { return PyObject_TypeCheck(o, &server_state_type); }
 
 void add_aio_server_state(py::module_& m) {
   zero_code = PyLong_FromLong(0);

@@ -382,6 +382,14 @@ inline PyTypeObject static_type(const char* name, const char* doc, Py_ssize_t si
 void add_aio_call(pybind11::module_& m);
 // aio_server_state.cc: ServerCallState, the fields of argrpc.aio's server-side call state.
 void add_aio_server_state(pybind11::module_& m);
+// aio_serve.cc: answer_unary, a planned unary method's call answered in one crossing.
+void add_aio_serve(pybind11::module_& m);
+// aio.cc: a server call's next message (None: not yet, False: none will come) and its
+// end without waiting (SendResult as an int: 1 sent, 0 the call ended, -1 no room yet;
+// `quiet`: the end this causes is not posted to the call's watch).
+pybind11::object try_recv_call(PyServerCall& c);
+int try_finish_call(PyServerCall& c, uint32_t code, const std::string& details,
+                    const Metadata& md, const pybind11::object& message, bool quiet);
 
 }  // namespace bindings
 }  // namespace argrpc

@@ -52,5 +52,6 @@ PYBIND11_MODULE(_core, m) {
   add_aio(m, engine, connection, client_call, server, server_call);
   add_aio_call(m);
   add_aio_server_state(m);
+  add_aio_serve(m);
   add_floor(m, engine);  // argrpc-bench's reference rows
 }

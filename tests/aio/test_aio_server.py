@@ -214,6 +214,16 @@ async def invalid_trailing(request: bytes, context: aio.ServicerContext) -> byte
     return b"x"
 
 
+async def waits(request: bytes, context: aio.ServicerContext) -> bytes:
+    await asyncio.sleep(0)
+    return request
+
+
+async def waits_then_raises(request: bytes, context: aio.ServicerContext) -> bytes:
+    await asyncio.sleep(0)
+    raise ValueError("late")
+
+
 async def returns_str(request: bytes, context: aio.ServicerContext) -> str:
     return "text"
 
@@ -300,6 +310,8 @@ PARITY_HANDLERS = {
     "metadata_both": grpc.unary_unary_rpc_method_handler(metadata_both),
     "invalid_trailing": grpc.unary_unary_rpc_method_handler(invalid_trailing),
     "returns_str": grpc.unary_unary_rpc_method_handler(returns_str),
+    "waits": grpc.unary_unary_rpc_method_handler(waits),
+    "waits_then_raises": grpc.unary_unary_rpc_method_handler(waits_then_raises),
     "sync_abort": grpc.unary_unary_rpc_method_handler(sync_abort),
     "bad_request": grpc.unary_unary_rpc_method_handler(
         echo, request_deserializer=lambda b: b.decode("ascii")),
@@ -331,6 +343,8 @@ PARITY_CALLS: list[tuple] = [
     ("metadata_both",),
     ("invalid_trailing",),
     ("returns_str",),
+    ("waits", b"w"),
+    ("waits_then_raises",),
     ("sync_abort",),
     ("bad_request", b"\xff\xfe"),
     ("bad_response",),
@@ -385,6 +399,44 @@ def test_outcomes_match_grpc_aio(registered: bool) -> None:
                                 (("t1", "v"), ("t-bin", b"\x00\xff")))
     assert by_name["metadata_both"][2][-2:] == (("i1", "a"), ("i-bin", b"\x00\x01"))
     assert by_name["invalid_trailing"][1:3] == (grpc.StatusCode.INTERNAL, "Invalid metadata")
+
+
+def test_a_planned_call_answered_at_once_takes_one_crossing(monkeypatch: Any) -> None:
+    """A registered unary `async def` method whose handler answers at once is answered
+    by the engine's answer_unary, with no coroutine of the server's; any other outcome
+    is handed to serve() from where it got (the outcomes themselves are grpc.aio's:
+    test_outcomes_match_grpc_aio)."""
+    from argrpc.aio import _server_handlers as handlers
+
+    served: list[tuple[str, Optional[int]]] = []
+    real = aio_server.serve
+
+    def counted(server: Any, state: Any, refused: bool = False, plan: Any = None,
+                started: Any = None) -> Any:
+        served.append((state.method.rsplit("/", 1)[1], None if started is None else started[0]))
+        return real(server, state, refused, plan, started)
+
+    monkeypatch.setattr(aio_server, "serve", counted)
+    calls = [("echo", b"e%d" % i) for i in range(20)] + [
+        ("set_details_ok",), ("waits", b"w"), ("raises",), ("metadata_both",),
+        ("bad_request", b"\xff"), ("returns_str",)]
+
+    async def body() -> tuple[str, list]:
+        async with serving(PARITY_HANDLERS, "argrpc", registered=True) as (_, target):
+            return await in_thread(fast_calls, target, calls)
+
+    transport, outcomes = run(body())
+    assert transport == "shm"
+    assert [o[:2] for o in outcomes[:20]] == [("OK", b"e%d" % i) for i in range(20)]
+    assert outcomes[20][0] == "OK" and outcomes[21][:2] == ("OK", b"w")
+    assert outcomes[22][1] == grpc.StatusCode.UNKNOWN
+    # An echo reaches serve() only if its request was not there yet (nothing started).
+    echoes = [started for name, started in served if name == "echo"]
+    assert echoes.count(None) == len(echoes) and len(echoes) <= 10, served
+    rest = {name: started for name, started in served if name != "echo"}
+    assert rest == {"waits": handlers._WAITS, "raises": handlers._RAISED,
+                    "metadata_both": handlers._RETURNED, "bad_request": handlers._RAISED,
+                    "returns_str": handlers._RETURNED}, served
 
 
 # What grpc's auth_context() gives on an insecure connection.
@@ -1264,3 +1316,6 @@ def test_the_server_call_state_is_made_with_grpc_aio_defaults() -> None:
         RpcState("sc", "/s/m", 7, "server", loop="loop")
     with pytest.raises(AttributeError):
         a.something_else = 1  # type: ignore[attr-defined]
+    import contextvars
+    with pytest.raises(TypeError, match="ServerCallState"):  # its first argument is one
+        _core.answer_unary(object(), (None, None, None), contextvars.copy_context(), None, -1)

@@ -1,0 +1,41 @@
+// The fields of argrpc.aio's server-side call state (RpcState's C base,
+// aio_server_state.cc), read and set in C by the planned unary answer (aio_serve.cc).
+#pragma once
+#include <Python.h>
+
+namespace argrpc {
+namespace bindings {
+
+// Every field an object, never NULL while the state lives: CPython (3.11) specializes an
+// attribute read or write of a T_OBJECT_EX member as it does a __slots__ slot's, and
+// goes through the generic lookup for any other member kind (T_OBJECT, T_BOOL, integers),
+// several times slower on the twenty-odd reads and writes a call makes. So the flags are
+// True/False objects and the token an int object.
+struct ServerCallState {
+  PyObject_HEAD
+  PyObject* sc;
+  PyObject* method;
+  PyObject* server;
+  PyObject* loop;
+  PyObject* task;
+  PyObject* key;
+  PyObject* waiters;
+  PyObject* abort_exception;
+  PyObject* status_code;
+  PyObject* py_status_code;
+  PyObject* status_details;
+  PyObject* trailing_metadata;
+  PyObject* compression_algorithm;
+  PyObject* callbacks;
+  PyObject* invocation_metadata;
+  PyObject* token;
+  PyObject* client_closed;
+  PyObject* metadata_sent;
+  PyObject* status_sent;
+  PyObject* disable_next_compression;
+};
+
+bool is_server_call_state(PyObject* o);
+
+}  // namespace bindings
+}  // namespace argrpc
