@@ -183,6 +183,17 @@ class ServerCallState:
     _invocation_metadata: Any
     def __init__(self, sc: Any, method: Any, key: Any, server: Any, loop: Any, /) -> None: ...
 
+@disjoint_base
+class ServicerContextFields:
+    """The fields of an argrpc.aio fast-path call's servicer context
+    (argrpc/aio/_context.py); `_loop` is the state's."""
+    _state: Any
+    _request_deserializer: Any
+    _response_serializer: Any
+    _loop: Any
+    def __init__(self, state: Any, request_deserializer: Any, response_serializer: Any,
+                 /) -> None: ...
+
 # True: answered; False: its request is not there yet; else (kind, ...) for serve().
 def answer_unary(state: ServerCallState, plan: tuple[Any, Any, Any], context: Any,
                  context_type: Any, max_send: int, /) -> Union[bool, tuple[Any, ...]]: ...

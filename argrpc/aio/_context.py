@@ -160,9 +160,12 @@ class _EndedCall:
 
 
 try:
-    from .._core import ServerCallState
-except ImportError:  # no engine: no fast-path calls, and so no RpcState is ever made
+    from .._core import ServerCallState, ServicerContextFields
+except ImportError:  # no engine: no fast-path calls, and so neither is ever made
     class ServerCallState:  # type: ignore[no-redef]
+        pass
+
+    class ServicerContextFields:  # type: ignore[no-redef]
         pass
 
 
@@ -354,17 +357,16 @@ class RpcState(ServerCallState):
             _LOGGER.exception("Error in callback for method [%s]", self.method)
 
 
-class ServicerContext(FastPathPeer, aio.ServicerContext[Any, Any]):
-    """What an `async def` handler of a fast-path call is given."""
+class ServicerContext(ServicerContextFields, FastPathPeer, aio.ServicerContext[Any, Any]):
+    """What an `async def` handler of a fast-path call is given. Made as
+    `ServicerContext(state, request_deserializer, response_serializer)`: the fields are
+    ServicerContextFields' C members (no Python frame to set them on every call), its
+    `_loop` the state's."""
 
     _state: RpcState
-
-    def __init__(self, state: RpcState, request_deserializer: Optional[Callable[..., Any]],
-                 response_serializer: Optional[Callable[..., Any]]) -> None:
-        self._state = state
-        self._request_deserializer = request_deserializer
-        self._response_serializer = response_serializer
-        self._loop = state.loop
+    _request_deserializer: Optional[Callable[..., Any]]
+    _response_serializer: Optional[Callable[..., Any]]
+    _loop: asyncio.AbstractEventLoop
 
     async def read(self) -> Any:
         state = self._state

@@ -82,35 +82,14 @@ Names names;
 
 bool is_none(PyObject* o) { return o == nullptr || o == Py_None; }
 
-#define CALL_FIELDS(X)                                                                 \
-  X(channel) X(bridge) X(core) X(deadline) X(deserializer) X(waiters) X(done_callbacks) \
-  X(send_error) X(status) X(imd) X(sender) X(request_poller) X(peeked) X(result)
-
-int call_traverse(PyObject* o, visitproc visit, void* arg) {
-  auto* self = reinterpret_cast<CallState*>(o);
-#define VISIT(f) Py_VISIT(self->f);
-  CALL_FIELDS(VISIT)
-#undef VISIT
-  return 0;
-}
-
-int call_clear(PyObject* o) {
-  auto* self = reinterpret_cast<CallState*>(o);
-#define CLEAR(f) Py_CLEAR(self->f);
-  CALL_FIELDS(CLEAR)
-#undef CLEAR
-  return 0;
-}
+extern PyMemberDef call_members[];
 
 PyObject* call_new(PyTypeObject* type, PyObject*, PyObject*) {
   auto* self = reinterpret_cast<CallState*>(type->tp_alloc(type, 0));
   if (self == nullptr) return nullptr;
   self->max_send = -1;
   self->max_response = -1;
-  // None, not NULL: see call_members.
-#define NONE(f) self->f = Py_NewRef(Py_None);
-  CALL_FIELDS(NONE)
-#undef NONE
+  none_members<call_members>(reinterpret_cast<PyObject*>(self));  // not NULL: see call_members
   return reinterpret_cast<PyObject*>(self);
 }
 
@@ -129,12 +108,6 @@ void call_finalize(PyObject* o) {
   PyErr_Restore(type, value, tb);
 }
 
-void call_dealloc(PyObject* o) {
-  // A subclass's dealloc (every instance is one) runs the finalizer before it calls this.
-  PyObject_GC_UnTrack(o);
-  call_clear(o);
-  Py_TYPE(o)->tp_free(o);
-}
 
 // _on_end: the call ended. Its loop's bridge lets go of it (a unary call is held there
 // until it ends), its channel counts it out, and its done callbacks run.
@@ -207,11 +180,9 @@ PyMethodDef call_methods[] = {
     {nullptr, nullptr, 0, nullptr},
 };
 
-// T_OBJECT_EX over fields that hold None rather than NULL: CPython (3.11) specializes a
-// read or write of such a member as a __slots__ slot's, and takes the generic attribute
-// lookup for a T_OBJECT one (the Python constructor sets six of them on every call).
-#define OBJ_MEMBER(name, field) \
-  {const_cast<char*>(name), T_OBJECT_EX, offsetof(CallState, field), 0, nullptr}
+// Fields hold None rather than NULL, so that they can be T_OBJECT_EX members (bindings.h):
+// the Python constructor sets six of them on every call.
+#define OBJ_MEMBER(name, field) ARGRPC_OBJECT_MEMBER(CallState, name, field)
 PyMemberDef call_members[] = {
     OBJ_MEMBER("_channel", channel),
     OBJ_MEMBER("_bridge", bridge),
@@ -242,13 +213,10 @@ PyMemberDef call_members[] = {
 constexpr unsigned long kCallFlags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC;
 
 PyTypeObject call_state_type = [] {
-  PyTypeObject t = static_type("argrpc._core.CallState",
-                               "The fields and the end every argrpc.aio fast-path call has.",
-                               sizeof(CallState), kCallFlags);
-  t.tp_new = call_new;
-  t.tp_dealloc = call_dealloc;
-  t.tp_traverse = call_traverse;
-  t.tp_clear = call_clear;
+  // A subclass's dealloc (every instance is one) runs the finalizer before the type's.
+  PyTypeObject t = fields_type<call_members>(
+      "argrpc._core.CallState", "The fields and the end every argrpc.aio fast-path call has.",
+      sizeof(CallState), call_new, nullptr);
   t.tp_finalize = call_finalize;
   t.tp_methods = call_methods;
   t.tp_members = call_members;
@@ -513,8 +481,8 @@ PyTypeObject unary_state_type = [] {
                                "CallState awaited for its one response.", sizeof(CallState),
                                kCallFlags);
   t.tp_base = &call_state_type;
-  t.tp_traverse = call_traverse;
-  t.tp_clear = call_clear;
+  t.tp_traverse = traverse_members<call_members>;
+  t.tp_clear = clear_members<call_members>;
   t.tp_as_async = &unary_async;
   return t;
 }();

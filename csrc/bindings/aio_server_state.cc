@@ -21,38 +21,12 @@ namespace bindings {
 
 namespace {
 
-#define SERVER_STATE_FIELDS(X)                                                            \
-  X(sc) X(method) X(server) X(loop) X(task) X(key) X(waiters) X(abort_exception)        \
-  X(status_code) X(py_status_code) X(status_details) X(trailing_metadata)               \
-  X(compression_algorithm) X(callbacks) X(invocation_metadata) X(token) X(client_closed) \
-  X(metadata_sent) X(status_sent) X(disable_next_compression)
-
 // The defaults a new state shares (immutable), made once at import.
 PyObject* zero_code;
 PyObject* no_details;
 PyObject* no_metadata;
 
-int server_state_traverse(PyObject* o, visitproc visit, void* arg) {
-  auto* self = reinterpret_cast<ServerCallState*>(o);
-#define VISIT(f) Py_VISIT(self->f);
-  SERVER_STATE_FIELDS(VISIT)
-#undef VISIT
-  return 0;
-}
-
-int server_state_clear(PyObject* o) {
-  auto* self = reinterpret_cast<ServerCallState*>(o);
-#define CLEAR(f) Py_CLEAR(self->f);
-  SERVER_STATE_FIELDS(CLEAR)
-#undef CLEAR
-  return 0;
-}
-
-void server_state_dealloc(PyObject* o) {
-  PyObject_GC_UnTrack(o);
-  server_state_clear(o);
-  Py_TYPE(o)->tp_free(o);
-}
+extern PyMemberDef server_state_members[];
 
 // Allocated with grpc.aio's RPCState defaults: status OK, no details, no trailing
 // metadata, empty waiter and callback lists (the lists are the call's own).
@@ -64,12 +38,17 @@ void set_field(PyObject** field, PyObject* value) {
 PyObject* server_state_new(PyTypeObject* type, PyObject*, PyObject*) {
   auto* self = reinterpret_cast<ServerCallState*>(type->tp_alloc(type, 0));
   if (self == nullptr) return nullptr;
-  self->waiters = PyList_New(0);
-  self->callbacks = PyList_New(0);
-  if (self->waiters == nullptr || self->callbacks == nullptr) {
+  none_members<server_state_members>(reinterpret_cast<PyObject*>(self));
+  PyObject* waiters = PyList_New(0);
+  PyObject* callbacks = PyList_New(0);
+  if (waiters == nullptr || callbacks == nullptr) {
+    Py_XDECREF(waiters);
+    Py_XDECREF(callbacks);
     Py_DECREF(self);
     return nullptr;
   }
+  Py_SETREF(self->waiters, waiters);
+  Py_SETREF(self->callbacks, callbacks);
   set_field(&self->status_code, zero_code);
   set_field(&self->status_details, no_details);
   set_field(&self->trailing_metadata, no_metadata);
@@ -77,10 +56,6 @@ PyObject* server_state_new(PyTypeObject* type, PyObject*, PyObject*) {
   for (PyObject** flag : {&self->client_closed, &self->metadata_sent, &self->status_sent,
                           &self->disable_next_compression})
     set_field(flag, Py_False);
-  for (PyObject** none : {&self->sc, &self->method, &self->server, &self->loop, &self->task,
-                          &self->key, &self->abort_exception, &self->py_status_code,
-                          &self->compression_algorithm, &self->invocation_metadata})
-    set_field(none, Py_None);
   return reinterpret_cast<PyObject*>(self);
 }
 
@@ -103,8 +78,7 @@ int server_state_init(PyObject* o, PyObject* args, PyObject* kwargs) {
   return 0;
 }
 
-#define STATE_OBJ(name, field) \
-  {const_cast<char*>(name), T_OBJECT_EX, offsetof(ServerCallState, field), 0, nullptr}
+#define STATE_OBJ(name, field) ARGRPC_OBJECT_MEMBER(ServerCallState, name, field)
 PyMemberDef server_state_members[] = {
     STATE_OBJ("sc", sc),
     STATE_OBJ("method", method),
@@ -130,19 +104,67 @@ PyMemberDef server_state_members[] = {
 };
 #undef STATE_OBJ
 
-PyTypeObject server_state_type = [] {
-  PyTypeObject t = static_type("argrpc._core.ServerCallState",
-                               "The fields of one fast-path call on an argrpc.aio server's loop.",
-                               sizeof(ServerCallState),
-                               Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC);
-  t.tp_new = server_state_new;
-  t.tp_init = server_state_init;
-  t.tp_dealloc = server_state_dealloc;
-  t.tp_traverse = server_state_traverse;
-  t.tp_clear = server_state_clear;
-  t.tp_members = server_state_members;
-  return t;
-}();
+PyTypeObject server_state_type = fields_type<server_state_members>(
+    "argrpc._core.ServerCallState", "The fields of one fast-path call on an argrpc.aio server's loop.",
+    sizeof(ServerCallState), server_state_new, server_state_init);
+
+// The fields of the ServicerContext an `async def` handler gets (argrpc/aio/_context.py),
+// made for every call before its handler runs: as a Python __init__, a frame of four
+// stores on each call's critical path.
+struct ServicerContextFields {
+  PyObject_HEAD
+  PyObject* state;
+  PyObject* request_deserializer;
+  PyObject* response_serializer;
+  PyObject* loop;
+};
+
+extern PyMemberDef context_members[];
+
+PyObject* context_new(PyTypeObject* type, PyObject*, PyObject*) {
+  auto* self = reinterpret_cast<ServicerContextFields*>(type->tp_alloc(type, 0));
+  if (self == nullptr) return nullptr;
+  none_members<context_members>(reinterpret_cast<PyObject*>(self));
+  return reinterpret_cast<PyObject*>(self);
+}
+
+// ServicerContextFields(state, request_deserializer, response_serializer): positional;
+// the loop is the state's.
+int context_init(PyObject* o, PyObject* args, PyObject* kwargs) {
+  if (!PyTuple_Check(args) || PyTuple_GET_SIZE(args) != 3 ||
+      (kwargs != nullptr && PyDict_GET_SIZE(kwargs) != 0)) {
+    PyErr_SetString(PyExc_TypeError,
+                    "a servicer context takes three positional arguments: state, "
+                    "request_deserializer, response_serializer");
+    return -1;
+  }
+  auto* self = reinterpret_cast<ServicerContextFields*>(o);
+  PyObject* state = PyTuple_GET_ITEM(args, 0);
+  PyObject* loop = PyObject_TypeCheck(state, &server_state_type)
+                       ? Py_NewRef(reinterpret_cast<ServerCallState*>(state)->loop)
+                       : PyObject_GetAttrString(state, "loop");
+  if (loop == nullptr) return -1;
+  set_field(&self->state, state);
+  set_field(&self->request_deserializer, PyTuple_GET_ITEM(args, 1));
+  set_field(&self->response_serializer, PyTuple_GET_ITEM(args, 2));
+  Py_SETREF(self->loop, loop);
+  return 0;
+}
+
+#define CONTEXT_OBJ(name, field) ARGRPC_OBJECT_MEMBER(ServicerContextFields, name, field)
+PyMemberDef context_members[] = {
+    CONTEXT_OBJ("_state", state),
+    CONTEXT_OBJ("_request_deserializer", request_deserializer),
+    CONTEXT_OBJ("_response_serializer", response_serializer),
+    CONTEXT_OBJ("_loop", loop),
+    {nullptr, 0, 0, 0, nullptr},
+};
+#undef CONTEXT_OBJ
+
+PyTypeObject context_fields_type = fields_type<context_members>(
+    "argrpc._core.ServicerContextFields",
+    "The fields of an argrpc.aio fast-path call's servicer context.", sizeof(ServicerContextFields),
+    context_new, context_init);
 
 }  // namespace
 
@@ -156,6 +178,9 @@ void add_aio_server_state(py::module_& m) {
       PyType_Ready(&server_state_type) < 0)
     throw py::error_already_set();
   m.add_object("ServerCallState", py::handle(reinterpret_cast<PyObject*>(&server_state_type)));
+  if (PyType_Ready(&context_fields_type) < 0) throw py::error_already_set();
+  m.add_object("ServicerContextFields",
+               py::handle(reinterpret_cast<PyObject*>(&context_fields_type)));
 }
 
 }  // namespace bindings

@@ -5,6 +5,7 @@
 // attach a connection over it, so a fabric's bindings are one unit plus one add_* call.
 #pragma once
 #include <pybind11/pybind11.h>
+#include <structmember.h>
 
 #include <unistd.h>
 
@@ -378,6 +379,58 @@ inline PyTypeObject static_type(const char* name, const char* doc, Py_ssize_t si
   t.tp_flags = flags;
   return t;
 }
+// The object fields of a raw type (the aio ones above) that are exactly its T_OBJECT_EX
+// members, `Members` its tp_members table: its GC slots walk that one list.
+template <const PyMemberDef* Members>
+PyObject** member_field(PyObject* o, const PyMemberDef* m) {
+  return reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + m->offset);
+}
+template <const PyMemberDef* Members>
+int traverse_members(PyObject* o, visitproc visit, void* arg) {
+  for (const PyMemberDef* m = Members; m->name != nullptr; ++m)
+    if (m->type == T_OBJECT_EX) Py_VISIT(*member_field<Members>(o, m));
+  return 0;
+}
+template <const PyMemberDef* Members>
+int clear_members(PyObject* o) {
+  for (const PyMemberDef* m = Members; m->name != nullptr; ++m)
+    if (m->type == T_OBJECT_EX) Py_CLEAR(*member_field<Members>(o, m));
+  return 0;
+}
+template <const PyMemberDef* Members>
+void dealloc_members(PyObject* o) {
+  PyObject_GC_UnTrack(o);
+  clear_members<Members>(o);
+  Py_TYPE(o)->tp_free(o);
+}
+// Each of them None (a new object's defaults, before what its tp_new sets otherwise).
+template <const PyMemberDef* Members>
+void none_members(PyObject* o) {
+  for (const PyMemberDef* m = Members; m->name != nullptr; ++m)
+    if (m->type == T_OBJECT_EX) Py_XSETREF(*member_field<Members>(o, m), Py_NewRef(Py_None));
+}
+
+// A T_OBJECT_EX member of struct `type`: never NULL while the object lives, which CPython
+// (3.11) reads and writes as a __slots__ slot; any other member kind (T_OBJECT, T_BOOL,
+// integers) takes the generic attribute lookup, several times slower.
+#define ARGRPC_OBJECT_MEMBER(type, name, field) \
+  { const_cast<char*>(name), T_OBJECT_EX, offsetof(type, field), 0, nullptr }
+
+// A subclassable GC type of such fields, its GC slots and members from `Members`.
+template <const PyMemberDef* Members>
+PyTypeObject fields_type(const char* name, const char* doc, Py_ssize_t size, newfunc make,
+                         initproc init) {
+  PyTypeObject t = static_type(name, doc, size,
+                               Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC);
+  t.tp_new = make;
+  t.tp_init = init;
+  t.tp_dealloc = dealloc_members<Members>;
+  t.tp_traverse = traverse_members<Members>;
+  t.tp_clear = clear_members<Members>;
+  t.tp_members = const_cast<PyMemberDef*>(Members);
+  return t;
+}
+
 // aio_call.cc: CallState and UnaryCallState, the C part of argrpc.aio's call objects.
 void add_aio_call(pybind11::module_& m);
 // aio_server_state.cc: ServerCallState, the fields of argrpc.aio's server-side call state.

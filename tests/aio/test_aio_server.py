@@ -1316,6 +1316,13 @@ def test_the_server_call_state_is_made_with_grpc_aio_defaults() -> None:
         RpcState("sc", "/s/m", 7, "server", loop="loop")
     with pytest.raises(AttributeError):
         a.something_else = 1  # type: ignore[attr-defined]
+    # A handler's context: its fields as given, its loop the state's; three positional.
+    from argrpc.aio._context import ServicerContext
+    ctx = ServicerContext(a, str, bytes)
+    assert (ctx._state, ctx._request_deserializer, ctx._response_serializer, ctx._loop) == \
+        (a, str, bytes, "loop")
+    with pytest.raises(TypeError, match="three positional arguments"):
+        ServicerContext(a, str)  # type: ignore[call-arg]
     import contextvars
     with pytest.raises(TypeError, match="ServerCallState"):  # its first argument is one
         _core.answer_unary(object(), (None, None, None), contextvars.copy_context(), None, -1)
