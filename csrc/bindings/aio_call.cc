@@ -108,7 +108,6 @@ void call_finalize(PyObject* o) {
   PyErr_Restore(type, value, tb);
 }
 
-
 // _on_end: the call ended. Its loop's bridge lets go of it (a unary call is held there
 // until it ends), its channel counts it out, and its done callbacks run.
 // Set up by the Python class's constructor; a bare CallState has none of it.
@@ -219,7 +218,6 @@ PyTypeObject call_state_type = [] {
       sizeof(CallState), call_new, nullptr);
   t.tp_finalize = call_finalize;
   t.tp_methods = call_methods;
-  t.tp_members = call_members;
   return t;
 }();
 
@@ -242,10 +240,8 @@ PyObject* ask(CallState* self, uint64_t own) {
                            py::cast<PyEngine&>(py::handle(engine)), py::handle(ready), own)
                 .release()
                 .ptr();
-    } catch (py::error_already_set& e) {
-      e.restore();
-    } catch (const std::exception& e) {
-      PyErr_SetString(PyExc_RuntimeError, e.what());
+    } catch (...) {
+      restore_python_error(std::current_exception());
     }
   }
   Py_XDECREF(notifier);

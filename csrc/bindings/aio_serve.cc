@@ -14,7 +14,6 @@
 #include <Python.h>
 #include <pybind11/pybind11.h>
 
-#include <exception>
 #include <string>
 
 #include "bindings/aio_server_state.h"
@@ -46,22 +45,6 @@ PyObject* raised() {
   Py_XDECREF(tb);
   if (value == nullptr) return nullptr;
   return Py_BuildValue("(iN)", kRaised, value);
-}
-
-// A C++ exception from the engine's bindings as the Python error it stands for.
-void restore(std::exception_ptr e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (py::error_already_set& err) {
-    err.restore();
-  } catch (const std::exception& err) {
-    PyErr_SetString(PyExc_RuntimeError, err.what());
-  }
-}
-
-void store(PyObject** field, PyObject* value) {
-  Py_INCREF(value);
-  Py_SETREF(*field, value);
 }
 
 bool is_zero(PyObject* o) {
@@ -96,14 +79,14 @@ PyObject* end_quietly(ServerCallState* st, PyServerCall& call, PyObject* respons
     Py_DECREF(message);
     return raised();
   }
-  store(&st->metadata_sent, Py_True);
-  store(&st->status_sent, Py_True);
+  set_field(&st->metadata_sent, Py_True);
+  set_field(&st->status_sent, Py_True);
   int sent = -1;
   try {
     sent = try_finish_call(call, 0, std::string(details, static_cast<size_t>(n)), Metadata(),
                            py::reinterpret_borrow<py::object>(message), true);
   } catch (...) {
-    restore(std::current_exception());
+    restore_python_error(std::current_exception());
     Py_DECREF(message);
     return raised();
   }
@@ -122,7 +105,7 @@ PyObject* first_step(ServerCallState* st, PyServerCall& call, PyObject* plan,
   try {
     request = try_recv_call(call).release().ptr();
   } catch (...) {
-    restore(std::current_exception());
+    restore_python_error(std::current_exception());
     return raised();
   }
   if (request == Py_None || request == Py_False) {  // not there yet: serve() waits for it
@@ -174,7 +157,7 @@ PyObject* answer_unary(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   try {
     call = &py::cast<PyServerCall&>(py::handle(st->sc));
   } catch (...) {
-    restore(std::current_exception());
+    restore_python_error(std::current_exception());
     return nullptr;
   }
   PyObject* context = args[2];

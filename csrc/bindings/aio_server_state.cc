@@ -28,13 +28,18 @@ PyObject* no_metadata;
 
 extern PyMemberDef server_state_members[];
 
-// Allocated with grpc.aio's RPCState defaults: status OK, no details, no trailing
-// metadata, empty waiter and callback lists (the lists are the call's own).
-void set_field(PyObject** field, PyObject* value) {
-  Py_INCREF(value);
-  Py_XSETREF(*field, value);
+// A tp_init's arguments are exactly `n` positional ones; else TypeError `message`. (An
+// argument parser would cost as much as the rest of the construction.)
+bool positional(PyObject* args, PyObject* kwargs, Py_ssize_t n, const char* message) {
+  if (PyTuple_Check(args) && PyTuple_GET_SIZE(args) == n &&
+      (kwargs == nullptr || PyDict_GET_SIZE(kwargs) == 0))
+    return true;
+  PyErr_SetString(PyExc_TypeError, message);
+  return false;
 }
 
+// Allocated with grpc.aio's RPCState defaults: status OK, no details, no trailing
+// metadata, empty waiter and callback lists (the lists are the call's own).
 PyObject* server_state_new(PyTypeObject* type, PyObject*, PyObject*) {
   auto* self = reinterpret_cast<ServerCallState*>(type->tp_alloc(type, 0));
   if (self == nullptr) return nullptr;
@@ -59,16 +64,12 @@ PyObject* server_state_new(PyTypeObject* type, PyObject*, PyObject*) {
   return reinterpret_cast<PyObject*>(self);
 }
 
-// ServerCallState(sc, method, key, server, loop): positional, as argrpc.aio makes it (an
-// argument parser would cost as much as the rest of the construction).
+// ServerCallState(sc, method, key, server, loop): positional, as argrpc.aio makes it.
 int server_state_init(PyObject* o, PyObject* args, PyObject* kwargs) {
-  if (!PyTuple_Check(args) || PyTuple_GET_SIZE(args) != 5 ||
-      (kwargs != nullptr && PyDict_GET_SIZE(kwargs) != 0)) {
-    PyErr_SetString(PyExc_TypeError,
-                    "ServerCallState takes five positional arguments: sc, method, key, server, "
-                    "loop");
+  if (!positional(args, kwargs, 5,
+                  "ServerCallState takes five positional arguments: sc, method, key, server, "
+                  "loop"))
     return -1;
-  }
   auto* self = reinterpret_cast<ServerCallState*>(o);
   set_field(&self->sc, PyTuple_GET_ITEM(args, 0));
   set_field(&self->method, PyTuple_GET_ITEM(args, 1));
@@ -131,13 +132,10 @@ PyObject* context_new(PyTypeObject* type, PyObject*, PyObject*) {
 // ServicerContextFields(state, request_deserializer, response_serializer): positional;
 // the loop is the state's.
 int context_init(PyObject* o, PyObject* args, PyObject* kwargs) {
-  if (!PyTuple_Check(args) || PyTuple_GET_SIZE(args) != 3 ||
-      (kwargs != nullptr && PyDict_GET_SIZE(kwargs) != 0)) {
-    PyErr_SetString(PyExc_TypeError,
-                    "a servicer context takes three positional arguments: state, "
-                    "request_deserializer, response_serializer");
+  if (!positional(args, kwargs, 3,
+                  "a servicer context takes three positional arguments: state, "
+                  "request_deserializer, response_serializer"))
     return -1;
-  }
   auto* self = reinterpret_cast<ServicerContextFields*>(o);
   PyObject* state = PyTuple_GET_ITEM(args, 0);
   PyObject* loop = PyObject_TypeCheck(state, &server_state_type)

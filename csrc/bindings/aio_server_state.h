@@ -37,5 +37,11 @@ struct ServerCallState {
 
 bool is_server_call_state(PyObject* o);
 
+// A field of such a state (or another raw aio type) set to `value`, the old one let go.
+inline void set_field(PyObject** field, PyObject* value) {
+  Py_INCREF(value);
+  Py_XSETREF(*field, value);
+}
+
 }  // namespace bindings
 }  // namespace argrpc

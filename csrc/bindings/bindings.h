@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include <exception>
 #include <memory>
 #include <string>
 #include <utility>
@@ -381,20 +382,19 @@ inline PyTypeObject static_type(const char* name, const char* doc, Py_ssize_t si
 }
 // The object fields of a raw type (the aio ones above) that are exactly its T_OBJECT_EX
 // members, `Members` its tp_members table: its GC slots walk that one list.
-template <const PyMemberDef* Members>
-PyObject** member_field(PyObject* o, const PyMemberDef* m) {
+inline PyObject** member_field(PyObject* o, const PyMemberDef* m) {
   return reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + m->offset);
 }
 template <const PyMemberDef* Members>
 int traverse_members(PyObject* o, visitproc visit, void* arg) {
   for (const PyMemberDef* m = Members; m->name != nullptr; ++m)
-    if (m->type == T_OBJECT_EX) Py_VISIT(*member_field<Members>(o, m));
+    if (m->type == T_OBJECT_EX) Py_VISIT(*member_field(o, m));
   return 0;
 }
 template <const PyMemberDef* Members>
 int clear_members(PyObject* o) {
   for (const PyMemberDef* m = Members; m->name != nullptr; ++m)
-    if (m->type == T_OBJECT_EX) Py_CLEAR(*member_field<Members>(o, m));
+    if (m->type == T_OBJECT_EX) Py_CLEAR(*member_field(o, m));
   return 0;
 }
 template <const PyMemberDef* Members>
@@ -407,7 +407,19 @@ void dealloc_members(PyObject* o) {
 template <const PyMemberDef* Members>
 void none_members(PyObject* o) {
   for (const PyMemberDef* m = Members; m->name != nullptr; ++m)
-    if (m->type == T_OBJECT_EX) Py_XSETREF(*member_field<Members>(o, m), Py_NewRef(Py_None));
+    if (m->type == T_OBJECT_EX) Py_XSETREF(*member_field(o, m), Py_NewRef(Py_None));
+}
+
+// A C++ exception caught in a raw CPython function (catch (...)), set as the Python
+// error it stands for: pybind11's own as it is, any other as RuntimeError.
+inline void restore_python_error(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (pybind11::error_already_set& err) {
+    err.restore();
+  } catch (const std::exception& err) {
+    PyErr_SetString(PyExc_RuntimeError, err.what());
+  }
 }
 
 // A T_OBJECT_EX member of struct `type`: never NULL while the object lives, which CPython
