@@ -7,4 +7,9 @@ WaitInterrupt*& current_interrupt() {
   return check;
 }
 
+WaitHook*& current_wait_hook() {
+  thread_local WaitHook* hook = nullptr;
+  return hook;
+}
+
 }  // namespace argrpc

@@ -41,4 +41,22 @@ class InterruptScope {
   WaitInterrupt* prev_;
 };
 
+// A thread about to wait inside the engine (for ring credits, or for a send lock another
+// thread holds) calls before_wait() first. The bindings keep the GIL through the calls
+// that should return at once (a small send, a receive) and install a hook that lets it go
+// here: a peer slow to read then holds up this thread and no other Python thread.
+class WaitHook {
+ public:
+  virtual ~WaitHook() = default;
+  // Called with engine locks possibly held: must not take any.
+  virtual void before_wait() = 0;
+};
+
+// The calling thread's hook, or null.
+WaitHook*& current_wait_hook();
+
+inline void before_wait() {
+  if (WaitHook* h = current_wait_hook()) h->before_wait();
+}
+
 }  // namespace argrpc

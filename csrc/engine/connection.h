@@ -253,6 +253,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void submit_failed(const std::shared_ptr<Stream>& s);
   bool room_locked(size_t n);
   bool flush_locked();
+  // send_mu_, telling this thread's wait hook first if another thread holds it.
+  std::unique_lock<std::mutex> lock_send();
   void queue_ctrl(uint8_t type, uint64_t stream, const std::vector<uint8_t>& body,
                   uint8_t flags = 0);
   void flush_ctrl_locked();

@@ -55,7 +55,7 @@ bool Connection::never_sent(const std::shared_ptr<Stream>& s) {
   if (!client_) return false;
   uint64_t id;
   {
-    std::lock_guard<std::mutex> g(send_mu_);  // where the id is given
+    std::unique_lock<std::mutex> g = lock_send();  // where the id is given
     id = s->id;
   }
   std::lock_guard<std::mutex> g(s->mu);

@@ -10,6 +10,7 @@
 
 #include "common/clock.h"
 #include "common/heap_bound.h"
+#include "common/interrupt.h"
 #include "common/status.h"
 #include "engine/connection.h"
 #include "engine/connection_wait.h"
@@ -132,7 +133,7 @@ bool Connection::reserve_window(const std::shared_ptr<Stream>& sp, size_t n, boo
 bool Connection::append_and_flush(const std::shared_ptr<Stream>& sp, const Outgoing& o,
                                   SubmitPlan* plan) {
   appenders_.fetch_add(1, std::memory_order_seq_cst);
-  std::unique_lock<std::mutex> lk(send_mu_);
+  std::unique_lock<std::mutex> lk = lock_send();
   appenders_.fetch_sub(1, std::memory_order_seq_cst);
   bool ok = alive();
   if (ok && ctrl_pending_.load(std::memory_order_seq_cst)) flush_ctrl_locked();
@@ -177,12 +178,15 @@ bool Connection::register_client_stream_locked(const std::shared_ptr<Stream>& sp
 
 template <class Encode>
 bool Connection::append_locked(uint8_t type, uint64_t stream, size_t len, Encode&& encode) {
-  if (!room_locked(pad8(kFrameHeader + len))) return false;
-  FrameHead h{type, 0, 0, static_cast<uint32_t>(len), stream};
-  Writer w(&batch_);
+  const size_t size = pad8(kFrameHeader + len);
+  if (!room_locked(size)) return false;
+  // One grow for the frame, its padding zeroed with it; then its fields in place.
+  const size_t at = batch_.size();
+  batch_.resize(at + size);
+  const FrameHead h{type, 0, 0, static_cast<uint32_t>(len), stream};
+  FrameWriter w(WriteAt(batch_.data() + at, kFrameHeader + len));
   w.raw(&h, kFrameHeader);
   encode(w);
-  batch_.resize(pad8(batch_.size()), 0);
   return true;
 }
 
@@ -193,7 +197,7 @@ bool Connection::append_frames_locked(const Stream& s, const Outgoing& o, Submit
     const int64_t timeout_us =
         s.deadline.infinite() ? -1 : int64_t(std::max(0.0, s.deadline.remaining_seconds()) * 1e6);
     const size_t n = 8 + str_size(s.method) + metadata_size(s.request_md);
-    if (n > frame_cap || !append_locked(kHeaders, s.id, n, [&](Writer& w) {
+    if (n > frame_cap || !append_locked(kHeaders, s.id, n, [&](FrameWriter& w) {
           w.i64(timeout_us);
           w.str(s.method);
           w.metadata(s.request_md);
@@ -203,14 +207,14 @@ bool Connection::append_frames_locked(const Stream& s, const Outgoing& o, Submit
   if (plan->server_headers) {
     const Metadata& md = o.initial_md ? *o.initial_md : kNoMetadata;
     const size_t n = metadata_size(md);
-    if (n > frame_cap || !append_locked(kHeaders, s.id, n, [&](Writer& w) { w.metadata(md); }))
+    if (n > frame_cap || !append_locked(kHeaders, s.id, n, [&](FrameWriter& w) { w.metadata(md); }))
       return false;
   }
   if (o.has_msg && plan->eager &&
-      !append_locked(kMessage, s.id, o.msg_len, [&](Writer& w) { w.raw(o.msg, o.msg_len); }))
+      !append_locked(kMessage, s.id, o.msg_len, [&](FrameWriter& w) { w.raw(o.msg, o.msg_len); }))
     return false;
   if (o.has_msg && !plan->eager) {
-    plan->rts_queued = append_locked(kRts, s.id, 32, [&](Writer& w) {
+    plan->rts_queued = append_locked(kRts, s.id, 32, [&](FrameWriter& w) {
       w.u64(plan->rdv);
       w.u64(o.msg_len);
       w.u64(plan->ref.addr);
@@ -219,12 +223,14 @@ bool Connection::append_frames_locked(const Stream& s, const Outgoing& o, Submit
     });
     if (!plan->rts_queued) return false;
   }
-  if (o.half_close && !append_locked(kHalfClose, s.id, 0, [](Writer&) {})) return false;
+  if (o.half_close && !append_locked(kHalfClose, s.id, 0, [](FrameWriter&) {})) return false;
   if (o.trailers) {
-    const auto body = status_body(o.code, o.details ? *o.details : std::string(),
-                                  o.trailing ? o.trailing : &kNoMetadata);
-    if (body.size() > frame_cap || !append_locked(kTrailers, s.id, body.size(), [&](Writer& w) {
-          w.raw(body.data(), body.size());
+    static const std::string kNoDetails;
+    const std::string& details = o.details ? *o.details : kNoDetails;
+    const Metadata* md = o.trailing ? o.trailing : &kNoMetadata;
+    const size_t n = status_body_size(details, md);
+    if (n > frame_cap || !append_locked(kTrailers, s.id, n, [&](FrameWriter& w) {
+          write_status_body(w, o.code, details, md);
         }))
       return false;
   }
@@ -245,7 +251,7 @@ void Connection::submit_failed(const std::shared_ptr<Stream>& sp) {
 void Connection::flush_pending() {
   if (!alive()) return;
   {
-    std::lock_guard<std::mutex> g(send_mu_);
+    std::unique_lock<std::mutex> g = lock_send();
     if (!alive()) return;
     flush_ctrl_locked();
     flush_locked();
@@ -296,6 +302,16 @@ bool Connection::room_locked(size_t n) {
   return batch_.empty() || batch_.size() + n <= cfg_.acc_size || flush_locked();
 }
 
+std::unique_lock<std::mutex> Connection::lock_send() {
+  std::unique_lock<std::mutex> lk(send_mu_, std::try_to_lock);
+  if (!lk.owns_lock()) {
+    // Its holder may be waiting for ring credits.
+    before_wait();
+    lk.lock();
+  }
+  return lk;
+}
+
 bool Connection::flush_locked() {
   if (batch_.empty()) return true;
   const size_t ring = fabric_->peer_ring_size();
@@ -328,7 +344,10 @@ bool Connection::flush_locked() {
     const uint64_t done = (imm & kBatchRestart) ? wpos_ + skip : std::max(cb, wfree_);
     if (wpos_ + skip + len - done <= ring && wbatches_ - cn < fabric_->peer_slots()) break;
     // The peer may be stuck the same way, waiting for credits we still owe it.
-    if (spins == 0) return_credits();
+    if (spins == 0) {
+      return_credits();
+      before_wait();
+    }
     if (stall.expired()) {
       batch_.clear();
       fail(kUnavailable, "argrpc: peer " + peer_.name + " stopped consuming its ring for " +

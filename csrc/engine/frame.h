@@ -3,6 +3,7 @@
 // peer goes through Reader, which never reads past its end; a frame that does not
 // parse closes the connection.
 #pragma once
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -54,19 +55,13 @@ struct FrameHead {
 };
 static_assert(sizeof(FrameHead) == kFrameHeader, "frame header is 16 bytes");
 
-// Appends little-endian fields to a batch (all supported targets are little-endian).
-class Writer {
+// Where a writer puts its bytes: at the end of a vector, which grows for each field, or
+// into room already made for a whole frame (the send path knows a frame's length before
+// it writes it, and grows its batch once).
+class AppendTo {
  public:
-  explicit Writer(std::vector<uint8_t>* out) : out_(out) {}
-  void u32(uint32_t v) { raw(&v, 4); }
-  void u64(uint64_t v) { raw(&v, 8); }
-  void i64(int64_t v) { raw(&v, 8); }
-  void str(const std::string& s) { u32(static_cast<uint32_t>(s.size())); raw(s.data(), s.size()); }
-  void metadata(const Metadata& md) {
-    u32(static_cast<uint32_t>(md.size()));
-    for (auto& kv : md) { str(kv.first); str(kv.second); }
-  }
-  void raw(const void* p, size_t n) {
+  AppendTo(std::vector<uint8_t>* out) : out_(out) {}  // NOLINT: Writer(&bytes) reads well
+  void put(const void* p, size_t n) {
     if (!n) return;
     const size_t at = out_->size();
     out_->resize(at + n);
@@ -76,6 +71,41 @@ class Writer {
  private:
   std::vector<uint8_t>* out_;
 };
+
+class WriteAt {
+ public:
+  WriteAt(uint8_t* at, size_t room) : at_(at), end_(at + room) {}
+  void put(const void* p, size_t n) {
+    assert(n <= size_t(end_ - at_) && "a frame's fields outgrew the length it declared");
+    std::memcpy(at_, p, n);
+    at_ += n;
+  }
+
+ private:
+  uint8_t* at_;
+  uint8_t* end_;
+};
+
+// Little-endian fields (all supported targets are little-endian).
+template <class Out>
+class BasicWriter {
+ public:
+  explicit BasicWriter(Out out) : out_(out) {}
+  void u32(uint32_t v) { raw(&v, 4); }
+  void u64(uint64_t v) { raw(&v, 8); }
+  void i64(int64_t v) { raw(&v, 8); }
+  void str(const std::string& s) { u32(static_cast<uint32_t>(s.size())); raw(s.data(), s.size()); }
+  void metadata(const Metadata& md) {
+    u32(static_cast<uint32_t>(md.size()));
+    for (auto& kv : md) { str(kv.first); str(kv.second); }
+  }
+  void raw(const void* p, size_t n) { out_.put(p, n); }
+
+ private:
+  Out out_;
+};
+using Writer = BasicWriter<AppendTo>;
+using FrameWriter = BasicWriter<WriteAt>;
 
 inline size_t str_size(const std::string& s) { return 4 + s.size(); }
 inline size_t metadata_size(const Metadata& md) {
@@ -87,14 +117,23 @@ inline size_t metadata_size(const Metadata& md) {
 // An empty metadata list, where a frame must carry one.
 inline const Metadata kNoMetadata;
 
-// The body of TRAILERS (with `md`) or RST (md == nullptr: an RST has none).
-inline std::vector<uint8_t> status_body(uint32_t code, const std::string& details,
-                                        const Metadata* md) {
-  std::vector<uint8_t> b;
-  Writer w(&b);
+// The body of TRAILERS (with `md`) or RST (md == nullptr: an RST has none): its size,
+// written in place, or as a vector of its own.
+inline size_t status_body_size(const std::string& details, const Metadata* md) {
+  return 4 + str_size(details) + (md ? metadata_size(*md) : 0);
+}
+template <class W>
+void write_status_body(W& w, uint32_t code, const std::string& details, const Metadata* md) {
   w.u32(code);
   w.str(details);
   if (md) w.metadata(*md);
+}
+inline std::vector<uint8_t> status_body(uint32_t code, const std::string& details,
+                                        const Metadata* md) {
+  std::vector<uint8_t> b;
+  b.reserve(status_body_size(details, md));
+  Writer w(&b);
+  write_status_body(w, code, details, md);
   return b;
 }
 

@@ -5,12 +5,12 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
 
 #include "common/clock.h"
+#include "common/fifo.h"
 #include "engine/frame.h"
 #include "engine/notifier.h"
 #include "fabric/fabric.h"
@@ -91,7 +91,7 @@ class Stream {
   std::mutex mu;
   std::condition_variable cv;
   int sleepers = 0;
-  std::deque<Incoming> inbox;
+  Fifo<Incoming> inbox;
   int pulls_active = 0;
   bool peer_half_closed = false;
   bool have_initial_md = false;
