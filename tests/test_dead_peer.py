@@ -217,6 +217,61 @@ def test_hung_server_fails_calls_after_the_keepalive_timeout(
         server.kill()
 
 
+def test_a_loop_sending_into_a_stopped_peers_full_ring_holds_up_no_other_thread(
+        spawn: Callable[..., ServerProcess], pb: SimpleNamespace) -> None:
+    """An asyncio client's small sends keep the GIL (they return at once); when the
+    peer stops reading and its ring fills, the send waits for ring credits, and lets
+    the GIL go first: the process's other threads run on through that wait, and the
+    calls end once the peer reads again."""
+    import asyncio
+
+    import argrpc.aio
+
+    server = spawn("argrpc", UNLIMITED_SERVER_ARGS, ENV)
+    ticks: list[float] = []
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.001)
+
+    async def body() -> tuple[str, float, float, list[Any]]:
+        async with argrpc.aio.insecure_channel(server.target) as channel:
+            stub = pb.pb2_grpc.EchoStub(channel)
+            await stub.Unary(pb.pb2.EchoRequest(payload=b"w"), timeout=30)
+            transport = channel.transport
+            server.proc.send_signal(signal.SIGSTOP)
+            resume = threading.Timer(2.0, server.proc.send_signal, (signal.SIGCONT,))
+            resume.start()
+            # Each call's request goes out as the call is made: eager 8,000-byte
+            # messages, 2.4 MB against the peer's 1 MiB ring.
+            start = time.monotonic()
+            calls = [stub.Unary(pb.pb2.EchoRequest(payload=bytes(8000)), timeout=60)
+                     for _ in range(300)]
+            made = time.monotonic()
+            outcomes = await asyncio.gather(*calls, return_exceptions=True)
+            resume.join()
+            return transport, start, made, outcomes
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    try:
+        transport, start, made, outcomes = asyncio.run(asyncio.wait_for(body(), 60))
+    finally:
+        done.set()
+        ticker.join()
+        server.proc.send_signal(signal.SIGCONT)
+        server.kill()
+    assert transport == "shm"
+    assert made - start >= 1.0, "the ring never filled: the sends did not wait"
+    during = [t for t in ticks if start <= t <= made]
+    gaps = [b - a for a, b in zip(during, during[1:])]
+    assert len(during) > 10 and max(gaps) < 1.0, (len(during), max(gaps, default=None))
+    assert all(not isinstance(o, BaseException) and len(o.payload) == 8000 for o in outcomes), \
+        [o for o in outcomes if isinstance(o, BaseException)][:3]
+
+
 def test_slow_handler_outlives_the_keepalive_timeout(spawn: Callable[..., ServerProcess],
                                                      pb: SimpleNamespace) -> None:
     """A live peer answers every PING from its engine thread, however long the handler

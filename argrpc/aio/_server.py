@@ -31,23 +31,26 @@ from .._transports import Caller
 from . import _inline_start
 from ._context import RpcState, ServicerContext
 from ._loop import LoopBridge, bridge
-from ._server_handlers import answer_unary, intercept, serve, unary_plan
+from ._server_handlers import answer_unary, intercept, serve, serve_events, unary_plan
 
 __all__ = ["Server", "server"]
 
 _LOGGER = logging.getLogger(__name__)
 
 
-def _refs_of_a_local() -> int:
-    """What sys.getrefcount says of an object that only a local refers to (2 on CPython
-    3.11: the local and getrefcount's argument), measured rather than assumed:
-    interpreters differ in what a local costs."""
+def _refs_of_an_argument() -> int:
+    """What sys.getrefcount says of an argument that only its caller's local refers to
+    (3 on CPython 3.11: the caller's local, the parameter and getrefcount's argument),
+    measured rather than assumed: interpreters differ in what a local costs."""
+    def passed(arg: object) -> int:
+        return sys.getrefcount(arg)
     obj = object()
-    return sys.getrefcount(obj)
+    return passed(obj)
 
 
-# References to a call's state answered at once, in _start_call, when nothing else holds it.
-_ONLY_OURS = _refs_of_a_local()
+# References to a call's state answered at once, in _carry_on, when nothing but its
+# caller (_start_call, or serve_events, which passes it the same way) holds it.
+_ONLY_OURS = _refs_of_an_argument()
 
 
 # --- the gRPC port ----------------------------------------------------------------------
@@ -232,24 +235,12 @@ class Server(aio.Server):
             ref = weakref.ref(self)
 
             def on_events() -> None:
-                # The engine server's watch fired: take every waiting call, then every
-                # event. (The work here rather than in a method: a frame less a call.)
+                # The engine server's watch fired: start every waiting call (a planned
+                # method's, answered at once, all in C), then every event, as
+                # _start_call, _carry_on and _on_event say.
                 srv = ref()
-                if srv is None:
-                    return
-                calls, changes = srv._core.take_events()
-                sc: Any = None
-                for sc, method, key in calls:
-                    srv._start_call(sc, method, key, False)
-                for kind, sc in changes:
-                    if kind == "cancelled":
-                        state = srv._calls.get(sc.key)
-                        if state is not None:
-                            state.on_change()
-                    else:  # over_limit
-                        srv._start_call(sc, sc.method, sc.key, True)
-                # The last handle must not outlive this pass (it holds its connection).
-                del calls, changes, sc
+                if srv is not None:
+                    serve_events(srv._core, srv, RpcState, ServicerContext, _serving.STARTED)
 
             self._token = b.register(on_events)
             b.started()  # a server taking calls: the loop polls the engine before sleeping
@@ -361,11 +352,18 @@ class Server(aio.Server):
                 pass
 
     # --- fast-path calls ----------------------------------------------------------------
+    def _on_event(self, kind: str, sc: Any) -> None:
+        if kind == "cancelled":
+            state = self._calls.get(sc.key)
+            if state is not None:
+                state.on_change()
+        else:  # over_limit
+            self._start_call(sc, sc.method, sc.key, True)
+
     def _start_call(self, sc: Any, method: str, key: int, refused: bool) -> None:
-        loop = self._loop
-        b = self._bridge
-        assert loop is not None and b is not None
-        state = RpcState(sc, method, key, self, loop)
+        """A call the engine gave that serve_events did not answer itself: not a
+        planned method's, or the server is not STARTED."""
+        state = RpcState(sc, method, key, self, self._loop)
         plan = None if refused else self._plans.get(method)
         context = self._context.copy()
         # A planned method's call, answered in one crossing when nothing about it needs
@@ -373,6 +371,16 @@ class Server(aio.Server):
         # stopped. (A stopped server's calls take serve(), which says so.)
         started = answer_unary(state, plan, context, ServicerContext, self._max_send) \
             if plan is not None and self._stage is not _serving.STOPPED else False
+        self._carry_on(state, plan, context, started, refused)
+
+    def _carry_on(self, state: RpcState, plan: Any, context: contextvars.Context,
+                  started: Any, refused: bool) -> None:
+        """A call from where answer_unary left it (`started`): its handler run by
+        serve(), or its end."""
+        loop = self._loop
+        b = self._bridge
+        assert loop is not None and b is not None
+        sc = state.sc
         if started is not True:
             # Run right here, in this loop callback (_inline_start, its first step in
             # this frame); the call is watched (and counted in flight) only if its

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,9 +38,9 @@ void watch_stream(const std::shared_ptr<Stream>& s, PyNotifier& n, uint64_t toke
 
 // A call whose connection is gone before it started (PyConnection::for_call): its end
 // is posted like any call's.
-std::unique_ptr<PyClientCall> ended_at_birth(PyConnection& c, PyNotifier& n, uint64_t token) {
+py::object ended_at_birth(PyConnection& c, PyNotifier& n, uint64_t token) {
   std::make_shared<Watch>(n.n, token)->fire();
-  return std::make_unique<PyClientCall>(c.engine, c.gone_end());
+  return wrap_handle(std::make_unique<PyClientCall>(c.engine, c.gone_end()));
 }
 
 int send_result(SendResult r) {
@@ -56,7 +57,8 @@ py::object try_recv(const std::shared_ptr<Stream>& s) {
   Payload p;
   int r;
   {
-    NoGil nogil;
+    // What it takes is already here: the copy, if any, is to_python's, with the GIL.
+    GilUntilWait gil(true);
     r = s->conn->try_recv(s, &p);
   }
   if (r > 0) return to_python(std::move(p));
@@ -66,7 +68,7 @@ py::object try_recv(const std::shared_ptr<Stream>& s) {
 int try_send(const std::shared_ptr<Stream>& s, const py::object& msg, bool half_close,
              bool give_up = false) {
   BufferView b(msg);
-  NoGil nogil;
+  GilUntilWait gil(!give_up && b.size() <= kKeepGilBytes);
   // give_up: the call's deadline has passed while the send waited; the blocking send
   // ends the call as it would for a thread (no pool room: RESOURCE_EXHAUSTED naming
   // TF_RDMA_BUF_SIZE), without waiting, since the deadline is over.
@@ -88,7 +90,7 @@ py::object try_unary(PyClientCall& c) {
   Payload p;
   int got;
   {
-    NoGil nogil;
+    GilUntilWait gil(true);  // as try_recv's
     got = s.conn->try_recv(c.s, &p);
   }
   py::object response = got > 0 ? to_python(std::move(p)) : py::none();
@@ -106,9 +108,9 @@ py::object try_recv_call(PyServerCall& c) { return try_recv(c.s); }
 
 int try_finish_call(PyServerCall& c, uint32_t code, const std::string& details,
                     const Metadata& md, const py::object& message, bool quiet) {
-  std::unique_ptr<BufferView> b;
-  if (!message.is_none()) b = std::make_unique<BufferView>(message);
-  NoGil nogil;
+  std::optional<BufferView> b;
+  if (!message.is_none()) b.emplace(message);
+  GilUntilWait gil(!b || b->size() <= kKeepGilBytes);
   // quiet: the caller lets go of the call once this is sent, so the end this send causes
   // is not posted (a post nobody reads costs the loop a pass).
   std::shared_ptr<Watch> w;
@@ -117,7 +119,7 @@ int try_finish_call(PyServerCall& c, uint32_t code, const std::string& details,
     w = std::move(c.s->watch);
   }
   const SendResult r = c.s->conn->try_finish(c.s, code, details, md, b ? b->data() : nullptr,
-                                             b ? b->size() : 0, b != nullptr);
+                                             b ? b->size() : 0, b.has_value());
   if (w && r != SendResult::kSent) {
     // Still the caller's to watch; a change meanwhile went unposted: post once.
     std::lock_guard<std::mutex> g(c.s->mu);
@@ -157,8 +159,8 @@ py::object answer_or_poll(PyClientCall& c, PyNotifier& n, PyEngine& e, py::handl
 }
 
 void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnection>& connection,
-             py::class_<PyClientCall>& client_call, py::class_<PyServer>& server,
-             py::class_<PyServerCall>& server_call) {
+             HandleMethods& client_call, py::class_<PyServer>& server,
+             HandleMethods& server_call) {
   py::class_<PyNotifier>(m, "Notifier")
       .def(py::init<>())
       .def_property_readonly("fd", [](PyNotifier& n) { return n.n->fd(); })
@@ -195,7 +197,7 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
         auto conn = c.for_call();
         if (!conn) {
           if (retry_unsent && c.gone_end().code == kUnavailable) return py::none();
-          return py::cast(ended_at_birth(c, n, token));
+          return ended_at_birth(c, n, token);
         }
         std::shared_ptr<Stream> s;
         {
@@ -206,7 +208,7 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
         }
         if (!s) return py::none();
         watch_stream(s, n, token);
-        return py::cast(std::make_unique<PyClientCall>(c.engine, s));
+        return wrap_handle(std::make_unique<PyClientCall>(c.engine, s));
       },
       py::arg("method"), py::arg("metadata"), py::arg("timeout"), py::arg("notifier"),
       py::arg("token"), py::arg("send_headers_now") = true, py::arg("retry_unsent") = false);
@@ -229,7 +231,7 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
         std::shared_ptr<Stream> s;
         SendResult r;
         {
-          NoGil nogil;
+          GilUntilWait gil(b.size() <= kKeepGilBytes);
           s = conn->start_call(method, meta, t, false, c.group_id());
           {
             std::lock_guard<std::mutex> g(s->mu);
@@ -241,7 +243,8 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
           if (r == SendResult::kEnded && retry_unsent && conn->never_sent(s)) s.reset();
         }
         if (!s) return py::none();
-        return py::make_tuple(std::make_unique<PyClientCall>(c.engine, s), send_result(r));
+        return py::make_tuple(wrap_handle(std::make_unique<PyClientCall>(c.engine, s)),
+                              send_result(r));
       },
       py::arg("method"), py::arg("metadata"), py::arg("timeout"), py::arg("notifier"),
       py::arg("token"), py::arg("request"), py::arg("retry_unsent") = false);
@@ -289,37 +292,6 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
   server.def("watch", [](PyServer& s, PyNotifier& n, uint64_t token) {
     s.server->set_watch(std::make_shared<Watch>(n.n, token));
   }, py::arg("notifier"), py::arg("token"));
-  // Everything waiting, without waiting: ([(new call, method, key)], [("cancelled" |
-  // "over_limit", call)]), in one crossing instead of an accept() and a next_event()
-  // per item.
-  server.def("take_events", [](PyServer& s) -> py::tuple {
-    std::vector<std::shared_ptr<Stream>> calls;
-    std::vector<ServerEvent> events;
-    {
-      NoGil nogil;
-      const Deadline now = Deadline::after_seconds(0);
-      while (auto st = s.server->accept(now)) calls.push_back(std::move(st));
-      for (;;) {
-        ServerEvent ev = s.server->next_event(now);
-        if (ev.kind == ServerEvent::Kind::kNone) break;
-        if (ev.kind != ServerEvent::Kind::kStarved) events.push_back(std::move(ev));
-      }
-    }
-    py::list new_calls, changes;
-    // With each new call, what every call's state reads of it (its method and key).
-    for (auto& st : calls)
-      new_calls.append(py::make_tuple(std::make_unique<PyServerCall>(s.engine, st, true),
-                                      method_name(st->method),
-                                      reinterpret_cast<uintptr_t>(st.get())));
-    for (auto& ev : events) {
-      if (ev.kind == ServerEvent::Kind::kCancelled)  // a second, non-owning handle
-        changes.append(py::make_tuple("cancelled", std::make_unique<PyServerCall>(s.engine, ev.stream, false)));
-      else
-        changes.append(py::make_tuple("over_limit", std::make_unique<PyServerCall>(s.engine, ev.stream, true)));
-    }
-    return py::make_tuple(new_calls, changes);
-  });
-
   server_call
       .def("watch", [](PyServerCall& c, PyNotifier& n, uint64_t token) {
         watch_stream(c.s, n, token);

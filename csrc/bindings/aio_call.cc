@@ -233,9 +233,12 @@ PyObject* ask(CallState* self, uint64_t own) {
   PyObject* engine = notifier ? PyObject_GetAttr(bridge, names.engine) : nullptr;
   PyObject* ready = engine ? PyObject_GetAttr(bridge, names.ready) : nullptr;
   PyObject* out = nullptr;
-  if (ready != nullptr) {
+  PyClientCall* call = handle_of<PyClientCall>(self->core);
+  if (ready != nullptr && call == nullptr)
+    PyErr_SetString(PyExc_TypeError, "the call's core is not a ClientCall");
+  else if (ready != nullptr) {
     try {
-      out = answer_or_poll(py::cast<PyClientCall&>(py::handle(self->core)),
+      out = answer_or_poll(*call,
                            py::cast<PyNotifier&>(py::handle(notifier)),
                            py::cast<PyEngine&>(py::handle(engine)), py::handle(ready), own)
                 .release()

@@ -14,7 +14,11 @@
 #include <Python.h>
 #include <pybind11/pybind11.h>
 
+#include <initializer_list>
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "bindings/aio_server_state.h"
 #include "bindings/bindings.h"
@@ -138,6 +142,47 @@ PyObject* first_step(ServerCallState* st, PyServerCall& call, PyObject* plan,
   return end_quietly(st, call, value, serializer, max_send);
 }
 
+// Every call and event the server has waiting, without waiting (so with the GIL: the
+// deadline has passed).
+void take_waiting(PyServer& s, std::vector<std::shared_ptr<Stream>>* calls,
+                  std::vector<ServerEvent>* events) {
+  const Deadline now = Deadline::after_seconds(0);
+  while (auto st = s.server->accept(now)) calls->push_back(std::move(st));
+  for (;;) {
+    ServerEvent ev = s.server->next_event(now);
+    if (ev.kind == ServerEvent::Kind::kNone) break;
+    if (ev.kind != ServerEvent::Kind::kStarved) events->push_back(std::move(ev));
+  }
+}
+
+bool empty_list(PyObject* o) { return PyList_CheckExact(o) && PyList_GET_SIZE(o) == 0; }
+
+// A method's name, made once (kept for the process's life).
+PyObject* interned(const char* name) {
+  PyObject* s = PyUnicode_InternFromString(name);
+  if (s == nullptr) throw py::error_already_set();
+  return s;
+}
+
+// server.<name>(*args), its result dropped; raises error_already_set if it raised.
+void call_method(PyObject* server, PyObject* name, std::initializer_list<PyObject*> args) {
+  PyObject* stack[6] = {server};
+  size_t n = 1;
+  for (PyObject* a : args) stack[n++] = a;
+  PyObject* r = PyObject_VectorcallMethod(name, stack, n, nullptr);
+  if (r == nullptr) throw py::error_already_set();
+  Py_DECREF(r);
+}
+
+// first_step in `context`, as a task runs a coroutine's step.
+PyObject* answer_in(ServerCallState* st, PyServerCall& call, PyObject* plan, PyObject* context,
+                    PyObject* context_type, long long max_send) {
+  if (PyContext_Enter(context) < 0) return nullptr;
+  PyObject* out = first_step(st, call, plan, context_type, max_send);
+  if (PyContext_Exit(context) < 0) Py_CLEAR(out);
+  return out;
+}
+
 // answer_unary(state, plan, context, context_type, max_send): True once the call is
 // answered; False if its request is not there yet (nothing was run); else the tuple
 // (Started, ...) the Python server goes on from.
@@ -153,18 +198,116 @@ PyObject* answer_unary(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   auto* st = reinterpret_cast<ServerCallState*>(args[0]);
   const long long max_send = PyLong_AsLongLong(args[4]);
   if (max_send == -1 && PyErr_Occurred()) return nullptr;
-  PyServerCall* call = nullptr;
+  PyServerCall* call = handle_of<PyServerCall>(st->sc);
+  if (call == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "answer_unary: the state's sc is not a ServerCall");
+    return nullptr;
+  }
+  return answer_in(st, *call, args[1], args[2], args[3], max_send);
+}
+
+// What the Python server's loop callback did for each call and event a pass took
+// (ServerSide._start_call, _carry_on, _on_event in argrpc/aio/_server.py), with a
+// planned method's call answered here to the end when nothing about it needs Python:
+// answered at once, nobody waiting on it or called back by it, and its state held by
+// nothing else (the handler kept no context).
+PyObject* serve_events(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 5 || !PyType_Check(args[2]) || !PyType_IsSubtype(
+          reinterpret_cast<PyTypeObject*>(args[2]), server_call_state_type())) {
+    PyErr_SetString(PyExc_TypeError,
+                    "serve_events(server_core, server, state_type, context_type, started): "
+                    "the engine's Server, the asyncio server, a ServerCallState type, the "
+                    "ServicerContext type and the stage that lets calls be answered here");
+    return nullptr;
+  }
+  PyObject* srv = args[1];
+  auto* state_type = reinterpret_cast<PyTypeObject*>(args[2]);
+  PyObject* context_type = args[3];
+  // Each call held by its handle from the start: one this pass does not reach (a
+  // handler's error ended it) is abandoned, as a dropped handle's always is.
+  std::vector<std::unique_ptr<PyServerCall>> calls;
+  std::vector<std::pair<bool, std::unique_ptr<PyServerCall>>> changes;  // (over limit, call)
   try {
-    call = &py::cast<PyServerCall&>(py::handle(st->sc));
+    PyServer& core = py::cast<PyServer&>(py::handle(args[0]));
+    std::vector<std::shared_ptr<Stream>> streams;
+    std::vector<ServerEvent> events;
+    take_waiting(core, &streams, &events);
+    for (auto& st : streams) calls.push_back(std::make_unique<PyServerCall>(core.engine, st, true));
+    for (auto& ev : events) {
+      // A cancellation's is a second, non-owning handle on a call a task owns.
+      const bool over_limit = ev.kind == ServerEvent::Kind::kOverLimit;
+      changes.emplace_back(over_limit,
+                           std::make_unique<PyServerCall>(core.engine, ev.stream, over_limit));
+    }
   } catch (...) {
     restore_python_error(std::current_exception());
     return nullptr;
   }
-  PyObject* context = args[2];
-  if (PyContext_Enter(context) < 0) return nullptr;
-  PyObject* out = first_step(st, *call, args[1], args[3], max_send);
-  if (PyContext_Exit(context) < 0) Py_CLEAR(out);
-  return out;
+  // What a pass's planned calls share, read once.
+  py::object plans, context, loop;
+  long long max_send = -1;
+  bool planned = false;
+  try {
+    // Interned, as the type's attribute cache wants them (a name made afresh from a C
+    // string misses it and searches the class's whole MRO).
+    static PyObject* const stage_name = interned("_stage");
+    static PyObject* const plans_name = interned("_plans");
+    static PyObject* const context_name = interned("_context");
+    static PyObject* const loop_name = interned("_loop");
+    static PyObject* const max_send_name = interned("_max_send");
+    py::handle server(srv);
+    if (!calls.empty() && server.attr(stage_name).ptr() == args[4]) {
+      plans = server.attr(plans_name);
+      planned = PyDict_CheckExact(plans.ptr());
+      if (planned) {
+        context = server.attr(context_name);
+        loop = server.attr(loop_name);
+        max_send = server.attr(max_send_name).cast<long long>();
+        planned = PyContext_CheckExact(context.ptr());
+      }
+    }
+    for (auto& c : calls) {
+      py::str method = method_name(c->s->method);
+      py::int_ key(reinterpret_cast<uintptr_t>(c->s.value().get()));
+      PyServerCall* call = c.get();  // owned by sc from here on
+      py::object sc = wrap_handle(std::move(c));
+      PyObject* plan = planned ? PyDict_GetItemWithError(plans.ptr(), method.ptr()) : nullptr;
+      // Held: the handler may change the dict.
+      py::object plan_ref = py::reinterpret_borrow<py::object>(plan);
+      if (plan == nullptr) {
+        if (PyErr_Occurred()) throw py::error_already_set();
+        static PyObject* const start_call = interned("_start_call");
+        call_method(srv, start_call, {sc.ptr(), method.ptr(), key.ptr(), Py_False});
+        continue;
+      }
+      py::object state = py::reinterpret_steal<py::object>(
+          new_call_state(state_type, sc.ptr(), method.ptr(), key.ptr(), srv, loop.ptr()));
+      if (!state) throw py::error_already_set();
+      py::object call_context = py::reinterpret_steal<py::object>(PyContext_Copy(context.ptr()));
+      if (!call_context) throw py::error_already_set();
+      auto* fields = reinterpret_cast<ServerCallState*>(state.ptr());
+      py::object started = py::reinterpret_steal<py::object>(
+          answer_in(fields, *call, plan, call_context.ptr(), context_type, max_send));
+      if (!started) throw py::error_already_set();
+      sc = py::object();  // the state's reference is the one left
+      if (started.ptr() == Py_True && empty_list(fields->waiters) &&
+          empty_list(fields->callbacks) && Py_REFCNT(state.ptr()) == 1)
+        continue;  // done; the state goes, its engine handle with it
+      // Passed as a Python caller passes it (no argument tuple): _carry_on counts on the
+      // references a state answered at once has there.
+      static PyObject* const carry_on = interned("_carry_on");
+      call_method(srv, carry_on,
+                  {state.ptr(), plan, call_context.ptr(), started.ptr(), Py_False});
+    }
+    static PyObject* const on_event = interned("_on_event");
+    static PyObject* const kinds[2] = {interned("cancelled"), interned("over_limit")};
+    for (auto& [over_limit, c] : changes)
+      call_method(srv, on_event, {kinds[over_limit], wrap_handle(std::move(c)).ptr()});
+  } catch (...) {
+    restore_python_error(std::current_exception());
+    return nullptr;
+  }
+  Py_RETURN_NONE;
 }
 
 PyMethodDef serve_functions[] = {
@@ -172,6 +315,10 @@ PyMethodDef serve_functions[] = {
      METH_FASTCALL,
      "A planned unary method's call answered in one crossing, or where the Python server "
      "goes on from (csrc/bindings/aio_serve.cc)."},
+    {"serve_events", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(serve_events)),
+     METH_FASTCALL,
+     "Every call and event an asyncio server's engine half has waiting, started "
+     "(csrc/bindings/aio_serve.cc)."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -168,6 +168,21 @@ PyTypeObject context_fields_type = fields_type<context_members>(
 
 bool is_server_call_state(PyObject* o) { return PyObject_TypeCheck(o, &server_state_type); }
 
+PyTypeObject* server_call_state_type() { return &server_state_type; }
+
+PyObject* new_call_state(PyTypeObject* type, PyObject* sc, PyObject* method, PyObject* key,
+                         PyObject* server, PyObject* loop) {
+  PyObject* o = server_state_new(type, nullptr, nullptr);
+  if (o == nullptr) return nullptr;
+  auto* self = reinterpret_cast<ServerCallState*>(o);
+  set_field(&self->sc, sc);
+  set_field(&self->method, method);
+  set_field(&self->key, key);
+  set_field(&self->server, server);
+  set_field(&self->loop, loop);
+  return o;
+}
+
 void add_aio_server_state(py::module_& m) {
   zero_code = PyLong_FromLong(0);
   no_details = PyUnicode_InternFromString("");

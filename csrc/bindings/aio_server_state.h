@@ -36,6 +36,12 @@ struct ServerCallState {
 };
 
 bool is_server_call_state(PyObject* o);
+PyTypeObject* server_call_state_type();
+// A new state of `type` (ServerCallState or a subclass: argrpc.aio's RpcState) for a call,
+// as ServerCallState(sc, method, key, server, loop) makes it, without the call's
+// argument tuple.
+PyObject* new_call_state(PyTypeObject* type, PyObject* sc, PyObject* method, PyObject* key,
+                         PyObject* server, PyObject* loop);
 
 // A field of such a state (or another raw aio type) set to `value`, the old one let go.
 inline void set_field(PyObject** field, PyObject* value) {

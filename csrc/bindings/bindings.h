@@ -40,9 +40,15 @@ namespace bindings {
 // thread that may keep running: it keeps the GIL, since no other thread can take it.
 class NoGil {
  public:
-  NoGil() : state_(_Py_IsFinalizing() ? nullptr : PyEval_SaveThread()) {}
+  // release false: the GIL stays until let_go() (GilUntilWait).
+  explicit NoGil(bool release = true) {
+    if (release) let_go();
+  }
   NoGil(const NoGil&) = delete;
   NoGil& operator=(const NoGil&) = delete;
+  void let_go() {
+    if (state_ == nullptr && !_Py_IsFinalizing()) state_ = PyEval_SaveThread();
+  }
   ~NoGil() {
     if (state_ == nullptr) return;
     if (_Py_IsFinalizing() && !skip_check_for_test) park();
@@ -65,7 +71,32 @@ class NoGil {
   [[noreturn]] static void park() {
     for (;;) ::pause();
   }
-  PyThreadState* state_;
+  PyThreadState* state_ = nullptr;
+};
+
+// The calls that should return at once (try_recv, try_send, try_finish and the like)
+// keep the GIL when they copy at most this many bytes: letting it go and taking it back
+// costs more than such a call's work. They let it go only if the engine is about to
+// wait after all (for ring credits a slow peer has not returned, or for a send lock
+// another thread holds through such a wait), so that the wait holds up no other Python
+// thread. Keeping it cannot deadlock: the engine never takes the GIL, so no holder of an
+// engine lock waits for it.
+constexpr size_t kKeepGilBytes = 64 * 1024;
+
+class GilUntilWait final : public WaitHook {
+ public:
+  // keep false: let go at once, as NoGil.
+  explicit GilUntilWait(bool keep) : prev_(current_wait_hook()), nogil_(!keep) {
+    current_wait_hook() = this;
+  }
+  GilUntilWait(const GilUntilWait&) = delete;
+  GilUntilWait& operator=(const GilUntilWait&) = delete;
+  ~GilUntilWait() override { current_wait_hook() = prev_; }  // then nogil_ takes it back
+  void before_wait() override { nogil_.let_go(); }
+
+ private:
+  WaitHook* prev_;
+  NoGil nogil_;
 };
 
 // Python's signal handlers run while the main thread waits in a call, as grpc runs them:
@@ -292,6 +323,89 @@ struct PyServerCall {
   }
 };
 
+// A call handle's Python object (ServerCall, ClientCall): a plain CPython type holding
+// the handle, not a pybind11 class. Every call makes one; as a pybind11 instance its
+// making and freeing (the instance registry, the holder) cost as much as the rest of a
+// small call's bookkeeping. Its methods are still pybind11 functions: the caster at the
+// end of this file hands them the handle.
+template <class T>
+struct HandleObject {
+  PyObject_HEAD
+  T* handle;  // owned
+};
+
+template <class T>
+struct HandleType {
+  static inline PyTypeObject* type = nullptr;  // made by add_handle_type
+};
+
+template <class T>
+T* handle_of(PyObject* o) {
+  return Py_TYPE(o) == HandleType<T>::type ? reinterpret_cast<HandleObject<T>*>(o)->handle
+                                           : nullptr;
+}
+
+// The object for a handle the engine gave.
+template <class T>
+pybind11::object wrap_handle(std::unique_ptr<T> h) {
+  PyTypeObject* type = HandleType<T>::type;
+  PyObject* o = type->tp_alloc(type, 0);
+  if (o == nullptr) throw pybind11::error_already_set();
+  reinterpret_cast<HandleObject<T>*>(o)->handle = h.release();
+  return pybind11::reinterpret_steal<pybind11::object>(o);
+}
+
+template <class T>
+void handle_dealloc(PyObject* o) {
+  PyTypeObject* type = Py_TYPE(o);
+  delete reinterpret_cast<HandleObject<T>*>(o)->handle;  // its destructor may end the call
+  type->tp_free(o);
+  Py_DECREF(type);  // a heap type's instances hold it
+}
+
+// A handle type's methods, defined as a pybind11 class_ defines them.
+class HandleMethods {
+ public:
+  explicit HandleMethods(PyTypeObject* type) : type_(reinterpret_cast<PyObject*>(type)) {}
+  template <class F, class... Extra>
+  HandleMethods& def(const char* name, F&& f, const Extra&... extra) {
+    pybind11::cpp_function cf(std::forward<F>(f), pybind11::name(name),
+                              pybind11::is_method(type_), extra...);
+    type_.attr(name) = cf;
+    return *this;
+  }
+  template <class F>
+  HandleMethods& def_property_readonly(const char* name, F&& f) {
+    pybind11::cpp_function get(std::forward<F>(f), pybind11::is_method(type_));
+    type_.attr(name) = pybind11::handle(reinterpret_cast<PyObject*>(&PyProperty_Type))(
+        get, pybind11::none(), pybind11::none(), "");
+    return *this;
+  }
+
+ private:
+  pybind11::handle type_;
+};
+
+// Makes module attribute `name` the handle type of T: no constructor (only the engine's
+// calls make handles), not a base type. `qualified` and `doc` are literals (the type
+// keeps the name's pointer).
+template <class T>
+HandleMethods add_handle_type(pybind11::module_& m, const char* qualified, const char* name,
+                              const char* doc) {
+  static PyType_Slot slots[] = {
+      {Py_tp_dealloc, reinterpret_cast<void*>(handle_dealloc<T>)},
+      {Py_tp_doc, const_cast<char*>(doc)},
+      {0, nullptr},
+  };
+  static PyType_Spec spec = {qualified, sizeof(HandleObject<T>), 0,
+                             Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION, slots};
+  PyObject* type = PyType_FromModuleAndSpec(m.ptr(), &spec, nullptr);
+  if (type == nullptr) throw pybind11::error_already_set();
+  HandleType<T>::type = reinterpret_cast<PyTypeObject*>(type);
+  m.add_object(name, pybind11::handle(type));  // steals the type's reference
+  return HandleMethods(HandleType<T>::type);
+}
+
 // Text that may come from a peer (a method name, a message quoting one): never fails on
 // bytes that are not UTF-8.
 inline pybind11::str lenient_str(const std::string& s) {
@@ -330,9 +444,9 @@ void add_buffers(pybind11::module_& m);     // buffers.cc: RecvBuffer
 void add_peer_info(pybind11::module_& m);   // peer_info.cc: PeerInfo
 pybind11::class_<PyEngine> add_engine(pybind11::module_& m);              // engine.cc
 pybind11::class_<PyConnection> add_connection(pybind11::module_& m);      // connection.cc
-pybind11::class_<PyClientCall> add_client_call(pybind11::module_& m);     // client_call.cc
+HandleMethods add_client_call(pybind11::module_& m);                      // client_call.cc
 pybind11::class_<PyServer> add_server(pybind11::module_& m);              // server.cc
-pybind11::class_<PyServerCall> add_server_call(pybind11::module_& m);     // server_call.cc
+HandleMethods add_server_call(pybind11::module_& m);                      // server_call.cc
 // test_probes.cc: test-only hooks (_without_gil_for_test, Connection._probe_*)
 void add_test_probes(pybind11::module_& m, pybind11::class_<PyConnection>& connection);
 
@@ -366,8 +480,8 @@ pybind11::object answer_or_poll(PyClientCall& c, PyNotifier& n, PyEngine& e,
 // aio.cc: the loop's Notifier and the calls' and server's methods that never wait.
 void add_aio(pybind11::module_& m, pybind11::class_<PyEngine>& engine,
              pybind11::class_<PyConnection>& connection,
-             pybind11::class_<PyClientCall>& client_call, pybind11::class_<PyServer>& server,
-             pybind11::class_<PyServerCall>& server_call);
+             HandleMethods& client_call, pybind11::class_<PyServer>& server,
+             HandleMethods& server_call);
 // A static type's start, for the units that define raw CPython types (aio_call.cc,
 // aio_server_state.cc): what PyType_Ready needs before the slots.
 inline PyTypeObject static_type(const char* name, const char* doc, Py_ssize_t size,
@@ -458,3 +572,36 @@ int try_finish_call(PyServerCall& c, uint32_t code, const std::string& details,
 
 }  // namespace bindings
 }  // namespace argrpc
+
+// pybind11 functions take a call handle (as PyServerCall& or PyClientCall&) from its raw
+// type above; one is never converted back: wrap_handle makes the objects.
+namespace pybind11 {
+namespace detail {
+template <class T>
+class handle_caster {
+ public:
+  template <typename U>
+  using cast_op_type = T&;
+  bool load(handle src, bool) {
+    value_ = argrpc::bindings::handle_of<T>(src.ptr());
+    return value_ != nullptr;
+  }
+  explicit operator T&() { return *value_; }
+
+ private:
+  T* value_ = nullptr;
+};
+template <>
+class type_caster<argrpc::bindings::PyServerCall>
+    : public handle_caster<argrpc::bindings::PyServerCall> {
+ public:
+  static constexpr auto name = const_name("ServerCall");
+};
+template <>
+class type_caster<argrpc::bindings::PyClientCall>
+    : public handle_caster<argrpc::bindings::PyClientCall> {
+ public:
+  static constexpr auto name = const_name("ClientCall");
+};
+}  // namespace detail
+}  // namespace pybind11

@@ -12,12 +12,14 @@ namespace py = pybind11;
 namespace argrpc {
 namespace bindings {
 
-py::class_<PyClientCall> add_client_call(py::module_& m) {
+HandleMethods add_client_call(py::module_& m) {
   // A call object the child inherited through fork() is the parent's: every method
   // answers as for a call that ended UNAVAILABLE, without touching it (its locks may be
   // held by a thread that does not exist here). A call ended at birth answers the same
   // way, with its own end.
-  py::class_<PyClientCall> client_call(m, "ClientCall");
+  HandleMethods client_call = add_handle_type<PyClientCall>(
+      m, "argrpc._core.ClientCall", "ClientCall",
+      "One call a channel started: its sends, its replies and its end.");
   client_call
       .def("send", [](PyClientCall& c, py::object msg) {
         if (c.inert()) return false;

@@ -143,7 +143,7 @@ py::class_<PyConnection> add_connection(py::module_& m) {
              if (!conn) {
                CallEnd end = c.gone_end();
                if (retry_unsent && end.code == kUnavailable) return py::none();
-               return py::cast(std::make_unique<PyClientCall>(c.engine, std::move(end)));
+               return wrap_handle(std::make_unique<PyClientCall>(c.engine, std::move(end)));
              }
              std::shared_ptr<Stream> s;
              {
@@ -152,7 +152,7 @@ py::class_<PyConnection> add_connection(py::module_& m) {
                if (retry_unsent && conn->never_sent(s)) s.reset();
              }
              if (!s) return py::none();
-             return py::cast(std::make_unique<PyClientCall>(c.engine, s));
+             return wrap_handle(std::make_unique<PyClientCall>(c.engine, s));
            },
            py::arg("method"), py::arg("metadata"), py::arg("timeout"),
            py::arg("retry_unsent") = false);

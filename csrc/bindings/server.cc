@@ -31,7 +31,7 @@ py::class_<PyServer> add_server(py::module_& m) {
           st = s.server->accept(dl);
         }
         if (!st) return py::none();
-        return py::cast(std::make_unique<PyServerCall>(s.engine, st, true));
+        return wrap_handle(std::make_unique<PyServerCall>(s.engine, st, true));
       }, py::arg("timeout") = py::none())
       .def("wakeup", [](PyServer& s, int n) { s.server->wakeup(n); }, py::arg("n") = 1)
       // The calling worker is no longer on its way back to accept() (engine/polling_lease.h).
@@ -51,9 +51,11 @@ py::class_<PyServer> add_server(py::module_& m) {
         switch (ev.kind) {
           case ServerEvent::Kind::kCancelled:
             // A second handle on a call a worker owns: dropping it must not abandon it.
-            return py::make_tuple("cancelled", std::make_unique<PyServerCall>(s.engine, ev.stream, false), 0);
+            return py::make_tuple(
+                "cancelled", wrap_handle(std::make_unique<PyServerCall>(s.engine, ev.stream, false)), 0);
           case ServerEvent::Kind::kOverLimit:
-            return py::make_tuple("over_limit", std::make_unique<PyServerCall>(s.engine, ev.stream, true), 0);
+            return py::make_tuple(
+                "over_limit", wrap_handle(std::make_unique<PyServerCall>(s.engine, ev.stream, true)), 0);
           case ServerEvent::Kind::kStarved:
             return py::make_tuple("starved", py::none(), ev.workers);
           case ServerEvent::Kind::kNone:

@@ -31,8 +31,10 @@ py::dict auth_dict(const PeerInfo& peer) {
 
 }  // namespace
 
-py::class_<PyServerCall> add_server_call(py::module_& m) {
-  py::class_<PyServerCall> server_call(m, "ServerCall");
+HandleMethods add_server_call(py::module_& m) {
+  HandleMethods server_call = add_handle_type<PyServerCall>(
+      m, "argrpc._core.ServerCall", "ServerCall",
+      "One call a server took: its request metadata and peer, and its replies.");
   server_call
       .def_property_readonly("id", [](PyServerCall& c) { return c.s->id; })
       // Identity of the call across handles (accept() and next_event()).

@@ -439,6 +439,55 @@ def test_a_planned_call_answered_at_once_takes_one_crossing(monkeypatch: Any) ->
                     "returns_str": handlers._RETURNED}, served
 
 
+def test_a_pass_ends_in_c_only_the_calls_nothing_else_holds(monkeypatch: Any) -> None:
+    """serve_events ends a planned call answered at once by itself only when nothing
+    else refers to it; a handler that kept its context or added a done callback has its
+    call handed to the Python server's _carry_on, which lets go of the engine handle
+    and runs the callback, as grpc.aio does once the call is over."""
+    kept: list[aio.ServicerContext] = []
+    called: list[str] = []
+
+    async def keeps_context(request: bytes, context: aio.ServicerContext) -> bytes:
+        kept.append(context)
+        return request
+
+    async def adds_callback(request: bytes, context: aio.ServicerContext) -> bytes:
+        context.add_done_callback(lambda ctx: called.append(ctx.peer()))
+        return request
+
+    carried: list[tuple[str, bool]] = []
+    real = aio_server.Server._carry_on
+
+    def counted(self: Any, state: Any, plan: Any, context: Any, started: Any,
+                refused: bool) -> None:
+        carried.append((state.method.rsplit("/", 1)[1], started is True))
+        real(self, state, plan, context, started, refused)
+
+    monkeypatch.setattr(aio_server.Server, "_carry_on", counted)
+    handlers = {"echo": grpc.unary_unary_rpc_method_handler(echo),
+                "keeps_context": grpc.unary_unary_rpc_method_handler(keeps_context),
+                "adds_callback": grpc.unary_unary_rpc_method_handler(adds_callback)}
+    calls = [("echo", b"a"), ("keeps_context", b"b"), ("adds_callback", b"c")] * 3
+
+    async def body() -> tuple[str, list]:
+        async with serving(handlers, "argrpc", registered=True) as (_, target):
+            return await in_thread(fast_calls, target, calls)
+
+    transport, outcomes = run(body())
+    assert transport == "shm"
+    assert [o[:2] for o in outcomes] == [("OK", b"a"), ("OK", b"b"), ("OK", b"c")] * 3
+    # An echo reaches _carry_on only if its request was not there yet (not answered).
+    assert ("echo", True) not in carried, carried
+    assert carried.count(("keeps_context", True)) + carried.count(("keeps_context", False)) == 3
+    assert carried.count(("adds_callback", True)) + carried.count(("adds_callback", False)) == 3
+    assert len(called) == 3 and all(p.startswith("ipv4:127.0.0.1:") for p in called), called
+    # Each kept context's call let go of its engine handle, and still answers.
+    assert len(kept) == 3
+    for context in kept:
+        assert type(context._state.sc).__name__ == "_EndedCall"
+        assert context.peer().startswith("ipv4:127.0.0.1:") and context.done()
+
+
 # What grpc's auth_context() gives on an insecure connection.
 INSECURE = {"transport_security_type": [b"insecure"], "security_level": [b"TSI_SECURITY_NONE"]}
 
@@ -1326,3 +1375,9 @@ def test_the_server_call_state_is_made_with_grpc_aio_defaults() -> None:
     import contextvars
     with pytest.raises(TypeError, match="ServerCallState"):  # its first argument is one
         _core.answer_unary(object(), (None, None, None), contextvars.copy_context(), None, -1)
+    with pytest.raises(TypeError, match="ServerCall"):  # nor a state whose sc is no call
+        _core.answer_unary(a, (None, None, None), contextvars.copy_context(), None, -1)
+    with pytest.raises(TypeError, match="ServerCallState type"):
+        _core.serve_events(None, None, object, None, None)
+    with pytest.raises(TypeError):  # only the engine's server makes calls
+        _core.ServerCall()
