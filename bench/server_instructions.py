@@ -2,6 +2,7 @@
 """Instructions a 64 B call costs a server process, counted by callgrind.
 
     python3 bench/server_instructions.py [--server asyncio|threaded] [--calls N]
+    python3 bench/server_instructions.py --client asyncio [--calls N]
 
 The server (`bench/loop_pairs.py --serve`, a registered bytes echo) runs under
 `valgrind --tool=callgrind` with instrumentation off; a threaded argrpc client in this
@@ -10,7 +11,9 @@ for N calls, and off again. Printed: the server process's instructions per call,
 thread included (the loop's poll spin too), and the callgrind file for
 `callgrind_annotate`. Counts, unlike times, barely move with the machine's load, so a
 change's effect shows in one run of each tree; runs of one tree differ by a few hundred.
-Needs valgrind (`apt-get install valgrind`).
+With `--client asyncio` the other side is counted: an argrpc.aio client process under
+callgrind, switching its own instrumentation on around N awaited calls, against a
+threaded server. Needs valgrind (`apt-get install valgrind`).
 """
 from __future__ import annotations
 
@@ -30,10 +33,34 @@ import argrpc  # noqa: E402
 
 METHOD = "/loop_pairs.Echo/Call"
 
+# The counted asyncio client: argv target, calls; warms up, then counts its own calls.
+CLIENT = f"""
+import asyncio, os, subprocess, sys
+import argrpc.aio
+
+async def main():
+    target, n = sys.argv[1], int(sys.argv[2])
+    async with argrpc.aio.insecure_channel(target) as ch:
+        call = ch.unary_unary({METHOD!r}, _registered_method=True)
+        for _ in range(300):
+            await call(b"x" * 64, timeout=120)
+        if ch.transport != "shm":
+            sys.exit("the channel is on " + ch.transport)
+        pid = str(os.getpid())  # valgrind runs the interpreter in its own process
+        subprocess.run(["callgrind_control", "-i", "on", pid], check=True, capture_output=True)
+        for _ in range(n):
+            await call(b"x" * 64, timeout=120)
+        subprocess.run(["callgrind_control", "-i", "off", pid], check=True, capture_output=True)
+
+asyncio.run(main())
+"""
+
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--server", choices=("asyncio", "threaded"), default="asyncio")
+    p.add_argument("--client", choices=("asyncio",),
+                   help="count this client's process instead, against a threaded server")
     p.add_argument("--calls", type=int, default=2000)
     a = p.parse_args()
     for tool in ("valgrind", "callgrind_control"):
@@ -42,6 +69,8 @@ def main() -> int:
     out = Path(tempfile.mkdtemp(prefix="argrpc-cg-")) / "callgrind.out"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(ROOT), str(ROOT / "bench"), os.environ.get("PYTHONPATH", "")]))
+    if a.client:
+        return count_client(a.calls, out, env)
     server = subprocess.Popen(
         ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
          sys.executable, str(ROOT / "bench" / "loop_pairs.py"), "--serve", a.server],
@@ -68,6 +97,34 @@ def main() -> int:
     finally:
         if server.poll() is None:
             server.kill()
+    return report(f"{a.server} server", a.calls, out)
+
+
+def count_client(calls: int, out: Path, env: dict[str, str]) -> int:
+    server = subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "loop_pairs.py"), "--serve", "threaded"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env=env)
+    assert server.stdin is not None and server.stdout is not None
+    try:
+        port = int(server.stdout.readline())
+        client = subprocess.run(
+            ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+             f"--callgrind-out-file={out}", sys.executable, "-c", CLIENT,
+             f"127.0.0.1:{port}", str(calls)],
+            stderr=subprocess.PIPE, text=True, env=env, timeout=1800)
+        if client.returncode != 0:
+            print(client.stderr[-2000:], file=sys.stderr)
+            return 1
+        server.stdin.close()
+        server.wait(60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    return report("asyncio client", calls, out)
+
+
+def report(what: str, calls: int, out: Path) -> int:
     summary = subprocess.run(["callgrind_annotate", "--inclusive=no", str(out)],
                              capture_output=True, text=True).stdout
     m = re.search(r"^\s*([\d,]+).*PROGRAM TOTALS", summary, re.M)
@@ -75,8 +132,7 @@ def main() -> int:
         print(f"no totals in {out}", file=sys.stderr)
         return 1
     total = int(m.group(1).replace(",", ""))
-    print(f"{a.server} server: {total // a.calls} instructions a call "
-          f"({a.calls} calls; {out})")
+    print(f"{what}: {total // calls} instructions a call ({calls} calls; {out})")
     return 0
 
 
