@@ -197,6 +197,11 @@ class ServicerContextFields:
 # True: answered; False: its request is not there yet; else (kind, ...) for serve().
 def answer_unary(state: ServerCallState, plan: tuple[Any, Any, Any], context: Any,
                  context_type: Any, max_send: int, /) -> Union[bool, tuple[Any, ...]]: ...
+# A fast-path unary call made and started in one crossing; None: not sent on a gone
+# connection with retry_unsent; NotImplemented: the request is no buffer.
+def make_unary_call(cls: type[UnaryCallState], channel: Any, bridge: Any, conn: Connection,
+                    method: str, timeout: Optional[float], request: Any, deserializer: Any,
+                    retry_unsent: bool, /) -> Any: ...
 # Every waiting call started (through server._start_call, _carry_on) and event passed on
 # (server._on_event).
 def serve_events(server_core: Server, server: Any, state_type: type[ServerCallState],

@@ -28,12 +28,15 @@ from ._loop import LoopBridge
 
 try:
     from .._core import CallState, UnaryCallState
+    from .._core import make_unary_call as make_unary_call
 except ImportError:  # no engine: every call is grpc.aio's, and these are never made
     class CallState:  # type: ignore[no-redef]
         pass
 
     class UnaryCallState(CallState):  # type: ignore[no-redef]
         pass
+
+    make_unary_call = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     from .._core import ClientCall
@@ -476,7 +479,12 @@ class UnaryUnaryCall(_UnaryResponse, aio.UnaryUnaryCall[Any, Any]):
         core, sent = started
         FastCall.__init__(self, channel, bridge, core, token, timeout, response_deserializer)
         if sent < 0:
-            self._sender = self._loop.create_task(self._send(request, True))
+            self._send_later(request)
+
+    def _send_later(self, request: Any) -> None:
+        """The request the stream had no room for yet, sent by a task (also for
+        make_unary_call, which makes a call without this constructor)."""
+        self._sender = self._loop.create_task(self._send(request, True))
 
 
 class StreamUnaryCall(_UnaryResponse, aio.StreamUnaryCall[Any, Any]):

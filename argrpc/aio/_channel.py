@@ -520,11 +520,19 @@ class UnaryUnaryMultiCallable(_MultiCallable, AioUnaryUnaryBase):
                                     compression=compression)
         try:
             serializer = self._serializer
-            return _call.UnaryUnaryCall(self._channel, self._loop_bridge, fast, self._method,
-                                        [], timeout, request if serializer is None else
-                                        _call.serialize(serializer, request),
-                                        self._deserializer,
-                                        self._channel._service_config.unsent_retries > 0)
+            message = request if serializer is None else _call.serialize(serializer, request)
+            channel = self._channel
+            retry_unsent = channel._service_config.unsent_retries > 0
+            # Made and started in one crossing (UnaryUnaryCall's constructors in C).
+            call = _call.make_unary_call(_call.UnaryUnaryCall, channel, self._loop_bridge,
+                                         fast, self._method, timeout, message,
+                                         self._deserializer, retry_unsent)
+            if call is None:
+                raise _call.Unsent
+            if call is NotImplemented:  # not a buffer: the constructor reports it
+                call = _call.UnaryUnaryCall(channel, self._loop_bridge, fast, self._method, [],
+                                            timeout, message, self._deserializer, retry_unsent)
+            return call
         except _call.Unsent:  # routed again, as any call
             return super().__call__(request, timeout=timeout, wait_for_ready=wait_for_ready)
 

@@ -104,6 +104,33 @@ constexpr int64_t kPollForever = int64_t(1) << 40;
 
 }  // namespace
 
+py::object start_unary(PyConnection& c, const std::string& method, const Metadata& md,
+                       double timeout, PyNotifier& n, uint64_t token, const BufferView& request,
+                       bool retry_unsent) {
+  auto conn = c.for_call();
+  if (!conn) {
+    if (retry_unsent && c.gone_end().code == kUnavailable) return py::none();
+    return py::make_tuple(ended_at_birth(c, n, token), send_result(SendResult::kEnded));
+  }
+  std::shared_ptr<Stream> s;
+  SendResult r;
+  {
+    GilUntilWait gil(request.size() <= kKeepGilBytes);
+    s = conn->start_call(method, md, timeout, false, c.group_id());
+    {
+      std::lock_guard<std::mutex> g(s->mu);
+      s->watch = std::make_shared<Watch>(n.n, token);
+      if (s->ended) s->watch->fire();  // born on a dead connection
+    }
+    r = conn->try_send(s, request.data(), request.size(), true);
+    // Its token may have been posted: the caller ignores a token it let go of.
+    if (r == SendResult::kEnded && retry_unsent && conn->never_sent(s)) s.reset();
+  }
+  if (!s) return py::none();
+  return py::make_tuple(wrap_handle(std::make_unique<PyClientCall>(c.engine, s)),
+                        send_result(r));
+}
+
 py::object try_recv_call(PyServerCall& c) { return try_recv(c.s); }
 
 int try_finish_call(PyServerCall& c, uint32_t code, const std::string& details,
@@ -221,30 +248,8 @@ void add_aio(py::module_& m, py::class_<PyEngine>& engine, py::class_<PyConnecti
       [](PyConnection& c, const std::string& method, py::object md, py::object timeout,
          PyNotifier& n, uint64_t token, py::object request, bool retry_unsent) -> py::object {
         BufferView b(request);
-        Metadata meta = to_metadata(md);
-        const double t = timeout_arg(timeout);
-        auto conn = c.for_call();
-        if (!conn) {
-          if (retry_unsent && c.gone_end().code == kUnavailable) return py::none();
-          return py::make_tuple(ended_at_birth(c, n, token), send_result(SendResult::kEnded));
-        }
-        std::shared_ptr<Stream> s;
-        SendResult r;
-        {
-          GilUntilWait gil(b.size() <= kKeepGilBytes);
-          s = conn->start_call(method, meta, t, false, c.group_id());
-          {
-            std::lock_guard<std::mutex> g(s->mu);
-            s->watch = std::make_shared<Watch>(n.n, token);
-            if (s->ended) s->watch->fire();  // born on a dead connection
-          }
-          r = conn->try_send(s, b.data(), b.size(), true);
-          // Its token may have been posted: the caller ignores a token it let go of.
-          if (r == SendResult::kEnded && retry_unsent && conn->never_sent(s)) s.reset();
-        }
-        if (!s) return py::none();
-        return py::make_tuple(wrap_handle(std::make_unique<PyClientCall>(c.engine, s)),
-                              send_result(r));
+        return start_unary(c, method, to_metadata(md), timeout_arg(timeout), n, token, b,
+                           retry_unsent);
       },
       py::arg("method"), py::arg("metadata"), py::arg("timeout"), py::arg("notifier"),
       py::arg("token"), py::arg("request"), py::arg("retry_unsent") = false);

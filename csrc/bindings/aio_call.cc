@@ -17,6 +17,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <ctime>
+#include <string>
 
 #include "bindings/bindings.h"
 
@@ -60,6 +62,11 @@ struct CallState {
 
 // Interned names and the objects the await needs, made once at import.
 struct Names {
+  PyObject* next;
+  PyObject* callbacks;
+  PyObject* on_change;
+  PyObject* bridge_inflight;
+  PyObject* send_later;
   PyObject* finished;
   PyObject* inflight;
   PyObject* closing;
@@ -79,6 +86,8 @@ struct Names {
   PyObject* cancelled_error;  // asyncio.CancelledError
 };
 Names names;
+PyObject* one;      // 1, for the counts kept in Python objects
+PyObject* no_args;  // (), for a type's tp_new
 
 bool is_none(PyObject* o) { return o == nullptr || o == Py_None; }
 
@@ -486,6 +495,155 @@ PyTypeObject unary_state_type = [] {
   return t;
 }();
 
+// ------------------------------------------------------------- the start
+
+// obj.<name> += 1 (an int attribute of a Python object).
+int increment(PyObject* obj, PyObject* name) {
+  PyObject* n = PyObject_GetAttr(obj, name);
+  if (n == nullptr) return -1;
+  PyObject* more = PyNumber_Add(n, one);
+  Py_DECREF(n);
+  if (more == nullptr) return -1;
+  const int r = PyObject_SetAttr(obj, name, more);
+  Py_DECREF(more);
+  return r;
+}
+
+// The bridge's register() for `call`: its `_on_change` under the next token, which
+// goes to *token (the bridge's own int in *token_obj).
+int register_call(PyObject* bridge, PyObject* call, uint64_t* token, PyObject** token_obj) {
+  PyObject* next = PyObject_GetAttr(bridge, names.next);
+  if (next == nullptr) return -1;
+  *token = PyLong_AsUnsignedLongLong(next);
+  PyObject* callbacks = nullptr;
+  PyObject* on_change = nullptr;
+  int r = -1;
+  if (!PyErr_Occurred() && increment(bridge, names.next) == 0 &&
+      (callbacks = PyObject_GetAttr(bridge, names.callbacks)) != nullptr &&
+      (on_change = PyObject_GetAttr(call, names.on_change)) != nullptr)
+    r = PyObject_SetItem(callbacks, next, on_change);
+  Py_XDECREF(callbacks);
+  Py_XDECREF(on_change);
+  if (r < 0) {
+    Py_DECREF(next);
+    return -1;
+  }
+  *token_obj = next;
+  return 0;
+}
+
+// The wall clock, as time.time() reads it: a call's deadline is kept on it.
+double wall_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
+
+// make_unary_call(cls, channel, bridge, conn, method, timeout, request, deserializer,
+// retry_unsent): what UnaryUnaryCall(channel, bridge, conn, method, [], timeout, request,
+// deserializer, retry_unsent) makes, without its Python constructors: the call object,
+// its token registered with the bridge, the call started and its request sent with its
+// headers (or left to _send_later when the stream has no room yet), counted in flight
+// by the bridge and the channel. None: nothing was sent on a gone connection and
+// retry_unsent (the Python caller raises Unsent); NotImplemented: the request is no
+// buffer, which the Python constructor reports as grpc.aio does.
+PyObject* make_unary_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 9 || !PyType_Check(args[0]) ||
+      !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(args[0]), &unary_state_type) ||
+      !PyUnicode_Check(args[4])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "make_unary_call(cls, channel, bridge, conn, method, timeout, request, "
+                    "deserializer, retry_unsent): cls a UnaryCallState type, method a str");
+    return nullptr;
+  }
+  PyObject *channel = args[1], *bridge = args[2], *request = args[6];
+  if (!PyObject_CheckBuffer(request)) Py_RETURN_NOTIMPLEMENTED;
+  const int retry_unsent = PyObject_IsTrue(args[8]);
+  if (retry_unsent < 0) return nullptr;
+  double timeout = -1;
+  if (args[5] != Py_None) {
+    timeout = PyFloat_AsDouble(args[5]);
+    if (timeout == -1 && PyErr_Occurred()) return nullptr;
+  }
+  auto* type = reinterpret_cast<PyTypeObject*>(args[0]);
+  PyObject* o = type->tp_new(type, no_args, nullptr);
+  if (o == nullptr) return nullptr;
+  auto* self = reinterpret_cast<CallState*>(o);
+  uint64_t token = 0;
+  PyObject* token_obj = nullptr;
+  if (register_call(bridge, o, &token, &token_obj) < 0) {
+    Py_DECREF(o);
+    return nullptr;
+  }
+  py::object started;
+  try {
+    Py_ssize_t n = 0;
+    const char* method = PyUnicode_AsUTF8AndSize(args[4], &n);
+    if (method == nullptr) throw py::error_already_set();
+    PyObject* notifier = PyObject_GetAttr(bridge, names.notifier);
+    if (notifier == nullptr) throw py::error_already_set();
+    py::object hold = py::reinterpret_steal<py::object>(notifier);
+    BufferView b(py::reinterpret_borrow<py::object>(request));
+    started = start_unary(py::cast<PyConnection&>(py::handle(args[3])),
+                          std::string(method, static_cast<size_t>(n)), Metadata(), timeout,
+                          py::cast<PyNotifier&>(hold), token, b, retry_unsent != 0);
+  } catch (...) {
+    restore_python_error(std::current_exception());
+  }
+  if (!started || started.is_none()) {
+    // Not started: the bridge lets go of its token, as the Python constructor does.
+    PyObject* callbacks = PyObject_GetAttr(bridge, names.callbacks);
+    PyObject *type_e, *value_e, *tb_e;
+    PyErr_Fetch(&type_e, &value_e, &tb_e);
+    if (callbacks == nullptr || PyObject_DelItem(callbacks, token_obj) < 0) PyErr_Clear();
+    PyErr_Restore(type_e, value_e, tb_e);
+    Py_XDECREF(callbacks);
+    Py_DECREF(token_obj);
+    Py_DECREF(o);
+    if (!started) return nullptr;
+    Py_RETURN_NONE;
+  }
+  Py_DECREF(token_obj);
+  PyObject* core = PyTuple_GET_ITEM(started.ptr(), 0);
+  const long sent = PyLong_AsLong(PyTuple_GET_ITEM(started.ptr(), 1));
+  Py_SETREF(self->channel, Py_NewRef(channel));
+  Py_SETREF(self->bridge, Py_NewRef(bridge));
+  Py_SETREF(self->core, Py_NewRef(core));
+  self->token = token;
+  Py_SETREF(self->deserializer, Py_NewRef(args[7]));
+  if (args[5] != Py_None) {  // as FastCall's constructor: time.time() + timeout
+    PyObject* deadline = PyFloat_FromDouble(wall_seconds() + timeout);
+    if (deadline == nullptr) {
+      Py_DECREF(o);
+      return nullptr;
+    }
+    Py_SETREF(self->deadline, deadline);
+  }
+  // FastCall's constructor: the bridge's started() and the channel's count.
+  if (increment(bridge, names.bridge_inflight) < 0 || increment(channel, names.inflight) < 0) {
+    Py_DECREF(o);
+    return nullptr;
+  }
+  if (sent < 0) {
+    PyObject* r = PyObject_CallMethodOneArg(o, names.send_later, request);
+    if (r == nullptr) {
+      Py_DECREF(o);
+      return nullptr;
+    }
+    Py_DECREF(r);
+  }
+  return o;
+}
+
+PyMethodDef start_functions[] = {
+    {"make_unary_call",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(make_unary_call)),
+     METH_FASTCALL,
+     "An argrpc.aio unary call made and started in one crossing "
+     "(csrc/bindings/aio_call.cc)."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
 }  // namespace
 
 void add_aio_call(py::module_& m) {
@@ -501,11 +659,18 @@ void add_aio_call(py::module_& m) {
       {&names.ready, "ready"},           {&names.settle, "_settle"},
       {&names.collected, "_collected"},  {&names.deserialize_error, "_deserialize_error"},
       {&names.done, "done"},             {&names.cancel, "cancel"},
+      {&names.next, "_next"},            {&names.callbacks, "_callbacks"},
+      {&names.on_change, "_on_change"},  {&names.bridge_inflight, "_inflight"},
+      {&names.send_later, "_send_later"},
   };
   for (const auto& n : interned) {
     *n.slot = PyUnicode_InternFromString(n.text);
     if (*n.slot == nullptr) throw py::error_already_set();
   }
+  one = PyLong_FromLong(1);
+  no_args = PyTuple_New(0);
+  if (one == nullptr || no_args == nullptr) throw py::error_already_set();
+  if (PyModule_AddFunctions(m.ptr(), start_functions) < 0) throw py::error_already_set();
   names.cancelled_error =
       py::object(py::module_::import("asyncio").attr("CancelledError")).release().ptr();
   if (PyType_Ready(&call_state_type) < 0 || PyType_Ready(&unary_state_type) < 0 ||

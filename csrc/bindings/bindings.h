@@ -566,6 +566,12 @@ void add_aio_serve(pybind11::module_& m);
 // aio.cc: a server call's next message (None: not yet, False: none will come) and its
 // end without waiting (SendResult as an int: 1 sent, 0 the call ended, -1 no room yet;
 // `quiet`: the end this causes is not posted to the call's watch).
+// aio.cc: a unary call started, watched and its request sent with its headers and
+// half-close in one step (Connection.start_unary_watched): (ClientCall, sent) with sent
+// as try_send's, or None when retry_unsent and nothing was sent on a gone connection.
+pybind11::object start_unary(PyConnection& c, const std::string& method, const Metadata& md,
+                             double timeout, PyNotifier& n, uint64_t token,
+                             const BufferView& request, bool retry_unsent);
 pybind11::object try_recv_call(PyServerCall& c);
 int try_finish_call(PyServerCall& c, uint32_t code, const std::string& details,
                     const Metadata& md, const pybind11::object& message, bool quiet);

@@ -968,6 +968,39 @@ def test_invalid_metadata(pair: tuple[str, str], aio_servers: AioServers) -> Non
     run_pair(pair, aio_servers, body)
 
 
+def test_a_unary_call_is_made_in_one_crossing(aio_servers: AioServers,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The multicallable makes a fast-path unary call with _core.make_unary_call, without
+    UnaryUnaryCall's Python constructors; the call behaves as one they made: its
+    deadline, its done callbacks, its end seen by its channel."""
+    from argrpc import _core
+    from argrpc.aio import _call
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("UnaryUnaryCall's constructor ran")
+
+    async def body(channel: Any, target: str) -> None:
+        echo = channel.unary_unary(method("echo"))
+        assert await echo(b"w", timeout=30) == b"w"  # its first call may take the long way
+        monkeypatch.setattr(_call.UnaryUnaryCall, "__init__", refuse)
+        call = echo(b"x", timeout=30)
+        assert isinstance(call, _call.UnaryUnaryCall)
+        assert 20 < call.time_remaining() <= 30
+        done: list[Any] = []
+        call.add_done_callback(done.append)
+        assert await call == b"x"
+        assert await call.code() == grpc.StatusCode.OK and call.done()
+        await asyncio.sleep(0)
+        assert done == [call]
+        assert channel.inflight == 0
+        untimed = echo(b"y")
+        assert untimed.time_remaining() is None and await untimed == b"y"
+        with pytest.raises(TypeError, match="UnaryCallState"):
+            _core.make_unary_call(object, channel, None, None, "/m", None, b"", None, False)
+
+    run_pair(("argrpc", "argrpc"), aio_servers, body)
+
+
 def test_request_serializer_failure(pair: tuple[str, str], aio_servers: AioServers,
                                     caplog: pytest.LogCaptureFixture) -> None:
     """grpc.aio logs a serializer's exception and sends an empty message instead."""
