@@ -86,10 +86,23 @@ struct Names {
   PyObject* cancelled_error;  // asyncio.CancelledError
 };
 Names names;
-PyObject* one;      // 1, for the counts kept in Python objects
-PyObject* no_args;  // (), for a type's tp_new
+PyObject* one;        // 1 and -1, for the counts kept in Python objects
+PyObject* minus_one;
+PyObject* no_args;    // (), for a type's tp_new
 
 bool is_none(PyObject* o) { return o == nullptr || o == Py_None; }
+
+// obj.<name> += delta (a count kept in a Python object's int attribute).
+int add_to(PyObject* obj, PyObject* name, PyObject* delta) {
+  PyObject* n = PyObject_GetAttr(obj, name);
+  if (n == nullptr) return -1;
+  PyObject* sum = PyNumber_Add(n, delta);
+  Py_DECREF(n);
+  if (sum == nullptr) return -1;
+  const int r = PyObject_SetAttr(obj, name, sum);
+  Py_DECREF(sum);
+  return r;
+}
 
 extern PyMemberDef call_members[];
 
@@ -137,16 +150,7 @@ int on_end(CallState* self) {
   if (r == nullptr) return -1;
   Py_DECREF(r);
   PyObject* channel = self->channel;
-  PyObject* n = PyObject_GetAttr(channel, names.inflight);
-  if (n == nullptr) return -1;
-  const long long count = PyLong_AsLongLong(n);
-  Py_DECREF(n);
-  if (count == -1 && PyErr_Occurred()) return -1;
-  PyObject* less = PyLong_FromLongLong(count - 1);
-  if (less == nullptr) return -1;
-  const int set = PyObject_SetAttr(channel, names.inflight, less);
-  Py_DECREF(less);
-  if (set < 0) return -1;
+  if (add_to(channel, names.inflight, minus_one) < 0) return -1;
   PyObject* closing = PyObject_GetAttr(channel, names.closing);
   if (closing == nullptr) return -1;
   const int is_closing = PyObject_IsTrue(closing);
@@ -497,18 +501,6 @@ PyTypeObject unary_state_type = [] {
 
 // ------------------------------------------------------------- the start
 
-// obj.<name> += 1 (an int attribute of a Python object).
-int increment(PyObject* obj, PyObject* name) {
-  PyObject* n = PyObject_GetAttr(obj, name);
-  if (n == nullptr) return -1;
-  PyObject* more = PyNumber_Add(n, one);
-  Py_DECREF(n);
-  if (more == nullptr) return -1;
-  const int r = PyObject_SetAttr(obj, name, more);
-  Py_DECREF(more);
-  return r;
-}
-
 // The bridge's register() for `call`: its `_on_change` under the next token, which
 // goes to *token (the bridge's own int in *token_obj).
 int register_call(PyObject* bridge, PyObject* call, uint64_t* token, PyObject** token_obj) {
@@ -518,7 +510,7 @@ int register_call(PyObject* bridge, PyObject* call, uint64_t* token, PyObject** 
   PyObject* callbacks = nullptr;
   PyObject* on_change = nullptr;
   int r = -1;
-  if (!PyErr_Occurred() && increment(bridge, names.next) == 0 &&
+  if (!PyErr_Occurred() && add_to(bridge, names.next, one) == 0 &&
       (callbacks = PyObject_GetAttr(bridge, names.callbacks)) != nullptr &&
       (on_change = PyObject_GetAttr(call, names.on_change)) != nullptr)
     r = PyObject_SetItem(callbacks, next, on_change);
@@ -606,11 +598,11 @@ PyObject* make_unary_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_DECREF(token_obj);
   PyObject* core = PyTuple_GET_ITEM(started.ptr(), 0);
   const long sent = PyLong_AsLong(PyTuple_GET_ITEM(started.ptr(), 1));
-  Py_SETREF(self->channel, Py_NewRef(channel));
-  Py_SETREF(self->bridge, Py_NewRef(bridge));
-  Py_SETREF(self->core, Py_NewRef(core));
+  set_field(&self->channel, channel);
+  set_field(&self->bridge, bridge);
+  set_field(&self->core, core);
   self->token = token;
-  Py_SETREF(self->deserializer, Py_NewRef(args[7]));
+  set_field(&self->deserializer, args[7]);
   if (args[5] != Py_None) {  // as FastCall's constructor: time.time() + timeout
     PyObject* deadline = PyFloat_FromDouble(wall_seconds() + timeout);
     if (deadline == nullptr) {
@@ -620,7 +612,8 @@ PyObject* make_unary_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Py_SETREF(self->deadline, deadline);
   }
   // FastCall's constructor: the bridge's started() and the channel's count.
-  if (increment(bridge, names.bridge_inflight) < 0 || increment(channel, names.inflight) < 0) {
+  if (add_to(bridge, names.bridge_inflight, one) < 0 ||
+      add_to(channel, names.inflight, one) < 0) {
     Py_DECREF(o);
     return nullptr;
   }
@@ -650,7 +643,7 @@ void add_aio_call(py::module_& m) {
   struct {
     PyObject** slot;
     const char* text;
-  } const interned[] = {
+  } const names_made[] = {
       {&names.finished, "finished"},     {&names.inflight, "inflight"},
       {&names.closing, "closing"},       {&names.call_ended, "call_ended"},
       {&names.run_callback, "_run_callback"}, {&names.future, "_future"},
@@ -663,13 +656,12 @@ void add_aio_call(py::module_& m) {
       {&names.on_change, "_on_change"},  {&names.bridge_inflight, "_inflight"},
       {&names.send_later, "_send_later"},
   };
-  for (const auto& n : interned) {
-    *n.slot = PyUnicode_InternFromString(n.text);
-    if (*n.slot == nullptr) throw py::error_already_set();
-  }
+  for (const auto& n : names_made) *n.slot = interned(n.text);
   one = PyLong_FromLong(1);
+  minus_one = PyLong_FromLong(-1);
   no_args = PyTuple_New(0);
-  if (one == nullptr || no_args == nullptr) throw py::error_already_set();
+  if (one == nullptr || minus_one == nullptr || no_args == nullptr)
+    throw py::error_already_set();
   if (PyModule_AddFunctions(m.ptr(), start_functions) < 0) throw py::error_already_set();
   names.cancelled_error =
       py::object(py::module_::import("asyncio").attr("CancelledError")).release().ptr();

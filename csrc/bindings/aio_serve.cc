@@ -157,13 +157,6 @@ void take_waiting(PyServer& s, std::vector<std::shared_ptr<Stream>>* calls,
 
 bool empty_list(PyObject* o) { return PyList_CheckExact(o) && PyList_GET_SIZE(o) == 0; }
 
-// A method's name, made once (kept for the process's life).
-PyObject* interned(const char* name) {
-  PyObject* s = PyUnicode_InternFromString(name);
-  if (s == nullptr) throw py::error_already_set();
-  return s;
-}
-
 // server.<name>(*args), its result dropped; raises error_already_set if it raised.
 void call_method(PyObject* server, PyObject* name, std::initializer_list<PyObject*> args) {
   PyObject* stack[6] = {server};
@@ -248,8 +241,6 @@ PyObject* serve_events(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   long long max_send = -1;
   bool planned = false;
   try {
-    // Interned, as the type's attribute cache wants them (a name made afresh from a C
-    // string misses it and searches the class's whole MRO).
     static PyObject* const stage_name = interned("_stage");
     static PyObject* const plans_name = interned("_plans");
     static PyObject* const context_name = interned("_context");

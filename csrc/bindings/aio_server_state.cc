@@ -64,18 +64,25 @@ PyObject* server_state_new(PyTypeObject* type, PyObject*, PyObject*) {
   return reinterpret_cast<PyObject*>(self);
 }
 
+// What a call brings to its state; the rest keeps server_state_new's defaults.
+void set_call(ServerCallState* self, PyObject* sc, PyObject* method, PyObject* key,
+              PyObject* server, PyObject* loop) {
+  set_field(&self->sc, sc);
+  set_field(&self->method, method);
+  set_field(&self->key, key);
+  set_field(&self->server, server);
+  set_field(&self->loop, loop);
+}
+
 // ServerCallState(sc, method, key, server, loop): positional, as argrpc.aio makes it.
 int server_state_init(PyObject* o, PyObject* args, PyObject* kwargs) {
   if (!positional(args, kwargs, 5,
                   "ServerCallState takes five positional arguments: sc, method, key, server, "
                   "loop"))
     return -1;
-  auto* self = reinterpret_cast<ServerCallState*>(o);
-  set_field(&self->sc, PyTuple_GET_ITEM(args, 0));
-  set_field(&self->method, PyTuple_GET_ITEM(args, 1));
-  set_field(&self->key, PyTuple_GET_ITEM(args, 2));
-  set_field(&self->server, PyTuple_GET_ITEM(args, 3));
-  set_field(&self->loop, PyTuple_GET_ITEM(args, 4));
+  set_call(reinterpret_cast<ServerCallState*>(o), PyTuple_GET_ITEM(args, 0),
+           PyTuple_GET_ITEM(args, 1), PyTuple_GET_ITEM(args, 2), PyTuple_GET_ITEM(args, 3),
+           PyTuple_GET_ITEM(args, 4));
   return 0;
 }
 
@@ -174,12 +181,7 @@ PyObject* new_call_state(PyTypeObject* type, PyObject* sc, PyObject* method, PyO
                          PyObject* server, PyObject* loop) {
   PyObject* o = server_state_new(type, nullptr, nullptr);
   if (o == nullptr) return nullptr;
-  auto* self = reinterpret_cast<ServerCallState*>(o);
-  set_field(&self->sc, sc);
-  set_field(&self->method, method);
-  set_field(&self->key, key);
-  set_field(&self->server, server);
-  set_field(&self->loop, loop);
+  set_call(reinterpret_cast<ServerCallState*>(o), sc, method, key, server, loop);
   return o;
 }
 

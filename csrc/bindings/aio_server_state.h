@@ -43,11 +43,5 @@ PyTypeObject* server_call_state_type();
 PyObject* new_call_state(PyTypeObject* type, PyObject* sc, PyObject* method, PyObject* key,
                          PyObject* server, PyObject* loop);
 
-// A field of such a state (or another raw aio type) set to `value`, the old one let go.
-inline void set_field(PyObject** field, PyObject* value) {
-  Py_INCREF(value);
-  Py_XSETREF(*field, value);
-}
-
 }  // namespace bindings
 }  // namespace argrpc

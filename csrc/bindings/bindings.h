@@ -496,6 +496,19 @@ inline PyTypeObject static_type(const char* name, const char* doc, Py_ssize_t si
 }
 // The object fields of a raw type (the aio ones above) that are exactly its T_OBJECT_EX
 // members, `Members` its tp_members table: its GC slots walk that one list.
+// A field of a raw type set to `value`, the old one let go.
+inline void set_field(PyObject** field, PyObject* value) {
+  Py_INCREF(value);
+  Py_XSETREF(*field, value);
+}
+// An attribute's name made once, for the process's life: interned, as a type's
+// attribute cache wants it (a name made afresh from a C string misses it and searches
+// the class's whole MRO).
+inline PyObject* interned(const char* name) {
+  PyObject* s = PyUnicode_InternFromString(name);
+  if (s == nullptr) throw pybind11::error_already_set();
+  return s;
+}
 inline PyObject** member_field(PyObject* o, const PyMemberDef* m) {
   return reinterpret_cast<PyObject**>(reinterpret_cast<char*>(o) + m->offset);
 }
