@@ -30,8 +30,9 @@ from ._client.call_site import CallSite
 from ._client.service_config import Attempts, Hedge
 from ._policy_call import PolicyCore, RequestBuffer
 from ._config import LIMITS
-from ._errors import (USER_CODE_FAILED, DoneFuture, _RpcError, code_from_int, local_error,
-                      received_too_large, rpc_state_string, status_error, user_codec)
+from ._errors import (USER_CODE_FAILED, DoneFuture, _RpcError, code_from_int, codec_failed,
+                      local_error, received_too_large, rpc_state_string, status_error,
+                      user_codec)
 from ._metadata import InvalidMetadataError, from_core, to_core
 
 __all__ = ["DoneWatcher", "RequestFeeder", "StreamStream", "StreamUnary", "UnaryStream", "UnaryUnary"]
@@ -559,9 +560,22 @@ def _consume_requests(core: Any, request_iterator: Any, serializer: Optional[Cal
     feeder.thread.start()
 
 
-class _MultiCallable:
-    __slots__ = ("_channel", "_method", "_ser", "_deser", "_grpc", "_max_send", "_raw_send",
-                 "_registered", "_mc")
+try:
+    from ._core import MultiCallableState
+except ImportError:  # no engine: no fast path, every call is grpc's
+    class MultiCallableState:  # type: ignore[no-redef]
+        __slots__ = ("_channel", "_method", "_ser", "_deser", "_grpc", "_max_send",
+                     "_raw_send", "_registered", "_mc")
+
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return self._call_general(*args, **kwargs)  # type: ignore[attr-defined]
+
+
+class _MultiCallable(MultiCallableState):
+    """The fields every multicallable reads, in a C base (_core.MultiCallableState) whose
+    __call__ makes a unary-unary call in C (UnaryUnary); the other kinds define their own."""
+
+    __slots__ = ()
     _kind = ""
 
     def __init__(self, channel: CallSite, method: str, serializer: Optional[Callable[..., Any]],
@@ -788,38 +802,61 @@ def _ended(call: _Call) -> Any:
 
 
 class UnaryUnary(_MultiCallable, UnaryUnaryBase):
+    """Called in C (_core.MultiCallableState's __call__, first in the class's MRO): the
+    common call (no metadata, credentials, compression or method config, no send limit,
+    over a live fast connection) is made without a Python frame; every other goes to
+    _call_general with the caller's arguments."""
+
     __slots__ = ()
     _kind = "unary_unary"
+    # The C call's Python steps: a status or a codec failure made grpc's error.
+    _status_error = staticmethod(_status_exception)
 
-    def __call__(self, request: Any, timeout: Optional[float] = None, metadata: Any = None,
-                 credentials: Optional[grpc.CallCredentials] = None,
-                 wait_for_ready: Optional[bool] = None,
-                 compression: Optional[grpc.Compression] = None) -> Any:
+    @staticmethod
+    def _codec_error(what: str, exc: Optional[BaseException]) -> _RpcError:
+        """grpc's error for a codec that raised `exc` (logged) or gave None."""
+        if exc is not None:
+            codec_failed(what, exc)
+        return local_error(_INTERNAL, _SERIALIZE_FAILED if what == "serializing"
+                           else _DESERIALIZE_FAILED)
+
+    def _call_general(self, request: Any, timeout: Optional[float] = None,
+                      metadata: Any = None, credentials: Optional[grpc.CallCredentials] = None,
+                      wait_for_ready: Optional[bool] = None,
+                      compression: Optional[grpc.Compression] = None) -> Any:
         channel = self._channel
         conn = channel._fast
-        tries = channel._service_config.unsent_retries
         if conn is not None and credentials is None and compression is None and \
                 self._mc is None and conn.alive:
-            # The common call, straight to the engine: each Python call on the way costs
-            # about as much as the transport's share of a small call.
+            # The common call with metadata or a send limit (the C call takes the rest).
             payload = request if self._raw_send else self._serialize(request)
-            answer = self._blocking(conn, payload, timeout, metadata, tries > 0)
+            answer = self._blocking(conn, payload, timeout, metadata,
+                                    channel._service_config.unsent_retries > 0)
             if answer is not None:
                 return answer[0]
-            # It never left the process: it starts again where the channel routes now.
-            tries -= 1
-            conn = None
-        if conn is None or credentials is not None or compression is not None or \
-                not conn.alive or self._mc is not None:
-            conn, timeout, result = self._routed("", request, timeout, metadata,
-                                                 credentials, wait_for_ready, compression)
-            if conn is None:
-                return result
-            if _has_policy(self._mc):
-                return _ended(self._policy_call(conn, request, timeout, metadata, self._mc,
-                                                 False))
+            return self._unsent_again(request, timeout, wait_for_ready, metadata)
+        conn, timeout, result = self._routed("", request, timeout, metadata,
+                                             credentials, wait_for_ready, compression)
+        if conn is None:
+            return result
+        if _has_policy(self._mc):
+            return _ended(self._policy_call(conn, request, timeout, metadata, self._mc,
+                                             False))
         answer, result = self._answered("", conn, request, timeout, metadata, credentials,
-                                        wait_for_ready, compression, tries)
+                                        wait_for_ready, compression)
+        return result if answer is None else answer[0]
+
+    def _unsent_again(self, request: Any, timeout: Optional[float],
+                      wait_for_ready: Optional[bool], metadata: Any = None) -> Any:
+        """A common call its fast connection turned away unsent: it starts again where
+        the channel routes now, with one unsent retry fewer."""
+        tries = self._channel._service_config.unsent_retries - 1
+        conn, timeout, result = self._routed("", request, timeout, metadata, None,
+                                             wait_for_ready, None)
+        if conn is None:
+            return result
+        answer, result = self._answered("", conn, request, timeout, metadata, None,
+                                        wait_for_ready, None, tries)
         return result if answer is None else answer[0]
 
     def with_call(self, request: Any, timeout: Optional[float] = None, metadata: Any = None,

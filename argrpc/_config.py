@@ -483,7 +483,10 @@ class Limits:
         engine=True)
     yield_shared_us: int = _fixed(
         1, "a yield that takes this long or longer ran another thread on the CPU meanwhile "
-        "(see spin_poll_us; one that ran nothing returns within half a microsecond)",
+        "if the kernel switched the thread out (its involuntary context switches, read only "
+        "then; see spin_poll_us): one that ran nothing returns within half a microsecond, "
+        "unless the hypervisor took the vCPU away, which a VM on a busy host sees hundreds "
+        "of times a second and which is no other thread wanting the CPU",
         engine=True)
     share_nap_after: int = _fixed(
         16, "a waiting thread whose yields ran another thread this many times in a row naps "

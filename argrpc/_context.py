@@ -34,48 +34,63 @@ class AbortError(Exception):
     that catches `Exception` behaves the same with both servers."""
 
 
-class _CallState:
+try:
+    # The fields in C (csrc/bindings/server_serve.cc): made without a Python frame, and
+    # read and set there by the planned call's one crossing.
+    from ._core import ThreadedCallState
+except ImportError:  # no engine: no fast-path call, and no call state is made
+    class ThreadedCallState:  # type: ignore[no-redef]
+        def __init__(self, sc: Any, method: str) -> None:
+            self.sc, self.method = sc, method
+            self.code = self.details = self.trailing_metadata = None
+            self.aborted = self.initial_metadata_sent = self.finished = False
+            self.rpc_errors = ()
+            self.callbacks: Optional[Sequence[Callable[[], None]]] = ()
+            self.detached = False
+            self._invocation_metadata = None
+
+        def add_callback(self, callback: Callable[[], None]) -> bool:
+            with _CALLBACKS:
+                if self.callbacks is None:
+                    return False
+                self.callbacks = (*self.callbacks, callback)
+                return True
+
+        def take_callbacks(self) -> Optional[Sequence[Callable[[], None]]]:
+            with _CALLBACKS:
+                callbacks, self.callbacks = self.callbacks, None
+            return callbacks
+
+
+class _CallState(ThreadedCallState):
     """Everything the handler may change about the outcome of one call.
 
     Made once per call on the hot path, so it holds no lock and no list of its own until
     a call needs one: the callbacks of every call share one lock (they are rare and run
-    briefly under it), and the lists start as empty tuples."""
+    briefly under it), and the lists start as empty tuples. Made as
+    `_CallState(sc, method)`; every other field starts as below."""
 
-    __slots__ = (
-        "sc",
-        "method",
-        "code",
-        "details",
-        "trailing_metadata",
-        "aborted",
-        "initial_metadata_sent",
-        "finished",
-        "rpc_errors",
-        "callbacks",
-        "detached",
-        "_invocation_metadata",
-    )
+    __slots__ = ()
 
-    def __init__(self, sc: ServerCall, method: str) -> None:
-        self.sc = sc
-        self.method = method
-        self.code: Optional[grpc.StatusCode] = None
-        self.details: Optional[str] = None
-        self.trailing_metadata: Optional[MetadataType] = None
-        self.aborted = False
-        self.initial_metadata_sent = False
-        # True once a status went out (or the call was given up): nothing else is sent.
-        self.finished = False
-        # RpcErrors we raised into user code because the call died; a handler that lets
-        # one escape must not be reported as an application exception.
-        self.rpc_errors: Sequence[BaseException] = ()
-        # None once the callbacks have been taken (run): add_callback then returns False.
-        # The worker (normal finish), the cancellation watcher and stop() may all try to
-        # run them; _CALLBACKS makes that happen exactly once.
-        self.callbacks: Optional[Sequence[Callable[[], None]]] = ()
-        # The call goes on after its handler returned (a non-blocking handler).
-        self.detached = False
-        self._invocation_metadata: Optional[tuple[Any, ...]] = None
+    sc: ServerCall
+    method: str
+    code: Optional[grpc.StatusCode]  # None
+    details: Optional[str]  # None
+    trailing_metadata: Optional[MetadataType]  # None
+    aborted: bool  # False
+    initial_metadata_sent: bool  # False
+    # True once a status went out (or the call was given up): nothing else is sent.
+    finished: bool  # False
+    # RpcErrors we raised into user code because the call died; a handler that lets one
+    # escape must not be reported as an application exception. ()
+    rpc_errors: Sequence[BaseException]
+    # None once the callbacks have been taken (run): add_callback then returns False.
+    # The worker (normal finish), the cancellation watcher and stop() may all try to run
+    # them; _CALLBACKS makes that happen exactly once. ()
+    callbacks: Optional[Sequence[Callable[[], None]]]
+    # The call goes on after its handler returned (a non-blocking handler). False
+    detached: bool
+    _invocation_metadata: Optional[tuple[Any, ...]]  # None
 
     def invocation_metadata(self) -> tuple[Any, ...]:
         # Converted lazily: the registered-method hot path never looks at it.
@@ -89,16 +104,8 @@ class _CallState:
         self.rpc_errors = (*self.rpc_errors, error)
         raise error
 
-    def add_callback(self, callback: Callable[[], None]) -> bool:
-        with _CALLBACKS:
-            if self.callbacks is None:
-                return False
-            self.callbacks = (*self.callbacks, callback)
-            return True
-
     def run_callbacks(self) -> None:
-        with _CALLBACKS:
-            callbacks, self.callbacks = self.callbacks, None
+        callbacks = self.take_callbacks()
         if not callbacks:
             return
         for callback in callbacks:

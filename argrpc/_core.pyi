@@ -1,7 +1,7 @@
 # Types of the compiled engine (csrc/bindings/*.cc), as docs/core-api.md states them.
 # Dicts whose keys are knob names or device facts stay dict[str, Any]: their schema is the
 # config tables' (argrpc/_config.py) and the doc's, not something this stub can pin.
-from typing import Any, Generator, Literal, Optional, Union, overload
+from typing import Any, Callable, Generator, Literal, Optional, Union, overload
 
 from typing_extensions import Buffer, TypeAlias, disjoint_base
 
@@ -194,11 +194,101 @@ class ServicerContextFields:
     def __init__(self, state: Any, request_deserializer: Any, response_serializer: Any,
                  /) -> None: ...
 
+@disjoint_base
+class ThreadedCallState:
+    """The fields of one fast-path call on a threaded server (_CallState,
+    argrpc/_context.py): sc and method as given (positional only), code, details,
+    trailing_metadata and _invocation_metadata None, aborted, initial_metadata_sent,
+    finished and detached False, rpc_errors and callbacks ()."""
+    sc: Any
+    method: Any
+    code: Any
+    details: Any
+    trailing_metadata: Any
+    aborted: Any
+    initial_metadata_sent: Any
+    finished: Any
+    rpc_errors: Any
+    callbacks: Any
+    detached: Any
+    _invocation_metadata: Any
+    def __init__(self, sc: Any, method: Any, /) -> None: ...
+    # Each whole under the GIL: add_callback False once the callbacks were taken;
+    # take_callbacks the tuple to run, None from then on (None if taken before).
+    def add_callback(self, callback: Callable[[], None], /) -> bool: ...
+    def take_callbacks(self) -> Optional[tuple[Callable[[], None], ...]]: ...
+
+@disjoint_base
+class MultiCallableState:
+    """The fields of a threaded multicallable (argrpc/_client_calls.py, _MultiCallable),
+    None until set; called, it makes a unary-unary call in C, or calls the instance's
+    _call_general with the same arguments."""
+    _channel: Any
+    _method: Any
+    _ser: Any
+    _deser: Any
+    _grpc: Any
+    _max_send: Any
+    _raw_send: Any
+    _registered: Any
+    _mc: Any
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+# True: served; False: its request is not there yet (nothing ran); else (stage, value,
+# context) for argrpc._handlers.carry_on_unary, in that contextvars.Context.
+def serve_planned(state: ThreadedCallState, plan: tuple[Any, Any, Any], context_type: Any,
+                  max_send: int, /) -> Union[bool, tuple[int, Any, Any]]: ...
+# A call accept() gave, for a planned method: its state (state_type) registered in
+# calls, served in one crossing and ended (True); carry_on(state, plan, outcome) goes on
+# where that stopped (outcome: serve_planned's, or the Exception it raised) and ends it;
+# None: no plan for its method (nothing done).
+def serve_taken(sc: ServerCall, calls: dict[Any, Any], plans: dict[str, Any],
+                state_type: type[ThreadedCallState], context_type: Any, max_send: int,
+                carry_on: Callable[[Any, Any, Any], Any], /) -> Optional[bool]: ...
+
+@disjoint_base
+class LoopBridgeState:
+    """The fields of an argrpc.aio loop's bridge (LoopBridge, argrpc/aio/_loop.py) that
+    its calls read and count: `_callbacks` a new dict, `_next` 1, `_inflight` 0."""
+    engine: Any
+    notifier: Any
+    ready: Any
+    _callbacks: Any
+    _next: int
+    _inflight: int
+
+@disjoint_base
+class ChannelState:
+    """The counts of an argrpc.aio channel (argrpc/aio/_channel.py) that its calls change:
+    `inflight` 0, `closing` False."""
+    inflight: int
+    closing: bool
+    _fast: Any
+    _service_config: Any
+
+@disjoint_base
+class UnaryCallableState:
+    """The fields of an argrpc.aio unary-unary multicallable (argrpc/aio/_channel.py),
+    None until its constructor sets them; calling it makes the common fast-path call in
+    C, every other through the class's `_call_general`."""
+    _channel: Any
+    _method: Any
+    _serializer: Any
+    _deserializer: Any
+    _intercepted: Any
+    _mc: Any
+    _max_send: Any
+    _loop: Any
+    _loop_bridge: Any
+    _loop_says_thread: Any
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
 # True: answered; False: its request is not there yet; else (kind, ...) for serve().
 def answer_unary(state: ServerCallState, plan: tuple[Any, Any, Any], context: Any,
                  context_type: Any, max_send: int, /) -> Union[bool, tuple[Any, ...]]: ...
 # A fast-path unary call made and started in one crossing; None: not sent on a gone
-# connection with retry_unsent; NotImplemented: the request is no buffer.
+# connection (found dead first, or with retry_unsent): route it again; NotImplemented:
+# the request is no buffer.
 def make_unary_call(cls: type[UnaryCallState], channel: Any, bridge: Any, conn: Connection,
                     method: str, timeout: Optional[float], request: Any, deserializer: Any,
                     retry_unsent: bool, /) -> Any: ...

@@ -57,13 +57,20 @@ USER_CODE_FAILED = object()
 
 def user_codec(fn: Callable[[Any], Any], value: Any, what: str) -> Any:
     """`fn(value)` for a user's (de)serializer, or USER_CODE_FAILED after logging its
-    exception as grpc does (`what`: "serializing" or "deserializing"). Callers raise or
-    finish with their status outside any except block, so no user traceback chains on."""
+    exception as grpc does (`what`: "serializing" or "deserializing"), and when it gave
+    None, which grpc reads as a failure too (with no log line). Callers raise or finish
+    with their status outside any except block, so no user traceback chains on."""
     try:
-        return fn(value)
-    except Exception:  # noqa: BLE001 - user code: any failure is a status
-        _grpc_log.CODEC.exception("Exception %s message!", what)
+        out = fn(value)
+    except Exception as exc:  # noqa: BLE001 - user code: any failure is a status
+        codec_failed(what, exc)
         return USER_CODE_FAILED
+    return USER_CODE_FAILED if out is None else out
+
+
+def codec_failed(what: str, exc: BaseException) -> None:
+    """grpc's log line for a user's (de)serializer that raised `exc`."""
+    _grpc_log.CODEC.error("Exception %s message!", what, exc_info=exc)
 
 
 class DoneFuture(FutureBase):

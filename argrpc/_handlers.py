@@ -8,6 +8,7 @@ that accepted the call: no handoff.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import threading
 from typing import Any, Callable, Iterator, NamedTuple, Optional, cast
 
@@ -15,9 +16,10 @@ import grpc
 
 from . import _grpc_log, _metadata, _status
 from ._context import _CallState, _ServicerContext
-from ._errors import USER_CODE_FAILED, user_codec
+from ._errors import USER_CODE_FAILED, codec_failed, user_codec
 
 _LOGGER = _grpc_log.SERVER
+_ARGRPC_LOG = logging.getLogger(__name__)  # argrpc's own words, under its own name
 
 
 
@@ -75,7 +77,7 @@ def _on_exception(state: _CallState, exc: BaseException, what: str) -> None:
         details = "{}: {}".format(what, exc)
     except Exception:  # an exception whose __str__ raises
         details = "Calling application raised unprintable Exception!"
-    _LOGGER.exception(details)
+    _LOGGER.error(details, exc_info=exc)  # also outside the except block that caught it
     _finish_with_state(state, _status.UNKNOWN, details)
 
 
@@ -99,6 +101,13 @@ def _serialize(state: _CallState, response: Any, serializer: Optional[Callable[.
     if serialized is None or serialized is USER_CODE_FAILED:
         _finish_with_state(state, _status.INTERNAL, "Failed to serialize response!")
         return None
+    if type(serialized) is not bytes and not _is_buffer(serialized):
+        # grpc's server leaves such a call until its deadline (its send raises in the
+        # handler's thread); the client is told at once instead.
+        _ARGRPC_LOG.error("%s: the response is a %s, not bytes-like: no response_serializer?",
+                          state.method, type(serialized).__name__)
+        _finish_with_state(state, _status.INTERNAL, "Failed to serialize response!")
+        return None
     if max_send >= 0:
         size = len(serialized) if type(serialized) is bytes else memoryview(serialized).nbytes
         if size > max_send:
@@ -107,6 +116,14 @@ def _serialize(state: _CallState, response: Any, serializer: Optional[Callable[.
                     "SERVER: Sent message larger than max ({} vs. {})".format(size, max_send))
             return None
     return serialized
+
+
+def _is_buffer(value: Any) -> bool:
+    try:
+        memoryview(value).release()
+    except TypeError:
+        return False
+    return True
 
 
 def _unary_request(state: _CallState, deserializer: Optional[Callable[..., Any]]) -> Any:
@@ -272,14 +289,43 @@ def serve_unary(state: _CallState, plan: UnaryPlan, max_send: int,
     except Exception as exc:
         _on_exception(state, exc, _status.EXCEPTION_CALLING)
         return
+    _answer_unary(state, response, plan.serializer, max_send)
+
+
+def _answer_unary(state: _CallState, response: Any, serializer: Optional[Callable[..., Any]],
+                  max_send: int) -> None:
     if (state.finished or state.code is not None or state.details is not None
             or state.trailing_metadata):
-        _respond_unary(state, response, plan.serializer, max_send)
+        _respond_unary(state, response, serializer, max_send)
         return
-    serialized = _serialize(state, response, plan.serializer, max_send)
+    serialized = _serialize(state, response, serializer, max_send)
     if serialized is not None:
         state.finished = True
-        sc.finish(_status.OK, "", _NO_METADATA, serialized)
+        state.sc.finish(_status.OK, "", _NO_METADATA, serialized)
+
+
+# Where _core.serve_planned stopped (csrc/bindings/server_serve.cc, Stage).
+REQUEST_FAILED = 1  # the deserializer raised (value: its exception) or gave None
+RAISED = 2  # the handler raised (value: its exception)
+RETURNED = 3  # the handler answered (value: the response); the end needs the checks here
+SERIALIZE_FAILED = 4  # the serializer raised (value: its exception) or gave None
+
+
+def carry_on_unary(state: _CallState, plan: UnaryPlan, max_send: int, stage: int,
+                   value: Any) -> None:
+    """serve_unary from where _core.serve_planned stopped, in the same Context."""
+    if stage == REQUEST_FAILED:
+        if value is not None:
+            codec_failed("deserializing", value)
+        _finish(state, _status.INTERNAL, "Exception deserializing request!")
+    elif stage == RAISED:
+        _on_exception(state, value, _status.EXCEPTION_CALLING)
+    elif stage == SERIALIZE_FAILED:
+        if value is not None:
+            codec_failed("serializing", value)
+        _finish_with_state(state, _status.INTERNAL, "Failed to serialize response!")
+    else:
+        _answer_unary(state, value, plan.serializer, max_send)
 
 
 def run(state: _CallState, context: _ServicerContext, handler: grpc.RpcMethodHandler[Any, Any],

@@ -29,13 +29,26 @@ import os
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 import grpc
 
 from . import (_bootstrap, _config, _engine, _grpc_log, _grpc_originals, _grpc_payloads, _handlers,
                _metrics_hooks, _serving, _status)
 from ._context import _CallState, _ServicerContext
+
+try:
+    from ._core import serve_planned as _serve_planned
+    from ._core import serve_taken as _serve_taken
+except ImportError:  # no engine: no fast-path call is served
+    def _serve_planned(state: Any, plan: tuple[Any, Any, Any], context_type: Any,  # type: ignore[misc]
+                       max_send: int, /) -> Union[bool, tuple[int, Any, Any]]:
+        return False
+
+    def _serve_taken(sc: Any, calls: dict[Any, Any], plans: dict[str, Any],  # type: ignore[misc]
+                     state_type: Any, context_type: Any, max_send: int,
+                     carry_on: Any, /) -> Optional[bool]:
+        return None
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -536,6 +549,9 @@ class _Server(grpc.Server):
                 sc = None
         executor = self._executor
         queue = executor.queue
+        # What serving a call reads, fixed once the server started (as are its plans).
+        calls, plans, max_send, carry_on = self._calls, self._plans, self._max_send, \
+            self._carry_on
         executor.worker_began()
         retired = False
         try:
@@ -573,7 +589,11 @@ class _Server(grpc.Server):
                     time.sleep(0.1)
                     continue
                 if sc is not None:
-                    self._serve(sc)
+                    # A planned method's call in one crossing, registered and ended;
+                    # None: the Python way.
+                    if _serve_taken(sc, calls, plans, _CallState, _ServicerContext,
+                                    max_send, carry_on) is None:
+                        self._serve(sc)
                     sc = None  # not kept alive while the next accept() waits
                     idle_since = None
                 elif idle_since is None:
@@ -598,6 +618,8 @@ class _Server(grpc.Server):
 
     # --- one fast-path call ----------------------------------------------------------
     def _serve(self, sc: Any) -> None:
+        """A call that serve_taken left to Python (no plan for its method), or one taken
+        by an executor that runs work in the caller's thread."""
         method = sc.method
         state = _CallState(sc, method)
         self._calls[sc.key] = state
@@ -607,16 +629,33 @@ class _Server(grpc.Server):
             contextvars.Context().run(self._serve_state, state, None)
             return
         try:
-            contextvars.Context().run(_handlers.serve_unary, state, plan, self._max_send)
-        except Exception:  # as in _serve_state
-            self._end_after_bug(state)
+            # In one crossing when the request is there; else the Python way.
+            served: Any = _serve_planned(state, plan, _ServicerContext, self._max_send)
+        except Exception as exc:  # as in _serve_state
+            served = exc
+        self._carry_on(state, plan, served)
+
+    def _carry_on(self, state: _CallState, plan: _handlers.UnaryPlan, outcome: Any) -> None:
+        """A planned call from where serving it in one crossing stopped (`outcome`:
+        serve_planned's, or the Exception it raised), then its end."""
+        try:
+            if outcome is False:  # its request was not there yet
+                contextvars.Context().run(_handlers.serve_unary, state, plan, self._max_send)
+            elif isinstance(outcome, tuple):
+                stage, value, context = outcome
+                context.run(_handlers.carry_on_unary, state, plan, self._max_send, stage, value)
+            elif isinstance(outcome, BaseException):
+                self._end_after_bug(state, outcome)
+        except Exception as exc:  # as in _serve_state
+            self._end_after_bug(state, exc)
         self._end_call(state)
 
     @staticmethod
-    def _end_after_bug(state: _CallState) -> None:
-        """A bug of ours raised while serving the call: logged, and the call ended with
-        UNKNOWN unless its status went out already (call in an except block)."""
-        _LOGGER.exception("argrpc: unexpected error serving %s", state.method)
+    def _end_after_bug(state: _CallState, exc: Optional[BaseException] = None) -> None:
+        """A bug of ours raised while serving the call: logged (`exc`, or the exception
+        being handled), and the call ended with UNKNOWN unless its status went out."""
+        _LOGGER.error("argrpc: unexpected error serving %s", state.method,
+                      exc_info=exc if exc is not None else True)
         if not state.finished:
             state.finished = True
             state.sc.finish(_status.UNKNOWN, "Unexpected server error", [], None)

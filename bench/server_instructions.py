@@ -2,7 +2,7 @@
 """Instructions a 64 B call costs a server process, counted by callgrind.
 
     python3 bench/server_instructions.py [--server asyncio|threaded] [--calls N]
-    python3 bench/server_instructions.py --client asyncio [--calls N]
+    python3 bench/server_instructions.py --client asyncio|threaded [--calls N]
 
 The server (`bench/loop_pairs.py --serve`, a registered bytes echo) runs under
 `valgrind --tool=callgrind` with instrumentation off; a threaded argrpc client in this
@@ -11,9 +11,9 @@ for N calls, and off again. Printed: the server process's instructions per call,
 thread included (the loop's poll spin too), and the callgrind file for
 `callgrind_annotate`. Counts, unlike times, barely move with the machine's load, so a
 change's effect shows in one run of each tree; runs of one tree differ by a few hundred.
-With `--client asyncio` the other side is counted: an argrpc.aio client process under
-callgrind, switching its own instrumentation on around N awaited calls, against a
-threaded server. Needs valgrind (`apt-get install valgrind`).
+With `--client` the other side is counted: an argrpc.aio (or threaded) client process
+under callgrind, switching its own instrumentation on around N calls, against a threaded
+server. Needs valgrind (`apt-get install valgrind`).
 """
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ import argrpc  # noqa: E402
 
 METHOD = "/loop_pairs.Echo/Call"
 
-# The counted asyncio client: argv target, calls; warms up, then counts its own calls.
-CLIENT = f"""
+# The counted clients: argv target, calls; each warms up, then counts its own calls.
+CLIENTS = {"asyncio": f"""
 import asyncio, os, subprocess, sys
 import argrpc.aio
 
@@ -53,13 +53,29 @@ async def main():
         subprocess.run(["callgrind_control", "-i", "off", pid], check=True, capture_output=True)
 
 asyncio.run(main())
-"""
+""", "threaded": f"""
+import os, subprocess, sys
+import argrpc
+
+target, n = sys.argv[1], int(sys.argv[2])
+with argrpc.insecure_channel(target) as ch:
+    call = ch.unary_unary({METHOD!r}, _registered_method=True)
+    for _ in range(300):
+        call(b"x" * 64, timeout=120)
+    if ch.transport != "shm":
+        sys.exit("the channel is on " + ch.transport)
+    pid = str(os.getpid())  # valgrind runs the interpreter in its own process
+    subprocess.run(["callgrind_control", "-i", "on", pid], check=True, capture_output=True)
+    for _ in range(n):
+        call(b"x" * 64, timeout=120)
+    subprocess.run(["callgrind_control", "-i", "off", pid], check=True, capture_output=True)
+"""}
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--server", choices=("asyncio", "threaded"), default="asyncio")
-    p.add_argument("--client", choices=("asyncio",),
+    p.add_argument("--client", choices=tuple(CLIENTS),
                    help="count this client's process instead, against a threaded server")
     p.add_argument("--calls", type=int, default=2000)
     a = p.parse_args()
@@ -70,7 +86,7 @@ def main() -> int:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(ROOT), str(ROOT / "bench"), os.environ.get("PYTHONPATH", "")]))
     if a.client:
-        return count_client(a.calls, out, env)
+        return count_client(a.client, a.calls, out, env)
     server = subprocess.Popen(
         ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
          sys.executable, str(ROOT / "bench" / "loop_pairs.py"), "--serve", a.server],
@@ -100,7 +116,7 @@ def main() -> int:
     return report(f"{a.server} server", a.calls, out)
 
 
-def count_client(calls: int, out: Path, env: dict[str, str]) -> int:
+def count_client(kind: str, calls: int, out: Path, env: dict[str, str]) -> int:
     server = subprocess.Popen(
         [sys.executable, str(ROOT / "bench" / "loop_pairs.py"), "--serve", "threaded"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
@@ -110,7 +126,7 @@ def count_client(calls: int, out: Path, env: dict[str, str]) -> int:
         port = int(server.stdout.readline())
         client = subprocess.run(
             ["valgrind", "--tool=callgrind", "--instr-atstart=no",
-             f"--callgrind-out-file={out}", sys.executable, "-c", CLIENT,
+             f"--callgrind-out-file={out}", sys.executable, "-c", CLIENTS[kind],
              f"127.0.0.1:{port}", str(calls)],
             stderr=subprocess.PIPE, text=True, env=env, timeout=1800)
         if client.returncode != 0:
@@ -121,7 +137,7 @@ def count_client(calls: int, out: Path, env: dict[str, str]) -> int:
     finally:
         if server.poll() is None:
             server.kill()
-    return report("asyncio client", calls, out)
+    return report(f"{kind} client", calls, out)
 
 
 def report(what: str, calls: int, out: Path) -> int:

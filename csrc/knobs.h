@@ -131,8 +131,11 @@ inline constexpr int64_t kLeaseCheckMs = 1;
 // CPU, perhaps the one it waits for, and it yields at every turn
 inline constexpr int64_t kSpinPollUs = 2;
 
-// a yield that takes this long or longer ran another thread on the CPU meanwhile (see
-// spin_poll_us; one that ran nothing returns within half a microsecond)
+// a yield that takes this long or longer ran another thread on the CPU meanwhile if the
+// kernel switched the thread out (its involuntary context switches, read only then; see
+// spin_poll_us): one that ran nothing returns within half a microsecond, unless the
+// hypervisor took the vCPU away, which a VM on a busy host sees hundreds of times a
+// second and which is no other thread wanting the CPU
 inline constexpr int64_t kYieldSharedUs = 1;
 
 // a waiting thread whose yields ran another thread this many times in a row naps once (a

@@ -110,7 +110,8 @@ if [ "$#" -eq 0 ]; then
         tests/test_tls.py tests/test_fork.py tests/test_hostile_peer.py \
         tests/test_fail_points.py tests/test_server_pool.py tests/test_signals.py \
         tests/test_nonblocking_handlers.py tests/test_sim_fabric.py tests/test_connection_gone.py \
-        tests/test_subchannels.py tests/test_grpc_parity.py tests/aio \
+        tests/test_subchannels.py tests/test_grpc_parity.py tests/test_planned_calls.py \
+        tests/test_unary_multicallable.py tests/aio \
         -k "not client_grpc-server_grpc"
 fi
 rc=0  # pipefail: pytest's own status survives the tee

@@ -12,6 +12,7 @@ import concurrent.futures
 import dataclasses
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -491,9 +492,12 @@ _SYSTEM_PYTHON = "/usr/bin/python3"
 
 def run_child(lst: FastPathListener, bind_to_child: bool, user: int | None = None) -> tuple[str, bytes]:
     python = sys.executable if user is None else _SYSTEM_PYTHON
-    child = subprocess.Popen([python, "-c", _CHILD], stdin=subprocess.PIPE, cwd="/",
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             user=user)
+    # Another user through setpriv, not Popen(user=): that makes Popen fork() this
+    # process (which holds grpc's threads) instead of vfork(), and grpc's fork handlers,
+    # skipped while another thread is inside grpc, leave the child to crash before exec.
+    as_user = [] if user is None else ["setpriv", f"--reuid={user}"]
+    child = subprocess.Popen([*as_user, python, "-c", _CHILD], stdin=subprocess.PIPE, cwd="/",
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = child.stdout.readline()
         if not line.strip():
@@ -520,8 +524,10 @@ def test_peer_pid_checked_across_processes(listener_factory: Any) -> None:
     assert out == "peer sent 0 file descriptors, expected 2"
 
 
-@pytest.mark.skipif(os.getuid() != 0 or not os.access(_SYSTEM_PYTHON, os.X_OK),
-                    reason="needs root and a system python to run a client as another user")
+@pytest.mark.skipif(os.getuid() != 0 or not os.access(_SYSTEM_PYTHON, os.X_OK)
+                    or shutil.which("setpriv") is None,
+                    reason="needs root, setpriv and a system python to run a client as "
+                           "another user")
 def test_peer_uid_checked_and_secret_burned(listener_factory: Any) -> None:
     lst = listener_factory(engine_factory=lambda: pytest.fail("unreachable"))
     out, secret = run_child(lst, bind_to_child=True, user=65534)

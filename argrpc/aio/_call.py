@@ -22,7 +22,7 @@ from grpc import aio
 
 from .. import _grpc_log, _status
 from .._grpc_payloads import nbytes
-from .._errors import code_from_int, received_too_large
+from .._errors import code_from_int, codec_failed, received_too_large
 from .._metadata import from_core
 from ._loop import LoopBridge
 
@@ -88,8 +88,8 @@ def serialize(serializer: Optional[Callable[..., Any]], request: Any) -> Any:
         return request
     try:
         payload = serializer(request)
-    except Exception:  # noqa: BLE001 - user code
-        _grpc_log.CODEC.exception("Exception serializing message!")
+    except Exception as exc:  # noqa: BLE001 - user code
+        codec_failed("serializing", exc)
         return b""
     return b"" if payload is None else payload
 

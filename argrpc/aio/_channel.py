@@ -25,6 +25,7 @@ from .._bases import (AioStreamStreamBase, AioStreamUnaryBase, AioUnaryStreamBas
                       AioUnaryUnaryBase)
 from .._engine import get_engine
 from .._metadata import InvalidMetadataError, to_core
+from .._errors import codec_failed
 from .._grpc_payloads import nbytes as _nbytes
 from .._client.balancer import Balancer
 from .._client.model import client_model
@@ -33,6 +34,18 @@ from .._client.subchannel import Subchannel
 from .._negotiation import GRPC, NEW, NegotiationState, encrypts
 from .._subchannels import pool_key
 from . import _attempts, _call, _interceptors
+
+try:
+    # What its calls read and count on every call, in C (aio_loop_state.cc), and the
+    # unary-unary multicallable's call (aio_unary_callable.cc).
+    from .._core import ChannelState, UnaryCallableState
+except ImportError:  # no engine: every call is grpc.aio's
+    class ChannelState:  # type: ignore[no-redef]
+        pass
+
+    class UnaryCallableState:  # type: ignore[no-redef]
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return self._call_general(*args, **kwargs)  # type: ignore[attr-defined]
 from ._loop import bridge
 from ._pending import PendingCall
 
@@ -46,10 +59,12 @@ _NEGOTIATION_TIMEOUT_S = _config.LIMITS.negotiation_timeout_s
 
 
 
-class Channel(NegotiationState, aio.Channel):
+class Channel(NegotiationState, ChannelState, aio.Channel):
     """Drop-in for what ``grpc.aio.insecure_channel``/``secure_channel`` return."""
 
     _balancer: Optional[Balancer]
+    inflight: int
+    closing: bool
 
     def __init__(self, target: str, credentials: Optional[grpc.ChannelCredentials] = None,
                  options: Any = None, compression: Optional[grpc.Compression] = None,
@@ -328,6 +343,8 @@ class _MultiCallable:
                  metadata: Any = None, credentials: Optional[grpc.CallCredentials] = None,
                  wait_for_ready: Optional[bool] = None,
                  compression: Optional[grpc.Compression] = None) -> Any:
+        if timeout is not None:
+            time.time() + timeout  # grpc.aio's TypeError, at the call, for no number
         if self._intercepted:
             return _interceptors.intercept(self, request, timeout, metadata, credentials,
                                            wait_for_ready, compression)
@@ -501,40 +518,19 @@ class _MultiCallable:
         return call
 
 
-class UnaryUnaryMultiCallable(_MultiCallable, AioUnaryUnaryBase):
-    _kind = "unary_unary"
+class UnaryUnaryMultiCallable(UnaryCallableState, _MultiCallable, AioUnaryUnaryBase):
+    """Called in C (its first base, whose __call__ comes first in the class's MRO): the
+    common call (no metadata, credentials, compression, interceptors or method config,
+    on the channel's loop, over a live fast connection) is made by
+    _core.make_unary_call's steps without a Python frame; every other goes to
+    _call_general with the caller's arguments."""
 
-    def __call__(self, request: Any = None, *, timeout: Optional[float] = None,
-                 metadata: Any = None, credentials: Optional[grpc.CallCredentials] = None,
-                 wait_for_ready: Optional[bool] = None,
-                 compression: Optional[grpc.Compression] = None) -> Any:
-        # The common case in as few steps as possible: every Python call costs here.
-        fast = self._channel._fast
-        if fast is None or credentials is not None or self._intercepted or not fast.alive \
-                or self._mc is not None or self._max_send >= 0 \
-                or metadata or compression is not None \
-                or (self._loop._thread_id != _thread_ident() if self._loop_says_thread
-                    else _running_loop() is not self._loop):
-            return super().__call__(request, timeout=timeout, metadata=metadata,
-                                    credentials=credentials, wait_for_ready=wait_for_ready,
-                                    compression=compression)
-        try:
-            serializer = self._serializer
-            message = request if serializer is None else _call.serialize(serializer, request)
-            channel = self._channel
-            retry_unsent = channel._service_config.unsent_retries > 0
-            # Made and started in one crossing (UnaryUnaryCall's constructors in C).
-            call = _call.make_unary_call(_call.UnaryUnaryCall, channel, self._loop_bridge,
-                                         fast, self._method, timeout, message,
-                                         self._deserializer, retry_unsent)
-            if call is None:
-                raise _call.Unsent
-            if call is NotImplemented:  # not a buffer: the constructor reports it
-                call = _call.UnaryUnaryCall(channel, self._loop_bridge, fast, self._method, [],
-                                            timeout, message, self._deserializer, retry_unsent)
-            return call
-        except _call.Unsent:  # routed again, as any call
-            return super().__call__(request, timeout=timeout, wait_for_ready=wait_for_ready)
+    _kind = "unary_unary"
+    # What the C call uses beside its fields.
+    _call_type = _call.UnaryUnaryCall
+    _unsent = _call.Unsent
+    _call_general = _MultiCallable.__call__
+    _serialize_failed = functools.partial(codec_failed, "serializing")
 
     def _fast_call(self, b: Any, fast: Any, md: list[Any], timeout: Optional[float],
                    request: Any, retry_unsent: bool) -> Any:

@@ -29,6 +29,13 @@ from typing import Any, Callable, Optional
 
 from .._engine import core_module
 
+try:
+    # The fields its calls read and count on every call, in C (aio_loop_state.cc).
+    from .._core import LoopBridgeState
+except ImportError:  # no engine: no fast-path call, and no bridge is made
+    class LoopBridgeState:  # type: ignore[no-redef]
+        pass
+
 __all__ = ["LoopBridge", "bridge"]
 
 _BRIDGES: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopBridge]" = \
@@ -40,8 +47,15 @@ _FOREVER_US = 1 << 40
 _LOOK_S = 50e-6
 
 
-class LoopBridge:
+class LoopBridge(LoopBridgeState):
     """A loop's notifier and the callbacks of the calls it owns."""
+
+    engine: Any
+    notifier: Any
+    ready: Any
+    _callbacks: dict[int, Callable[[], None]]
+    _next: int
+    _inflight: int
 
     def __init__(self, loop: asyncio.AbstractEventLoop, engine: Any) -> None:
         core = core_module()
@@ -51,7 +65,7 @@ class LoopBridge:
         self._loop = weakref.ref(loop)
         self.engine = engine
         self.notifier = core.Notifier()
-        self._callbacks: dict[int, Callable[[], None]] = {}
+        self._callbacks = {}
         self._next = 1
         self._inflight = 0  # calls not ended, servers taking calls
         self._closed = False

@@ -20,6 +20,8 @@
 #include <ctime>
 #include <string>
 
+#include "bindings/aio_call.h"
+#include "bindings/aio_loop_state.h"
 #include "bindings/bindings.h"
 
 namespace py = pybind11;
@@ -145,16 +147,26 @@ int on_end(CallState* self) {
   self->ended = 1;
   PyObject* token = PyLong_FromUnsignedLongLong(self->token);
   if (token == nullptr) return -1;
-  PyObject* r = PyObject_CallMethodOneArg(self->bridge, names.finished, token);
+  LoopBridgeState* bridge = loop_bridge_state(self->bridge);
+  PyObject* r = bridge != nullptr
+                    ? (finish_token(bridge, token) < 0 ? nullptr : Py_NewRef(Py_None))
+                    : PyObject_CallMethodOneArg(self->bridge, names.finished, token);
   Py_DECREF(token);
   if (r == nullptr) return -1;
   Py_DECREF(r);
   PyObject* channel = self->channel;
-  if (add_to(channel, names.inflight, minus_one) < 0) return -1;
-  PyObject* closing = PyObject_GetAttr(channel, names.closing);
-  if (closing == nullptr) return -1;
-  const int is_closing = PyObject_IsTrue(closing);
-  Py_DECREF(closing);
+  ChannelState* counted = channel_state(channel);
+  int is_closing;
+  if (counted != nullptr) {
+    if (add_to_count(&counted->inflight, -1) < 0) return -1;
+    is_closing = PyObject_IsTrue(counted->closing);
+  } else {
+    if (add_to(channel, names.inflight, minus_one) < 0) return -1;
+    PyObject* closing = PyObject_GetAttr(channel, names.closing);
+    if (closing == nullptr) return -1;
+    is_closing = PyObject_IsTrue(closing);
+    Py_DECREF(closing);
+  }
   if (is_closing < 0) return -1;
   if (is_closing) {
     r = PyObject_CallMethodNoArgs(channel, names.call_ended);
@@ -242,9 +254,16 @@ enum class Step { kReturn, kNext, kError };
 // None (wait). `own`: see answer_or_poll.
 PyObject* ask(CallState* self, uint64_t own) {
   PyObject* bridge = self->bridge;
-  PyObject* notifier = PyObject_GetAttr(bridge, names.notifier);
-  PyObject* engine = notifier ? PyObject_GetAttr(bridge, names.engine) : nullptr;
-  PyObject* ready = engine ? PyObject_GetAttr(bridge, names.ready) : nullptr;
+  PyObject *notifier, *engine, *ready;
+  if (LoopBridgeState* fields = loop_bridge_state(bridge)) {
+    notifier = Py_NewRef(fields->notifier);
+    engine = Py_NewRef(fields->engine);
+    ready = Py_NewRef(fields->ready);
+  } else {
+    notifier = PyObject_GetAttr(bridge, names.notifier);
+    engine = notifier ? PyObject_GetAttr(bridge, names.engine) : nullptr;
+    ready = engine ? PyObject_GetAttr(bridge, names.ready) : nullptr;
+  }
   PyObject* out = nullptr;
   PyClientCall* call = handle_of<PyClientCall>(self->core);
   if (ready != nullptr && call == nullptr)
@@ -504,6 +523,15 @@ PyTypeObject unary_state_type = [] {
 // The bridge's register() for `call`: its `_on_change` under the next token, which
 // goes to *token (the bridge's own int in *token_obj).
 int register_call(PyObject* bridge, PyObject* call, uint64_t* token, PyObject** token_obj) {
+  if (LoopBridgeState* fields = loop_bridge_state(bridge)) {
+    PyObject* on_change = PyObject_GetAttr(call, names.on_change);
+    if (on_change == nullptr) return -1;
+    unsigned long long t = 0;
+    const int r = register_callback(fields, on_change, &t, token_obj);
+    Py_DECREF(on_change);
+    *token = t;
+    return r;
+  }
   PyObject* next = PyObject_GetAttr(bridge, names.next);
   if (next == nullptr) return -1;
   *token = PyLong_AsUnsignedLongLong(next);
@@ -531,33 +559,36 @@ double wall_seconds() {
   return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
 }
 
-// make_unary_call(cls, channel, bridge, conn, method, timeout, request, deserializer,
-// retry_unsent): what UnaryUnaryCall(channel, bridge, conn, method, [], timeout, request,
-// deserializer, retry_unsent) makes, without its Python constructors: the call object,
-// its token registered with the bridge, the call started and its request sent with its
-// headers (or left to _send_later when the stream has no room yet), counted in flight
-// by the bridge and the channel. None: nothing was sent on a gone connection and
-// retry_unsent (the Python caller raises Unsent); NotImplemented: the request is no
-// buffer, which the Python constructor reports as grpc.aio does.
-PyObject* make_unary_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 9 || !PyType_Check(args[0]) ||
-      !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(args[0]), &unary_state_type) ||
-      !PyUnicode_Check(args[4])) {
-    PyErr_SetString(PyExc_TypeError,
-                    "make_unary_call(cls, channel, bridge, conn, method, timeout, request, "
-                    "deserializer, retry_unsent): cls a UnaryCallState type, method a str");
+}  // namespace
+
+// What UnaryUnaryCall(channel, bridge, conn, method, [], timeout, request, deserializer,
+// retry_unsent) makes, without its Python constructors: the call object, its token
+// registered with the bridge, the call started and its request sent with its headers (or
+// left to _send_later when the stream has no room yet), counted in flight by the bridge
+// and the channel. None: nothing was sent on a gone connection, because it was found dead
+// before the call started or retry_unsent allows another route (the caller routes the
+// call again); NotImplemented: the request is no buffer, which the Python constructor
+// reports as grpc.aio does.
+PyObject* make_unary(PyTypeObject* type, PyObject* channel, PyObject* bridge, PyObject* conn_obj,
+                     PyObject* method_obj, PyObject* timeout_obj, PyObject* request,
+                     PyObject* deserializer, bool retry_unsent) {
+  PyConnection* conn = nullptr;
+  try {
+    conn = &py::cast<PyConnection&>(py::handle(conn_obj));
+    auto live = conn->get();
+    // Found dead since the channel chose it: routed again, whatever retry_unsent says
+    // (nothing was sent).
+    if (!live || !live->alive()) Py_RETURN_NONE;
+  } catch (...) {
+    restore_python_error(std::current_exception());
     return nullptr;
   }
-  PyObject *channel = args[1], *bridge = args[2], *request = args[6];
   if (!PyObject_CheckBuffer(request)) Py_RETURN_NOTIMPLEMENTED;
-  const int retry_unsent = PyObject_IsTrue(args[8]);
-  if (retry_unsent < 0) return nullptr;
   double timeout = -1;
-  if (args[5] != Py_None) {
-    timeout = PyFloat_AsDouble(args[5]);
+  if (timeout_obj != Py_None) {
+    timeout = PyFloat_AsDouble(timeout_obj);
     if (timeout == -1 && PyErr_Occurred()) return nullptr;
   }
-  auto* type = reinterpret_cast<PyTypeObject*>(args[0]);
   PyObject* o = type->tp_new(type, no_args, nullptr);
   if (o == nullptr) return nullptr;
   auto* self = reinterpret_cast<CallState*>(o);
@@ -570,15 +601,17 @@ PyObject* make_unary_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   py::object started;
   try {
     Py_ssize_t n = 0;
-    const char* method = PyUnicode_AsUTF8AndSize(args[4], &n);
+    const char* method = PyUnicode_AsUTF8AndSize(method_obj, &n);
     if (method == nullptr) throw py::error_already_set();
-    PyObject* notifier = PyObject_GetAttr(bridge, names.notifier);
+    LoopBridgeState* fields = loop_bridge_state(bridge);
+    PyObject* notifier = fields != nullptr ? Py_NewRef(fields->notifier)
+                                           : PyObject_GetAttr(bridge, names.notifier);
     if (notifier == nullptr) throw py::error_already_set();
     py::object hold = py::reinterpret_steal<py::object>(notifier);
     BufferView b(py::reinterpret_borrow<py::object>(request));
-    started = start_unary(py::cast<PyConnection&>(py::handle(args[3])),
+    started = start_unary(*conn,
                           std::string(method, static_cast<size_t>(n)), Metadata(), timeout,
-                          py::cast<PyNotifier&>(hold), token, b, retry_unsent != 0);
+                          py::cast<PyNotifier&>(hold), token, b, retry_unsent);
   } catch (...) {
     restore_python_error(std::current_exception());
   }
@@ -602,8 +635,8 @@ PyObject* make_unary_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   set_field(&self->bridge, bridge);
   set_field(&self->core, core);
   self->token = token;
-  set_field(&self->deserializer, args[7]);
-  if (args[5] != Py_None) {  // as FastCall's constructor: time.time() + timeout
+  set_field(&self->deserializer, deserializer);
+  if (timeout_obj != Py_None) {  // as FastCall's constructor: time.time() + timeout
     PyObject* deadline = PyFloat_FromDouble(wall_seconds() + timeout);
     if (deadline == nullptr) {
       Py_DECREF(o);
@@ -612,8 +645,12 @@ PyObject* make_unary_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Py_SETREF(self->deadline, deadline);
   }
   // FastCall's constructor: the bridge's started() and the channel's count.
-  if (add_to(bridge, names.bridge_inflight, one) < 0 ||
-      add_to(channel, names.inflight, one) < 0) {
+  LoopBridgeState* bridge_fields = loop_bridge_state(bridge);
+  ChannelState* channel_fields = channel_state(channel);
+  if ((bridge_fields != nullptr ? add_to_count(&bridge_fields->inflight, 1)
+                                : add_to(bridge, names.bridge_inflight, one)) < 0 ||
+      (channel_fields != nullptr ? add_to_count(&channel_fields->inflight, 1)
+                                 : add_to(channel, names.inflight, one)) < 0) {
     Py_DECREF(o);
     return nullptr;
   }
@@ -626,6 +663,25 @@ PyObject* make_unary_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Py_DECREF(r);
   }
   return o;
+}
+
+namespace {
+
+// make_unary_call(cls, channel, bridge, conn, method, timeout, request, deserializer,
+// retry_unsent): make_unary's arguments checked.
+PyObject* make_unary_call(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 9 || !PyType_Check(args[0]) ||
+      !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(args[0]), &unary_state_type) ||
+      !PyUnicode_Check(args[4])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "make_unary_call(cls, channel, bridge, conn, method, timeout, request, "
+                    "deserializer, retry_unsent): cls a UnaryCallState type, method a str");
+    return nullptr;
+  }
+  const int retry_unsent = PyObject_IsTrue(args[8]);
+  if (retry_unsent < 0) return nullptr;
+  return make_unary(reinterpret_cast<PyTypeObject*>(args[0]), args[1], args[2], args[3],
+                    args[4], args[5], args[6], args[7], retry_unsent != 0);
 }
 
 PyMethodDef start_functions[] = {

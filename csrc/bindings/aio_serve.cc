@@ -41,12 +41,7 @@ enum Started : int {
 
 // The exception being raised, as (kRaised, exception) with its traceback; clears it.
 PyObject* raised() {
-  PyObject *type, *value, *tb;
-  PyErr_Fetch(&type, &value, &tb);
-  PyErr_NormalizeException(&type, &value, &tb);
-  if (tb != nullptr) PyException_SetTraceback(value, tb);
-  Py_XDECREF(type);
-  Py_XDECREF(tb);
+  PyObject* value = take_exception();
   if (value == nullptr) return nullptr;
   return Py_BuildValue("(iN)", kRaised, value);
 }
@@ -189,13 +184,9 @@ PyObject* answer_unary(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     return nullptr;
   }
   auto* st = reinterpret_cast<ServerCallState*>(args[0]);
-  const long long max_send = PyLong_AsLongLong(args[4]);
-  if (max_send == -1 && PyErr_Occurred()) return nullptr;
-  PyServerCall* call = handle_of<PyServerCall>(st->sc);
-  if (call == nullptr) {
-    PyErr_SetString(PyExc_TypeError, "answer_unary: the state's sc is not a ServerCall");
-    return nullptr;
-  }
+  long long max_send = -1;
+  PyServerCall* call = planned_call(st->sc, args[4], &max_send, "answer_unary");
+  if (call == nullptr) return nullptr;
   return answer_in(st, *call, args[1], args[2], args[3], max_send);
 }
 

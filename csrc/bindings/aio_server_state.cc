@@ -127,15 +127,6 @@ struct ServicerContextFields {
   PyObject* loop;
 };
 
-extern PyMemberDef context_members[];
-
-PyObject* context_new(PyTypeObject* type, PyObject*, PyObject*) {
-  auto* self = reinterpret_cast<ServicerContextFields*>(type->tp_alloc(type, 0));
-  if (self == nullptr) return nullptr;
-  none_members<context_members>(reinterpret_cast<PyObject*>(self));
-  return reinterpret_cast<PyObject*>(self);
-}
-
 // ServicerContextFields(state, request_deserializer, response_serializer): positional;
 // the loop is the state's.
 int context_init(PyObject* o, PyObject* args, PyObject* kwargs) {
@@ -169,7 +160,7 @@ PyMemberDef context_members[] = {
 PyTypeObject context_fields_type = fields_type<context_members>(
     "argrpc._core.ServicerContextFields",
     "The fields of an argrpc.aio fast-path call's servicer context.", sizeof(ServicerContextFields),
-    context_new, context_init);
+    none_new<context_members>, context_init);
 
 }  // namespace
 

@@ -9,9 +9,11 @@
 
 #include <unistd.h>
 
+#include <deque>
 #include <exception>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "common/error.h"
@@ -345,6 +347,36 @@ T* handle_of(PyObject* o) {
                                            : nullptr;
 }
 
+// What serving a planned call in one crossing (aio_serve.cc, server_serve.cc) takes from
+// its arguments: the state's ServerCall, and the send limit into *max_send; nullptr with
+// the error set (`who` names the function) when either is not what it must be.
+inline PyServerCall* planned_call(PyObject* sc, PyObject* max_send_obj, long long* max_send,
+                                  const char* who) {
+  *max_send = PyLong_AsLongLong(max_send_obj);
+  if (*max_send == -1 && PyErr_Occurred()) return nullptr;
+  PyServerCall* call = handle_of<PyServerCall>(sc);
+  if (call == nullptr)
+    PyErr_Format(PyExc_TypeError, "%s: the state's sc is not a ServerCall", who);
+  return call;
+}
+
+// How a blocking unary call ended (Connection.unary, and the threaded unary-unary
+// multicallable's call in C): `unsent` when retry_unsent allowed it and nothing left this
+// process on a gone connection (the caller routes the call again); else its status,
+// metadata and, if one came, its response.
+struct UnaryEnd {
+  bool unsent = false;
+  uint32_t code = 0;
+  std::string details;
+  Metadata initial, trailing;
+  bool got = false;
+  Payload response;
+};
+// Starts, sends and waits out one unary call on `c` without the GIL (a signal handler
+// that raises cancels it: pybind11::error_already_set).
+UnaryEnd blocking_unary(PyConnection& c, const std::string& method, const Metadata& meta,
+                        double timeout, const BufferView& req, bool retry_unsent);
+
 // The object for a handle the engine gave.
 template <class T>
 pybind11::object wrap_handle(std::unique_ptr<T> h) {
@@ -363,6 +395,8 @@ void handle_dealloc(PyObject* o) {
   Py_DECREF(type);  // a heap type's instances hold it
 }
 
+inline void restore_python_error(std::exception_ptr e);
+
 // A handle type's methods, defined as a pybind11 class_ defines them.
 class HandleMethods {
  public:
@@ -374,15 +408,63 @@ class HandleMethods {
     type_.attr(name) = cf;
     return *this;
   }
+  // A getset descriptor, not a property over a pybind11 function: a server reads a
+  // call's key and method on every call, and a property's call through pybind11's
+  // dispatcher costs ten times the getter. `name` is a literal; `f` takes the handle.
   template <class F>
   HandleMethods& def_property_readonly(const char* name, F&& f) {
-    pybind11::cpp_function get(std::forward<F>(f), pybind11::is_method(type_));
-    type_.attr(name) = pybind11::handle(reinterpret_cast<PyObject*>(&PyProperty_Type))(
-        get, pybind11::none(), pybind11::none(), "");
+    using Fn = std::decay_t<F>;
+    using T = typename GetterOf<decltype(&Fn::operator())>::Handle;
+    auto& getter = getters().emplace_back(std::make_unique<Getter>());
+    getter->fn = std::make_unique<Fn>(std::forward<F>(f));
+    getter->def = {const_cast<char*>(name), &get<T, Fn>, nullptr, nullptr, getter->fn.get()};
+    PyObject* descr = PyDescr_NewGetSet(reinterpret_cast<PyTypeObject*>(type_.ptr()),
+                                        &getter->def);
+    if (descr == nullptr) throw pybind11::error_already_set();
+    type_.attr(name) = pybind11::reinterpret_steal<pybind11::object>(descr);
     return *this;
   }
 
  private:
+  template <class M>
+  struct GetterOf;
+  template <class C, class R, class A>
+  struct GetterOf<R (C::*)(A) const> {
+    using Handle = std::remove_reference_t<A>;
+  };
+
+  // A getter's function and its definition, which its descriptor points to: kept as
+  // long as the process (the handle types are never freed before it ends).
+  struct Getter {
+    std::shared_ptr<void> fn;
+    PyGetSetDef def{};
+  };
+  static std::deque<std::unique_ptr<Getter>>& getters() {
+    static std::deque<std::unique_ptr<Getter>> all;
+    return all;
+  }
+
+  template <class T, class Fn>
+  static PyObject* get(PyObject* self, void* fn) {
+    T* handle = handle_of<T>(self);
+    if (handle == nullptr) {
+      PyErr_SetString(PyExc_TypeError, "a call handle's attribute read on another object");
+      return nullptr;
+    }
+    try {
+      auto value = (*static_cast<Fn*>(fn))(*handle);
+      if constexpr (std::is_base_of_v<pybind11::handle, decltype(value)>) {
+        pybind11::object o = std::move(value);
+        return o.release().ptr();
+      } else {
+        return pybind11::cast(std::move(value)).release().ptr();
+      }
+    } catch (...) {
+      restore_python_error(std::current_exception());
+      return nullptr;
+    }
+  }
+
   pybind11::handle type_;
 };
 
@@ -537,6 +619,26 @@ void none_members(PyObject* o) {
     if (m->type == T_OBJECT_EX) Py_XSETREF(*member_field(o, m), Py_NewRef(Py_None));
 }
 
+// A fields type's tp_new when every field starts as None.
+template <const PyMemberDef* Members>
+PyObject* none_new(PyTypeObject* type, PyObject*, PyObject*) {
+  PyObject* self = type->tp_alloc(type, 0);
+  if (self != nullptr) none_members<Members>(self);
+  return self;
+}
+
+// The Python exception being raised, taken (the error cleared), normalized and with its
+// traceback set on it, as an except clause would see it; nullptr if none is.
+inline PyObject* take_exception() {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  if (tb != nullptr && value != nullptr) PyException_SetTraceback(value, tb);
+  Py_XDECREF(type);
+  Py_XDECREF(tb);
+  return value;
+}
+
 // A C++ exception caught in a raw CPython function (catch (...)), set as the Python
 // error it stands for: pybind11's own as it is, any other as RuntimeError.
 inline void restore_python_error(std::exception_ptr e) {
@@ -547,6 +649,24 @@ inline void restore_python_error(std::exception_ptr e) {
   } catch (const std::exception& err) {
     PyErr_SetString(PyExc_RuntimeError, err.what());
   }
+}
+
+// A keyword argument's name is `name` (interned: the same object, unless the caller
+// built the key).
+inline bool is_keyword(PyObject* key, PyObject* name) {
+  return key == name || (PyUnicode_Check(key) && PyUnicode_Compare(key, name) == 0);
+}
+
+// A multicallable's tp_call after its short way gave `answer`: that answer or its error,
+// else (nullptr, no error) self.<general>(*args, **kwargs), the Python way.
+inline PyObject* or_general(PyObject* self, PyObject* answer, PyObject* general_name,
+                            PyObject* args, PyObject* kwargs) {
+  if (answer != nullptr || PyErr_Occurred()) return answer;
+  PyObject* general = PyObject_GetAttr(self, general_name);
+  if (general == nullptr) return nullptr;
+  answer = PyObject_Call(general, args, kwargs);
+  Py_DECREF(general);
+  return answer;
 }
 
 // A T_OBJECT_EX member of struct `type`: never NULL while the object lives, which CPython
@@ -572,6 +692,18 @@ PyTypeObject fields_type(const char* name, const char* doc, Py_ssize_t size, new
 
 // aio_call.cc: CallState and UnaryCallState, the C part of argrpc.aio's call objects.
 void add_aio_call(pybind11::module_& m);
+// server_serve.cc: ThreadedCallState (the C base of the threaded server's call state)
+// and serve_planned, its planned unary call served in one crossing.
+void add_server_serve(pybind11::module_& m);
+// aio_loop_state.cc: LoopBridgeState and ChannelState, the C bases of argrpc.aio's loop
+// bridge and channel.
+void add_aio_loop_state(pybind11::module_& m);
+// aio_unary_callable.cc: UnaryCallableState, argrpc.aio's unary-unary multicallable
+// called in C.
+void add_aio_unary_callable(pybind11::module_& m);
+// unary_callable.cc: MultiCallableState, the C base of the threaded API's
+// multicallables; a unary-unary one is called in C.
+void add_unary_callable(pybind11::module_& m);
 // aio_server_state.cc: ServerCallState, the fields of argrpc.aio's server-side call state.
 void add_aio_server_state(pybind11::module_& m);
 // aio_serve.cc: answer_unary, a planned unary method's call answered in one crossing.

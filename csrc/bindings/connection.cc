@@ -43,6 +43,35 @@ CallEnd PyConnection::gone_end() const {
   return CallEnd{epitaph->code ? epitaph->code : uint32_t(kUnavailable), epitaph->why};
 }
 
+UnaryEnd blocking_unary(PyConnection& c, const std::string& method, const Metadata& meta,
+                        double timeout, const BufferView& req, bool retry_unsent) {
+  UnaryEnd e;
+  auto conn = c.for_call();
+  if (!conn) {
+    CallEnd end = c.gone_end();
+    e.unsent = retry_unsent && end.code == kUnavailable;
+    e.code = end.code;
+    e.details = std::move(end.details);
+    return e;
+  }
+  std::shared_ptr<Stream> s;
+  interruptible(s, true, [&] {
+    s = conn->start_call(method, meta, timeout, false, c.group_id());
+    if (conn->send(s, req.data(), req.size(), true)) e.got = conn->recv(s, &e.response);
+    return conn->wait_end(s, Deadline::never());
+  });
+  if (retry_unsent && !e.got && conn->never_sent(s)) {
+    e.unsent = true;
+    return e;
+  }
+  std::lock_guard<std::mutex> g(s->mu);
+  e.code = s->code;
+  e.details = s->details;
+  e.initial = s->initial_md;
+  e.trailing = s->trailing_md;
+  return e;
+}
+
 CallGroup::~CallGroup() {
   auto c = conn.lock();
   if (c && !c->inherited()) c->forget_group(id);
@@ -100,37 +129,13 @@ py::class_<PyConnection> add_connection(py::module_& m) {
       .def("unary",
            [](PyConnection& c, const std::string& method, py::object md, py::object timeout,
               py::object request, bool retry_unsent) -> py::object {
-             Metadata meta = to_metadata(md);
-             const double t = timeout_arg(timeout);
              BufferView req(request);
-             auto conn = c.for_call();
-             if (!conn) {
-               CallEnd end = c.gone_end();
-               if (retry_unsent && end.code == kUnavailable) return py::none();
-               return unary_tuple(end);
-             }
-             std::shared_ptr<Stream> s;
-             Payload resp;
-             bool got = false;
-             interruptible(s, true, [&] {
-               s = conn->start_call(method, meta, t, false, c.group_id());
-               if (conn->send(s, req.data(), req.size(), true)) got = conn->recv(s, &resp);
-               return conn->wait_end(s, Deadline::never());
-             });
-             if (retry_unsent && !got && conn->never_sent(s)) return py::none();
-             py::object response = got ? to_python(std::move(resp)) : py::none();
-             Metadata initial, trailing;
-             uint32_t code;
-             std::string details;
-             {
-               std::lock_guard<std::mutex> g(s->mu);
-               code = s->code;
-               details = s->details;
-               initial = s->initial_md;
-               trailing = s->trailing_md;
-             }
-             return py::make_tuple(code, py::str(details), from_metadata(initial),
-                                   from_metadata(trailing), response);
+             UnaryEnd e = blocking_unary(c, method, to_metadata(md), timeout_arg(timeout), req,
+                                         retry_unsent);
+             if (e.unsent) return py::none();
+             py::object response = e.got ? to_python(std::move(e.response)) : py::none();
+             return py::make_tuple(e.code, lenient_str(e.details), from_metadata(e.initial),
+                                   from_metadata(e.trailing), response);
            },
            py::arg("method"), py::arg("metadata"), py::arg("timeout"), py::arg("request"),
            py::arg("retry_unsent") = false)

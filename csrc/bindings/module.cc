@@ -50,7 +50,11 @@ PYBIND11_MODULE(_core, m) {
   add_log(m);
   add_call_stats(m, connection);
   add_aio(m, engine, connection, client_call, server, server_call);
+  add_server_serve(m);
+  add_unary_callable(m);
+  add_aio_loop_state(m);
   add_aio_call(m);
+  add_aio_unary_callable(m);
   add_aio_server_state(m);
   add_aio_serve(m);
   add_floor(m, engine);  // argrpc-bench's reference rows

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "bindings/bindings.h"
+#include "common/spin.h"
 #include "engine/connection.h"
 #include "engine/probes.h"
 
@@ -23,6 +24,18 @@ void add_test_probes(py::module_& m, py::class_<PyConnection>& connection) {
     NoGil nogil;
     nogil.skip_check_for_test = true;
     ::usleep(static_cast<useconds_t>(ms) * 1000);
+  });
+
+  // Test-only: how many of `n` yields that each took `took_us`, on this thread, read as
+  // a CPU shared with another thread (note_yield, common/spin.h). No yield is made, so
+  // the kernel switched the thread out only if it preempted it meanwhile.
+  m.def("_slow_yields_read_as_shared_for_test", [](int n, uint64_t took_us) {
+    int shared = 0;
+    for (int i = 0; i < n; ++i) {
+      note_yield(0, took_us);
+      shared += t_cpu_shared ? 1 : 0;
+    }
+    return shared;
   });
 
   // Test-only: cool() holds still after it armed a quiet connection (Engine).

@@ -4,6 +4,7 @@
 // the engine first spins with sched_yield() for spin_us, then blocks.
 #pragma once
 #include <sched.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include <cstdint>
@@ -31,9 +32,30 @@ inline thread_local bool t_cpu_shared = false;
 inline constexpr uint32_t kShareNapAfter = uint32_t(knobs::kShareNapAfter);
 inline thread_local uint32_t t_shared_yields = 0;
 
+// This thread's involuntary context switches so far: a yield that ran another thread is
+// one, as is a preemption by another thread; time the hypervisor took from this vCPU is
+// none.
+inline long involuntary_switches() {
+  rusage ru;
+  return getrusage(RUSAGE_THREAD, &ru) == 0 ? ru.ru_nivcsw : 0;
+}
+// The count at this thread's last slow yield.
+inline thread_local long t_switches = -1;
+
 // Notes what a yield from `before` to `after` said of this thread's CPU, napping as above.
+// A slow yield shared the CPU only if the kernel switched this thread out since its last
+// slow yield (read only then: a system call): on a
+// VM, a yield is also slow when the hypervisor takes the vCPU away for tens of
+// microseconds (hundreds of times a second on a busy host), and reading that as a shared
+// CPU made the waiter yield at every turn and nap, each nap a call slower by tens of
+// microseconds (docs/benchmarks.md).
 inline void note_yield(uint64_t before, uint64_t after) {
-  t_cpu_shared = after - before >= kYieldSharedUs;
+  t_cpu_shared = false;
+  if (after - before >= kYieldSharedUs) {
+    const long switches = involuntary_switches();
+    t_cpu_shared = switches != t_switches;
+    t_switches = switches;
+  }
   if (!t_cpu_shared) {
     t_shared_yields = 0;
   } else if (++t_shared_yields >= kShareNapAfter) {

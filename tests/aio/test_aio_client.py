@@ -1001,6 +1001,76 @@ def test_a_unary_call_is_made_in_one_crossing(aio_servers: AioServers,
     run_pair(("argrpc", "argrpc"), aio_servers, body)
 
 
+def test_a_unary_multicallable_takes_grpc_aios_arguments(pair: tuple[str, str],
+                                                         aio_servers: AioServers) -> None:
+    """A unary-unary multicallable is called in C (argrpc); what a caller may pass it, and
+    the errors of what it may not, are grpc.aio's, on every call (the second and later
+    calls of a multicallable take argrpc's short way)."""
+
+    async def body(channel: Any, target: str) -> None:
+        echo = channel.unary_unary(method("echo"))
+        meta = channel.unary_unary(method("meta"))
+        for _ in range(2):
+            assert await echo(request=b"k", timeout=10) == b"k"
+            assert await echo(b"p", timeout=10, wait_for_ready=True) == b"p"
+            assert await echo(b"n", timeout=None, metadata=None, credentials=None,
+                              compression=None) == b"n"
+            assert await echo(b"e", metadata=()) == b"e"
+            assert json.loads(await meta(b"", timeout=10, metadata=(("x-k", "v"),))) == \
+                [["x-k", "v"]]
+            with pytest.raises(TypeError):
+                echo(b"a", b"b")
+            with pytest.raises(TypeError):
+                echo(b"a", deadline=3)
+            with pytest.raises(TypeError):
+                echo(b"a", request=b"b")
+            with pytest.raises(TypeError):
+                echo(b"t", timeout="soon")
+
+    run_pair(pair, aio_servers, body)
+
+
+def test_the_common_unary_call_takes_no_python_frame(aio_servers: AioServers,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """The multicallable's common call is made in C (its class's _call_general, the
+    Python way, is not asked); a call the short way cannot make (metadata) takes the
+    Python way; a request serializer that raises is logged and an empty message goes
+    out, as grpc.aio does, the short way too."""
+    from argrpc.aio import _channel
+
+    general = _channel.UnaryUnaryMultiCallable._call_general
+    asked: list[Any] = []
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        asked.append(args)
+        return general(self, *args, **kwargs)
+
+    def broken(request: Any) -> bytes:
+        raise ValueError("cannot serialize")
+
+    async def body(channel: Any, target: str) -> None:
+        echo = channel.unary_unary(method("echo"))
+        faulty = channel.unary_unary(method("echo"), request_serializer=broken)
+        assert await echo(b"w", timeout=30) == b"w"  # its first call may take the long way
+        assert await faulty(b"w", timeout=30) == b""
+        monkeypatch.setattr(_channel.UnaryUnaryMultiCallable, "_call_general", counted)
+        for i in range(3):
+            assert await echo(b"%d" % i, timeout=30) == b"%d" % i
+        assert await echo(b"x") == b"x"
+        assert asked == []
+        caplog.clear()
+        assert await faulty(b"y", timeout=30) == b""
+        assert "Exception serializing message!" in caplog.text
+        assert "cannot serialize" in caplog.text
+        assert asked == []
+        assert await echo(b"m", timeout=30, metadata=(("x-k", "v"),)) == b"m"
+        assert asked == [(b"m",)]
+        assert channel.inflight == 0
+
+    run_pair(("argrpc", "argrpc"), aio_servers, body)
+
+
 def test_request_serializer_failure(pair: tuple[str, str], aio_servers: AioServers,
                                     caplog: pytest.LogCaptureFixture) -> None:
     """grpc.aio logs a serializer's exception and sends an empty message instead."""

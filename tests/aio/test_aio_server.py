@@ -417,13 +417,31 @@ def test_a_planned_call_answered_at_once_takes_one_crossing(monkeypatch: Any) ->
         return real(server, state, refused, plan, started)
 
     monkeypatch.setattr(aio_server, "serve", counted)
-    calls = [("echo", b"e%d" % i) for i in range(20)] + [
-        ("set_details_ok",), ("waits", b"w"), ("raises",), ("metadata_both",),
-        ("bad_request", b"\xff"), ("returns_str",)]
+    rest_calls = [("set_details_ok",), ("waits", b"w"), ("raises",), ("metadata_both",),
+                  ("bad_request", b"\xff"), ("returns_str",)]
+    calls = [("echo", b"e%d" % i) for i in range(20)] + rest_calls
+    expected = {"waits": handlers._WAITS, "raises": handlers._RAISED,
+                "metadata_both": handlers._RETURNED, "bad_request": handlers._RAISED,
+                "returns_str": handlers._RETURNED}
+
+    def staged() -> dict[str, set]:
+        seen: dict[str, set] = {}
+        for name, started in served:
+            if name != "echo" and started is not None:
+                seen.setdefault(name, set()).add(started)
+        return seen
 
     async def body() -> tuple[str, list]:
         async with serving(PARITY_HANDLERS, "argrpc", registered=True) as (_, target):
-            return await in_thread(fast_calls, target, calls)
+            first = await in_thread(fast_calls, target, calls)
+            # Any call reaches serve() with nothing started when its request was not
+            # there yet (a busy machine); the others are asked again until each has
+            # been seen where it got, so that stage is what the test checks.
+            for _ in range(20):
+                if set(staged()) == set(expected):
+                    break
+                await in_thread(fast_calls, target, rest_calls)
+            return first
 
     transport, outcomes = run(body())
     assert transport == "shm"
@@ -433,10 +451,7 @@ def test_a_planned_call_answered_at_once_takes_one_crossing(monkeypatch: Any) ->
     # An echo reaches serve() only if its request was not there yet (nothing started).
     echoes = [started for name, started in served if name == "echo"]
     assert echoes.count(None) == len(echoes) and len(echoes) <= 10, served
-    rest = {name: started for name, started in served if name != "echo"}
-    assert rest == {"waits": handlers._WAITS, "raises": handlers._RAISED,
-                    "metadata_both": handlers._RETURNED, "bad_request": handlers._RAISED,
-                    "returns_str": handlers._RETURNED}, served
+    assert staged() == {name: {stage} for name, stage in expected.items()}, served
 
 
 def test_a_pass_ends_in_c_only_the_calls_nothing_else_holds(monkeypatch: Any) -> None:

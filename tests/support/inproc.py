@@ -45,11 +45,16 @@ def _channel(factories: Any, target: str, credentials: Any, options: Sequence[An
 def threaded(stack: str, handlers: Any, *, address: str = "127.0.0.1:0",
              server_options: Sequence[Any] = (), channel_options: Sequence[Any] = (),
              server_credentials: Any = None, channel_credentials: Any = None,
-             compression: Optional[grpc.Compression] = None) -> Iterator[Any]:
-    """A threaded server serving `handlers` (a generic handler) and a channel to it."""
+             compression: Optional[grpc.Compression] = None,
+             registered: Optional[tuple[str, dict[str, Any]]] = None) -> Iterator[Any]:
+    """A threaded server serving `handlers` (a generic handler, or None) and the methods
+    of `registered` (service name, method handlers), and a channel to it."""
     mod = stack_module(stack)
     server = mod.server(futures.ThreadPoolExecutor(2), options=list(server_options))
-    server.add_generic_rpc_handlers((handlers,))
+    if handlers is not None:
+        server.add_generic_rpc_handlers((handlers,))
+    if registered is not None:
+        server.add_registered_method_handlers(*registered)
     port = _listen(server, address, server_credentials)
     server.start()
     channel = _channel(mod, _target(address, port), channel_credentials, list(channel_options),
