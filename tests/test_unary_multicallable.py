@@ -76,6 +76,8 @@ def _outcomes(channel: Any) -> list[tuple[Any, ...]]:
             _outcome(lambda: echo(b"e", metadata=())),
             _outcome(lambda: echo(b"", timeout=10)),
             _outcome(lambda: echo(b"f", timeout=-1)),
+            _outcome(lambda: echo(b"f", timeout=-0.5)),
+            _outcome(lambda: echo(b"f", timeout=float("nan"))),
             _outcome(lambda: metadata(b"", timeout=10, metadata=(("x-k", "v"),))),
             _outcome(lambda: status(b"", timeout=10)),
             _outcome(lambda: ser_raises(b"g", timeout=10)),
@@ -96,7 +98,7 @@ def _outcomes(channel: Any) -> list[tuple[Any, ...]]:
 
 def test_a_unary_multicallable_answers_as_grpcs(caplog: pytest.LogCaptureFixture) -> None:
     """Every argument form and outcome (a status with details and trailing metadata,
-    codecs that raise or give None, an expired timeout, argument errors) as grpc gives
+    codecs that raise or give None, an expired or NaN timeout, argument errors) as grpc gives
     them, three times each, with grpc's log lines for the codecs that raised."""
     caplog.set_level(logging.ERROR)
     logged = {}
@@ -112,7 +114,7 @@ def test_a_unary_multicallable_answers_as_grpcs(caplog: pytest.LogCaptureFixture
     for want, got in zip(outcomes["grpc"], outcomes["argrpc"]):
         assert got == want
     assert outcomes["argrpc"][0] == ("ok", b"a")
-    assert outcomes["argrpc"][8][:3] == ("rpc", grpc.StatusCode.NOT_FOUND,
+    assert outcomes["argrpc"][10][:3] == ("rpc", grpc.StatusCode.NOT_FOUND,
                                           "no such thing: \u00e9")
     assert logged["argrpc"] == logged["grpc"]
     assert logged["argrpc"].count("Exception serializing message!") == 3

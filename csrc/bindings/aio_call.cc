@@ -588,6 +588,7 @@ PyObject* make_unary(PyTypeObject* type, PyObject* channel, PyObject* bridge, Py
   if (timeout_obj != Py_None) {
     timeout = PyFloat_AsDouble(timeout_obj);
     if (timeout == -1 && PyErr_Occurred()) return nullptr;
+    timeout = user_timeout(timeout);
   }
   PyObject* o = type->tp_new(type, no_args, nullptr);
   if (o == nullptr) return nullptr;

@@ -503,6 +503,10 @@ pybind11::str method_name(const std::string& method);
 pybind11::tuple user_agent_only(const std::string& ua);
 // bytes for an eager message, a memoryview keeping the pool block for a large one.
 pybind11::object to_python(Payload&& p);
+// A caller's timeout for the engine, whose "none" is negative: a negative or NaN one has
+// expired (grpc ends such a call DEADLINE_EXCEEDED at once), never "none".
+inline double user_timeout(double t) { return t >= 0 ? t : 0.0; }
+// None as the engine's "none", else user_timeout().
 double timeout_arg(const pybind11::object& t);
 Deadline deadline_arg(const pybind11::object& t);
 pybind11::tuple status_tuple(Stream& s);

@@ -70,7 +70,10 @@ py::object to_python(Payload&& p) {
   return py::memoryview(py::cast(std::make_unique<RecvBuffer>(std::move(p))));
 }
 
-double timeout_arg(const py::object& t) { return t.is_none() ? -1.0 : t.cast<double>(); }
+double timeout_arg(const py::object& t) {
+  if (t.is_none()) return -1.0;
+  return user_timeout(t.cast<double>());
+}
 
 Deadline deadline_arg(const py::object& t) {
   return t.is_none() ? Deadline::never() : Deadline::after_seconds(t.cast<double>());

@@ -160,7 +160,7 @@ PyObject* short_call(MultiCallableState* self, PyObject* args, PyObject* kwargs)
   if (timeout_obj != Py_None) {
     timeout = PyFloat_AsDouble(timeout_obj);
     if (timeout == -1 && PyErr_Occurred()) return nullptr;
-    if (timeout < 0) timeout = 0;  // grpc: already expired
+    timeout = user_timeout(timeout);
   }
   Py_ssize_t n = 0;
   const char* method = PyUnicode_AsUTF8AndSize(self->method, &n);

@@ -13,7 +13,7 @@ class Deadline {
   static Deadline never() { return Deadline(); }
   static Deadline after_seconds(double s) {
     Deadline d;
-    if (s < 0) s = 0;
+    if (!(s >= 0)) s = 0;  // NaN too: grpc ends such a call at once
     if (s < 1e9) d.at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                           std::chrono::duration<double>(s));
     return d;

@@ -609,6 +609,24 @@ def test_deadline_exceeded_and_seen_by_the_server(pair: tuple[str, str],
     run_pair(pair, aio_servers, body)
 
 
+def test_an_expired_or_nan_timeout_ends_the_call_at_once(pair: tuple[str, str],
+                                                        aio_servers: AioServers) -> None:
+    """A negative or NaN timeout has expired, on every arity (grpc.aio's outcome); the
+    call never waits for the server, whose handler would hang."""
+    async def body(channel: Any, target: str) -> None:
+        expired = ("AioRpcError", grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        for timeout in (-1, -0.5, float("nan")):
+            for _ in range(2):  # a multicallable's later calls take the short way
+                hang = channel.unary_unary(method("hang"))
+                assert await outcome(hang(new_tag(), timeout=timeout), HANG_S) == expired
+            stream = channel.unary_stream(method("hang_stream"))(new_tag(), timeout=timeout)
+            assert await outcome(stream.read(), HANG_S) == expired
+            call = channel.stream_unary(method("hang_client_stream"))(timeout=timeout)
+            assert await outcome(call, HANG_S) == expired
+
+    run_pair(pair, aio_servers, body)
+
+
 def test_cancel(pair: tuple[str, str], aio_servers: AioServers) -> None:
     async def body(channel: Any, target: str) -> None:
         tag = new_tag()
