@@ -22,13 +22,20 @@ def nbytes(payload: Any) -> int:
     return memoryview(payload).nbytes
 
 
-def bytes_serializer(serializer: Optional[Callable[[Any], Any]]) -> Optional[Callable[[Any], bytes]]:
+def bytes_serializer(serializer: Optional[Callable[[Any], Any]]) -> Optional[Callable[[Any], Any]]:
     if serializer is None:
         return None
 
-    def serialize(message: Any) -> bytes:
+    def serialize(message: Any) -> Any:
         out = serializer(message)
-        return out if type(out) is bytes else memoryview(out).tobytes()
+        if type(out) is bytes:
+            return out
+        try:
+            view = memoryview(out)
+        except TypeError:
+            return out  # None, a str: grpc's core says what it does with them, as for grpc
+        with view:
+            return view.tobytes()
 
     return serialize
 

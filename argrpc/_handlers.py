@@ -102,11 +102,7 @@ def _serialize(state: _CallState, response: Any, serializer: Optional[Callable[.
         _finish_with_state(state, _status.INTERNAL, "Failed to serialize response!")
         return None
     if type(serialized) is not bytes and not _is_buffer(serialized):
-        # grpc's server leaves such a call until its deadline (its send raises in the
-        # handler's thread); the client is told at once instead.
-        _ARGRPC_LOG.error("%s: the response is a %s, not bytes-like: no response_serializer?",
-                          state.method, type(serialized).__name__)
-        _finish_with_state(state, _status.INTERNAL, "Failed to serialize response!")
+        _not_bytes(state, serialized, serializer)
         return None
     if max_send >= 0:
         size = len(serialized) if type(serialized) is bytes else memoryview(serialized).nbytes
@@ -116,6 +112,18 @@ def _serialize(state: _CallState, response: Any, serializer: Optional[Callable[.
                     "SERVER: Sent message larger than max ({} vs. {})".format(size, max_send))
             return None
     return serialized
+
+
+def _not_bytes(state: _CallState, serialized: Any, serializer: Optional[Callable[..., Any]]) -> None:
+    """Ends the call whose wire form is no buffer. grpc's server leaves such a call until
+    its deadline (its send raises in the handler's thread); the client is told at once."""
+    if serializer is None:
+        _ARGRPC_LOG.error("%s: the response is a %s, not bytes-like: no response_serializer?",
+                          state.method, type(serialized).__name__)
+    else:
+        _ARGRPC_LOG.error("%s: the response_serializer gave a %s, not bytes-like",
+                          state.method, type(serialized).__name__)
+    _finish_with_state(state, _status.INTERNAL, "Failed to serialize response!")
 
 
 def _is_buffer(value: Any) -> bool:
@@ -304,11 +312,12 @@ def _answer_unary(state: _CallState, response: Any, serializer: Optional[Callabl
         state.sc.finish(_status.OK, "", _NO_METADATA, serialized)
 
 
-# Where _core.serve_planned stopped (csrc/bindings/server_serve.cc, Stage).
+# Where _core.serve_planned stopped (csrc/bindings/server_serve.cc, Stop).
 REQUEST_FAILED = 1  # the deserializer raised (value: its exception) or gave None
 RAISED = 2  # the handler raised (value: its exception)
 RETURNED = 3  # the handler answered (value: the response); the end needs the checks here
 SERIALIZE_FAILED = 4  # the serializer raised (value: its exception) or gave None
+NOT_BYTES = 5  # the response's wire form is no buffer (value: that form)
 
 
 def carry_on_unary(state: _CallState, plan: UnaryPlan, max_send: int, stage: int,
@@ -324,6 +333,8 @@ def carry_on_unary(state: _CallState, plan: UnaryPlan, max_send: int, stage: int
         if value is not None:
             codec_failed("serializing", value)
         _finish_with_state(state, _status.INTERNAL, "Failed to serialize response!")
+    elif stage == NOT_BYTES:
+        _not_bytes(state, value, plan.serializer)
     else:
         _answer_unary(state, value, plan.serializer, max_send)
 

@@ -237,21 +237,33 @@ def test_a_warm_workers_planned_call_takes_no_python_frame(
 
 
 def test_a_response_that_is_no_buffer_fails_at_once(caplog: pytest.LogCaptureFixture) -> None:
-    """A handler that answers a str with no response serializer: grpc's server leaves
-    the call until its deadline; argrpc's ends it INTERNAL at once (a difference listed
-    in the README), planned or not, unary or streamed, and says why in its log."""
+    """A handler that answers a str with no response serializer, or a serializer that
+    gives one: grpc's server leaves the call until its deadline; argrpc's ends it
+    INTERNAL at once (a difference listed in the README), planned or not, unary or
+    streamed, says why in its log, and calls the serializer once."""
     caplog.set_level(logging.ERROR)
+    serialized: list[Any] = []
+
+    def to_text(response: Any) -> str:
+        serialized.append(response)
+        return "text"
+
+    by_serializer = grpc.unary_unary_rpc_method_handler(_echo, response_serializer=to_text)
     generic = grpc.method_handlers_generic_handler("t.Generic", {
-        "text": _uu(_text), "texts": grpc.unary_stream_rpc_method_handler(_texts)})
+        "text": _uu(_text), "texts": grpc.unary_stream_rpc_method_handler(_texts),
+        "serialized": by_serializer})
     server = inproc.stack_module("argrpc").server(futures.ThreadPoolExecutor(2))
-    server.add_registered_method_handlers("t.Planned", {"text": _uu(_text)})
+    server.add_registered_method_handlers("t.Planned", {"text": _uu(_text),
+                                                        "serialized": by_serializer})
     server.add_generic_rpc_handlers((generic,))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     import argrpc
     channel = argrpc.insecure_channel(f"127.0.0.1:{port}")
     try:
-        for path in ("/t.Planned/text", "/t.Planned/text", "/t.Generic/text"):
+        for path in ("/t.Planned/text", "/t.Planned/text", "/t.Generic/text",
+                     "/t.Planned/serialized", "/t.Planned/serialized",
+                     "/t.Generic/serialized"):
             with pytest.raises(grpc.RpcError) as e:
                 channel.unary_unary(path)(b"", timeout=20)
             assert (e.value.code(), e.value.details()) == \
@@ -264,6 +276,8 @@ def test_a_response_that_is_no_buffer_fails_at_once(caplog: pytest.LogCaptureFix
         assert got == [b"first"]
         assert e.value.code() == grpc.StatusCode.INTERNAL
         assert "the response is a str, not bytes-like" in caplog.text
+        assert "the response_serializer gave a str, not bytes-like" in caplog.text
+        assert len(serialized) == 3
     finally:
         channel.close()
         server.stop(None)

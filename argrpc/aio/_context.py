@@ -101,8 +101,17 @@ def serialize(serializer: Optional[Callable[[Any], Any]], message: Any) -> Any:
     if isinstance(message, str):
         message = message.encode("utf-8")
     if serializer is not None:
-        return serializer(message)
-    return b"" if message is None else message
+        message = serializer(message)
+    if message is None:
+        return b""  # as grpc.aio sends it
+    if type(message) is not bytes:
+        try:
+            memoryview(message).release()
+        except TypeError:
+            # grpc.aio's words; raised before the status is marked sent, so the call
+            # ends as the handler's error (UNKNOWN) rather than cancelled.
+            raise TypeError(f"Expected bytes, got {type(message).__name__}") from None
+    return message
 
 
 def deserialize(deserializer: Optional[Callable[[Any], Any]], raw: Any) -> Any:

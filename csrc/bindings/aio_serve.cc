@@ -71,6 +71,16 @@ PyObject* end_quietly(ServerCallState* st, PyServerCall& call, PyObject* respons
     message = PyObject_CallOneArg(serializer, response);
     Py_DECREF(response);
     if (message == nullptr) return raised();
+    // As argrpc/aio/_context.py's serialize: None is an empty message, anything else
+    // that is no buffer the handler's error, raised before the status is marked sent.
+    if (message == Py_None) {
+      Py_SETREF(message, PyBytes_FromStringAndSize(nullptr, 0));
+      if (message == nullptr) return raised();
+    } else if (!PyBytes_CheckExact(message) && !PyObject_CheckBuffer(message)) {
+      PyErr_Format(PyExc_TypeError, "Expected bytes, got %s", Py_TYPE(message)->tp_name);
+      Py_DECREF(message);
+      return raised();
+    }
   }
   Py_ssize_t n = 0;
   const char* details = PyUnicode_AsUTF8AndSize(st->status_details, &n);

@@ -148,6 +148,7 @@ enum class Stop : int {
   kRaised = 2,           // (2, exception, context): the handler raised
   kReturned = 3,         // (3, response, context): the end needs Python's checks
   kSerializeFailed = 4,  // (4, exception or None, context): the serializer raised or gave None
+  kNotBytes = 5,         // (5, wire form, context): the response's wire form is no buffer
 };
 
 // The Exception being raised, taken (a BaseException that is no Exception stays raised:
@@ -220,8 +221,8 @@ PyObject* serve_in(ThreadedCallState* st, PyServerCall& call, PyObject* plan,
     }
   }
   if (!PyObject_CheckBuffer(message)) {
-    Py_DECREF(message);
-    return stopped(Stop::kReturned, response, context);  // Python says what is wrong with it
+    Py_DECREF(response);
+    return stopped(Stop::kNotBytes, message, context);  // Python says what is wrong with it
   }
   Py_DECREF(response);
   try {

@@ -317,6 +317,14 @@ PARITY_HANDLERS = {
         echo, request_deserializer=lambda b: b.decode("ascii")),
     "bad_response": grpc.unary_unary_rpc_method_handler(
         echo, response_serializer=lambda m: m.SerializeToString()),
+    "serializer_none": grpc.unary_unary_rpc_method_handler(
+        echo, response_serializer=lambda m: None),
+    "serializer_str": grpc.unary_unary_rpc_method_handler(
+        echo, response_serializer=lambda m: "text"),
+    "stream_serializer_none": grpc.unary_stream_rpc_method_handler(
+        stream_agen, response_serializer=lambda m: None),
+    "stream_serializer_str": grpc.unary_stream_rpc_method_handler(
+        stream_agen, response_serializer=lambda m: "text"),
     "stream_agen": grpc.unary_stream_rpc_method_handler(stream_agen),
     "stream_write": grpc.unary_stream_rpc_method_handler(stream_write),
     "stream_fails": grpc.unary_stream_rpc_method_handler(stream_fails),
@@ -348,6 +356,10 @@ PARITY_CALLS: list[tuple] = [
     ("sync_abort",),
     ("bad_request", b"\xff\xfe"),
     ("bad_response",),
+    ("serializer_none", b"n"),
+    ("serializer_str", b"s"),
+    ("stream_serializer_none", b"r", "us"),
+    ("stream_serializer_str", b"r", "us"),
     ("no_such_method",),
     ("stream_agen", b"r", "us"),
     ("stream_write", b"r", "us"),
@@ -394,6 +406,10 @@ def test_outcomes_match_grpc_aio(registered: bool) -> None:
     assert by_name["raises"][1:3] == (grpc.StatusCode.UNKNOWN,
                                       "Unexpected <class 'ValueError'>: boom")
     assert by_name["raises_with_code"][1] == grpc.StatusCode.FAILED_PRECONDITION
+    assert by_name["serializer_none"][:2] == ("OK", b"")
+    assert by_name["serializer_str"][1:3] == (grpc.StatusCode.UNKNOWN,
+                                              "Unexpected <class 'TypeError'>: Expected bytes, "
+                                              "got str")
     assert by_name["no_such_method"][1:3] == (grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
     assert by_name["abort"] == ("ERR", grpc.StatusCode.PERMISSION_DENIED, "nope",
                                 (("t1", "v"), ("t-bin", b"\x00\xff")))
