@@ -256,6 +256,7 @@ class LoopBridgeState:
     _callbacks: Any
     _next: int
     _inflight: int
+    def poll(self, limit_s: float | None = None) -> bool: ...
 
 @disjoint_base
 class ChannelState:

@@ -122,19 +122,9 @@ class LoopBridge(LoopBridgeState):
             if callback is not None:
                 callback()
 
-    def poll(self, limit_s: Optional[float] = None) -> bool:
-        """Drive the engine briefly on the loop's thread and run the callbacks of what
-        changed meanwhile; True if anything did."""
-        tokens = self.notifier.poll(self.engine, _FOREVER_US if limit_s is None
-                                    else int(limit_s * 1e6))
-        if tokens:
-            callbacks = self._callbacks  # run(tokens), in this frame: a server's every call
-            for token in tokens:
-                callback = callbacks.get(token)
-                if callback is not None:
-                    callback()
-            return True
-        return False
+    # poll(limit_s=None) is LoopBridgeState's (csrc/bindings/aio_loop_state.cc): drive the
+    # engine briefly on the loop's thread and run the callbacks of what changed meanwhile;
+    # True if anything did.
 
     def poll_if_idle(self) -> bool:
         """poll() if the loop has nothing ready to run: a coroutine about to wait for a

@@ -5,6 +5,9 @@
 #include <structmember.h>
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
+#include <vector>
+
 #include "bindings/aio_loop_state.h"
 #include "bindings/bindings.h"
 
@@ -50,10 +53,80 @@ PyMemberDef bridge_members[] = {
 };
 #undef BRIDGE_OBJ
 
-PyTypeObject bridge_type = fields_type<bridge_members>(
-    "argrpc._core.LoopBridgeState",
-    "The fields of an argrpc.aio loop's bridge that its calls read and count.",
-    sizeof(LoopBridgeState), bridge_new, nullptr);
+// Microseconds for a poll of no limit (about twelve days: longer than any spin).
+constexpr int64_t kPollForeverUs = int64_t(1) << 40;
+
+// poll(limit_s=None): the engine driven on the loop's thread until something is posted
+// (at most the engine's spin, and `limit_s`), then the callbacks of the tokens posted
+// run; True if any token came. A server's every call comes through here, so the tokens
+// never become a Python list and the callbacks are looked up and called in C.
+PyObject* bridge_poll(PyObject* o, PyObject* const* args, Py_ssize_t nargs) {
+  auto* self = reinterpret_cast<LoopBridgeState*>(o);
+  if (nargs > 1) {
+    PyErr_SetString(PyExc_TypeError, "poll(limit_s=None) takes at most one argument");
+    return nullptr;
+  }
+  int64_t limit_us = kPollForeverUs;
+  if (nargs == 1 && args[0] != Py_None) {
+    const double s = PyFloat_AsDouble(args[0]);
+    if (s == -1 && PyErr_Occurred()) return nullptr;
+    limit_us = s >= 0 ? (s < 1e6 ? static_cast<int64_t>(s * 1e6) : kPollForeverUs) : 0;
+  }
+  std::vector<uint64_t> tokens;
+  try {
+    PyNotifier& n = py::cast<PyNotifier&>(py::handle(self->notifier));
+    PyEngine& e = py::cast<PyEngine&>(py::handle(self->engine));
+    if (n.here.inherited() || e.engine.inherited()) Py_RETURN_FALSE;
+    NoGil nogil;
+    tokens = n.n->poll(*e.engine, limit_us);
+  } catch (...) {
+    restore_python_error(std::current_exception());
+    return nullptr;
+  }
+  if (tokens.empty()) Py_RETURN_FALSE;
+  // The dict the poll began with, as LoopBridge.run reads it once.
+  PyObject* callbacks = Py_NewRef(self->callbacks);
+  for (const uint64_t token : tokens) {
+    PyObject* key = PyLong_FromUnsignedLongLong(token);
+    PyObject* callback = key == nullptr ? nullptr : PyDict_GetItemWithError(callbacks, key);
+    Py_XDECREF(key);
+    if (callback == nullptr) {
+      if (PyErr_Occurred()) {
+        Py_DECREF(callbacks);
+        return nullptr;
+      }
+      continue;  // its call ended meanwhile
+    }
+    Py_INCREF(callback);  // a callback may drop its own entry
+    PyObject* result = PyObject_CallNoArgs(callback);
+    Py_DECREF(callback);
+    if (result == nullptr) {
+      Py_DECREF(callbacks);
+      return nullptr;
+    }
+    Py_DECREF(result);
+  }
+  Py_DECREF(callbacks);
+  Py_RETURN_TRUE;
+}
+
+PyMethodDef bridge_methods[] = {
+    {"poll", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(bridge_poll)),
+     METH_FASTCALL,
+     "poll(limit_s=None): drive the engine briefly on the loop's thread and run the "
+     "callbacks of what changed meanwhile; True if anything did."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyTypeObject bridge_type = [] {
+  PyTypeObject t = fields_type<bridge_members>(
+      "argrpc._core.LoopBridgeState",
+      "The fields of an argrpc.aio loop's bridge that its calls read and count, and its "
+      "poll.",
+      sizeof(LoopBridgeState), bridge_new, nullptr);
+  t.tp_methods = bridge_methods;
+  return t;
+}();
 
 PyObject* channel_new(PyTypeObject* type, PyObject*, PyObject*) {
   auto* self = reinterpret_cast<ChannelState*>(type->tp_alloc(type, 0));
