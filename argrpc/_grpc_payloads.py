@@ -22,6 +22,15 @@ def nbytes(payload: Any) -> int:
     return memoryview(payload).nbytes
 
 
+def is_buffer(value: Any) -> bool:
+    """Whether a serializer's output can be sent as it is (the buffer protocol)."""
+    try:
+        memoryview(value).release()
+    except TypeError:
+        return False
+    return True
+
+
 def bytes_serializer(serializer: Optional[Callable[[Any], Any]]) -> Optional[Callable[[Any], Any]]:
     if serializer is None:
         return None

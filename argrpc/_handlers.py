@@ -17,6 +17,7 @@ import grpc
 from . import _grpc_log, _metadata, _status
 from ._context import _CallState, _ServicerContext
 from ._errors import USER_CODE_FAILED, codec_failed, user_codec
+from ._grpc_payloads import is_buffer
 
 _LOGGER = _grpc_log.SERVER
 _ARGRPC_LOG = logging.getLogger(__name__)  # argrpc's own words, under its own name
@@ -101,7 +102,7 @@ def _serialize(state: _CallState, response: Any, serializer: Optional[Callable[.
     if serialized is None or serialized is USER_CODE_FAILED:
         _finish_with_state(state, _status.INTERNAL, "Failed to serialize response!")
         return None
-    if type(serialized) is not bytes and not _is_buffer(serialized):
+    if type(serialized) is not bytes and not is_buffer(serialized):
         _not_bytes(state, serialized, serializer)
         return None
     if max_send >= 0:
@@ -124,14 +125,6 @@ def _not_bytes(state: _CallState, serialized: Any, serializer: Optional[Callable
         _ARGRPC_LOG.error("%s: the response_serializer gave a %s, not bytes-like",
                           state.method, type(serialized).__name__)
     _finish_with_state(state, _status.INTERNAL, "Failed to serialize response!")
-
-
-def _is_buffer(value: Any) -> bool:
-    try:
-        memoryview(value).release()
-    except TypeError:
-        return False
-    return True
 
 
 def _unary_request(state: _CallState, deserializer: Optional[Callable[..., Any]]) -> Any:

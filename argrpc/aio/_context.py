@@ -20,6 +20,7 @@ from grpc import aio
 
 from .. import _grpc_log, _metadata, _serving, _status
 from .._context import FastPathPeer
+from .._grpc_payloads import is_buffer
 
 __all__ = ["ExecuteBatchError", "RpcState", "ServerSide", "ServerStoppedError", "ServicerContext",
            "SyncServicerContext", "status_code_int"]
@@ -104,13 +105,10 @@ def serialize(serializer: Optional[Callable[[Any], Any]], message: Any) -> Any:
         message = serializer(message)
     if message is None:
         return b""  # as grpc.aio sends it
-    if type(message) is not bytes:
-        try:
-            memoryview(message).release()
-        except TypeError:
-            # grpc.aio's words; raised before the status is marked sent, so the call
-            # ends as the handler's error (UNKNOWN) rather than cancelled.
-            raise TypeError(f"Expected bytes, got {type(message).__name__}") from None
+    if type(message) is not bytes and not is_buffer(message):
+        # grpc.aio's words; raised before the status is marked sent, so the call ends as
+        # the handler's error (UNKNOWN) rather than cancelled.
+        raise TypeError(f"Expected bytes, got {type(message).__name__}")
     return message
 
 

@@ -41,7 +41,6 @@ __all__ = ["LoopBridge", "bridge"]
 _BRIDGES: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopBridge]" = \
     weakref.WeakKeyDictionary()
 _BRIDGES_LOCK = threading.Lock()
-_FOREVER_US = 1 << 40
 # How long a loop busy with fast-path answers may go without asking its other file
 # descriptors (sockets, pipes, the notifier's own fd) whether they are ready.
 _LOOK_S = 50e-6
@@ -133,11 +132,7 @@ class LoopBridge(LoopBridgeState):
         ready = self.ready
         if ready is None or ready:
             return False
-        tokens = self.notifier.poll(self.engine, _FOREVER_US)
-        if tokens:
-            self.run(tokens)
-            return True
-        return False
+        return self.poll()
 
     def close(self) -> None:
         if self._closed:

@@ -99,9 +99,6 @@ py::object try_unary(PyClientCall& c) {
                         from_metadata(s.trailing_md), response);
 }
 
-// Notifier::poll's limit when only the engine's spin bounds it.
-constexpr int64_t kPollForever = int64_t(1) << 40;
-
 }  // namespace
 
 py::object start_unary(PyConnection& c, const std::string& method, const Metadata& md,
@@ -177,7 +174,7 @@ py::object answer_or_poll(PyClientCall& c, PyNotifier& n, PyEngine& e, py::handl
     std::vector<uint64_t> tokens;
     {
       NoGil nogil;
-      tokens = n.n->poll(*e.engine, kPollForever);
+      tokens = n.n->poll(*e.engine, kPollForeverUs);
     }
     if (tokens.empty()) return outcome;
     if (own != 0) tokens.erase(std::remove(tokens.begin(), tokens.end(), own), tokens.end());

@@ -53,9 +53,6 @@ PyMemberDef bridge_members[] = {
 };
 #undef BRIDGE_OBJ
 
-// Microseconds for a poll of no limit (about twelve days: longer than any spin).
-constexpr int64_t kPollForeverUs = int64_t(1) << 40;
-
 // poll(limit_s=None): the engine driven on the loop's thread until something is posted
 // (at most the engine's spin, and `limit_s`), then the callbacks of the tokens posted
 // run; True if any token came. A server's every call comes through here, so the tokens

@@ -548,6 +548,10 @@ void add_floor(pybind11::module_& m, pybind11::class_<PyEngine>& engine);
 void add_call_stats(pybind11::module_& m, pybind11::class_<PyConnection>& connection);
 // aio.cc: an event loop's notifier: the engine posts the token of each watched call that
 // changed, and the loop, watching the fd, drains them.
+// Notifier::poll's limit in microseconds when only the engine's spin bounds it (about
+// twelve days: longer than any spin).
+inline constexpr int64_t kPollForeverUs = int64_t(1) << 40;
+
 struct PyNotifier {
   std::shared_ptr<Notifier> n = std::make_shared<Notifier>();
   ForkLocal<bool> here{true};  // a forked child's copy must not drain the parent's
