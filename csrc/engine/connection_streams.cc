@@ -46,6 +46,10 @@ std::shared_ptr<Stream> Connection::new_stream(uint64_t id, const Deadline& dl,
   // After the insert: either fail()'s sweep sees it, or this sees dead_.
   if (dead_.load(std::memory_order_acquire)) end_failed(s);
   else if (in_ended_group) abort_stream(s, kCancelled, group_ended, kCancelled);
+  // A call whose deadline passed before it started ends here, unsent: otherwise the
+  // server's end (its handler let go of an expired call) could reach the caller before
+  // this side's sweep, and the caller would see that status instead of its deadline.
+  else if (client_ && dl.expired()) expire(s);
   return s;
 }
 
@@ -165,7 +169,10 @@ void Connection::abandon(const std::shared_ptr<Stream>& s) {
     std::lock_guard<std::mutex> g(s->mu);
     ended = s->ended;
   }
-  if (!ended) cancel(s, kCancelled, "Cancelled");
+  // A server call dropped after its deadline passed (its handler saw it inactive and let
+  // go before the sweep ended it) ends as the sweep would have ended it.
+  if (!ended && !client_ && s->deadline.expired()) expire(s);
+  else if (!ended) cancel(s, kCancelled, "Cancelled");
   std::vector<uint64_t> fins;
   {
     std::lock_guard<std::mutex> g(s->mu);
