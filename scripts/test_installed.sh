@@ -10,7 +10,8 @@
 #      the checkout nor its package is importable: `import argrpc` in the tests and in
 #      every process they spawn can only find the venv's site-packages. A pre-flight
 #      check proves that before pytest starts, and ARGRPC_INSTALLED_TEST=1 makes the
-#      suite's conftest check it again in the pytest process.
+#      suite's conftest check it again in the pytest process. It runs the share of the
+#      suite an install can change (WHEEL_SET), or the tests its arguments name.
 #   2. sdist venv: another clean venv builds and installs dist/'s sdist (with the
 #      compiler: that is what an sdist is for) and runs a smoke subset of the suite.
 #   3. version venvs: the wheel with the lowest grpcio and protobuf its metadata accepts,
@@ -20,7 +21,8 @@
 #
 # dist/ is made by scripts/build_wheel.sh if it holds no wheel (ARGRPC_REBUILD_WHEEL=1:
 # always); argrpc-bench's wheel from there too (the test extra names it: the suite runs it).
-# Arguments go to the wheel venv's pytest (default: the whole default suite).
+# Arguments go to the wheel venv's pytest (default: WHEEL_SET below; `tests` for the whole
+# default suite, which the editable build has run already).
 # Exit status: non-zero if anything fails. Prints the time of each step.
 #
 # Environment: PYTHON (default python3), DIST_DIR (default dist/), ARGRPC_SKIP_SDIST=1
@@ -162,6 +164,22 @@ times+=("wheel venv: create + install wheel and test deps: $((SECONDS - t))s")
 (export PATH="$NOCC_PATH" PYTHONNOUSERSITE=1 PYTHONPATH=; preflight "$VW" 1)
 t=$SECONDS
 rc_wheel=0
+# What can differ in an installed wheel from the editable build the suite ran on: the
+# package as pip lays it out (data, stubs, entry points, extras), the engine as the wheel
+# build compiled and repaired it, processes that import argrpc from site-packages (fork,
+# exit, examples, frameworks, the bench CLI), and every front end and arity over it on
+# each pair. The engine's internals (faults, pools, chaos) are the same code and were
+# tested on the editable build.
+WHEEL_SET=(tests/test_packaging.py tests/test_extras.py tests/test_version.py
+           tests/test_knobs.py tests/test_doctor.py tests/test_readme.py tests/test_proto.py
+           tests/test_channel_api.py tests/test_arities.py tests/test_grpc_parity.py
+           tests/test_unary_multicallable.py tests/test_payloads.py tests/test_status.py
+           tests/test_metadata.py tests/aio/test_aio_client.py tests/aio/test_aio_server.py
+           tests/test_transports.py tests/test_same_host.py tests/test_fork.py
+           tests/test_process_exit.py tests/test_service_config.py tests/test_balancing.py
+           tests/test_bench_runs.py tests/test_ps_training.py tests/frameworks
+           tests/test_observability.py tests/test_tls.py)
+[ "$#" -gt 0 ] || set -- "${WHEEL_SET[@]}"
 run_pytest "$VW" "$NOCC_PATH" "$@" || rc_wheel=$?
 times+=("wheel venv: pytest (exit $rc_wheel): $((SECONDS - t))s")
 
