@@ -294,10 +294,14 @@ def test_client_kill_server_keeps_serving_and_frees(verbs_env: None, stubs_dir: 
 
 def test_256mib_unary_echo_byte_exact(rdma: SimpleNamespace, stubs_dir: str) -> None:
     size = 256 * MiB
-    server = _server(stubs_dir, env=BIG_ENV)
+    # Byte exactness, not how soon a dead peer fails: an emulated CPU copying 256 MiB
+    # through rxe can leave a queue pair unacknowledged for longer than the default
+    # timeout's seven tries (about 7.5 s), so each try here waits 8.6 s.
+    env = {**BIG_ENV, "TF_RDMA_QP_TIMEOUT": "21"}
+    server = _server(stubs_dir, env=env)
     client = None
     try:
-        client = ClientProc(server.target, stubs_dir, "invert", size, BIG_ENV)
+        client = ClientProc(server.target, stubs_dir, "invert", size, env)
         assert client.ready_transport(START_TIMEOUT) == "verbs", (
             f"{client.lines} {client.stderr_tail()}")
         line = client.wait_line("RESULT", 1200)
