@@ -546,12 +546,12 @@ void add_log(pybind11::module_& m);  // log.cc: engine messages for Python's log
 void add_floor(pybind11::module_& m, pybind11::class_<PyEngine>& engine);
 // call_stats.cc: per-call records for an application's metrics
 void add_call_stats(pybind11::module_& m, pybind11::class_<PyConnection>& connection);
-// aio.cc: an event loop's notifier: the engine posts the token of each watched call that
-// changed, and the loop, watching the fd, drains them.
 // Notifier::poll's limit in microseconds when only the engine's spin bounds it (about
 // twelve days: longer than any spin).
 inline constexpr int64_t kPollForeverUs = int64_t(1) << 40;
 
+// aio.cc: an event loop's notifier: the engine posts the token of each watched call that
+// changed, and the loop, watching the fd, drains them.
 struct PyNotifier {
   std::shared_ptr<Notifier> n = std::make_shared<Notifier>();
   ForkLocal<bool> here{true};  // a forked child's copy must not drain the parent's

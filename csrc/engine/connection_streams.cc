@@ -169,10 +169,12 @@ void Connection::abandon(const std::shared_ptr<Stream>& s) {
     std::lock_guard<std::mutex> g(s->mu);
     ended = s->ended;
   }
-  // A server call dropped after its deadline passed (its handler saw it inactive and let
-  // go before the sweep ended it) ends as the sweep would have ended it.
-  if (!ended && !client_ && s->deadline.expired()) expire(s);
-  else if (!ended) cancel(s, kCancelled, "Cancelled");
+  if (!ended) {
+    // A server call dropped after its deadline passed (its handler saw it inactive and
+    // let go before the sweep ended it) ends as the sweep would have ended it.
+    if (!client_ && s->deadline.expired()) expire(s);
+    else cancel(s, kCancelled, "Cancelled");
+  }
   std::vector<uint64_t> fins;
   {
     std::lock_guard<std::mutex> g(s->mu);
