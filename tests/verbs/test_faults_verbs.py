@@ -296,8 +296,9 @@ def test_256mib_unary_echo_byte_exact(rdma: SimpleNamespace, stubs_dir: str) -> 
     size = 256 * MiB
     # Byte exactness, not how soon a dead peer fails: an emulated CPU copying 256 MiB
     # through rxe can leave a queue pair unacknowledged for longer than the default
-    # timeout's seven tries (about 7.5 s), so each try here waits 8.6 s.
-    env = {**BIG_ENV, "TF_RDMA_QP_TIMEOUT": "21"}
+    # timeout's seven tries (about 7.5 s), so each try here waits 8.6 s; and it can hold a
+    # live peer's keepalive answer behind the transfer for longer than the default 10 s.
+    env = {**BIG_ENV, "TF_RDMA_QP_TIMEOUT": "21", "TF_RDMA_KEEPALIVE_TIMEOUT_MS": "120000"}
     server = _server(stubs_dir, env=env)
     client = None
     try:
