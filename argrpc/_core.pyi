@@ -1,7 +1,7 @@
 # Types of the compiled engine (csrc/bindings/*.cc), as docs/core-api.md states them.
 # Dicts whose keys are knob names or device facts stay dict[str, Any]: their schema is the
 # config tables' (argrpc/_config.py) and the doc's, not something this stub can pin.
-from typing import Any, Callable, Generator, Literal, Optional, Union, overload
+from typing import Any, Callable, Generator, Literal, Optional, Union, final, overload
 
 from typing_extensions import Buffer, TypeAlias, disjoint_base
 
@@ -184,6 +184,35 @@ class ServerCallState:
     def __init__(self, sc: Any, method: Any, key: Any, server: Any, loop: Any, /) -> None: ...
 
 @disjoint_base
+class AioServerState:
+    """The fields of an argrpc.aio server (argrpc/aio/_server.py) that its loop pass
+    (ServerPass) reads in C; each None until the server sets it."""
+    _core: Any
+    _stage: Any
+    _plans: Any
+    _context: Any
+    _loop: Any
+    _max_send: Any
+
+@final
+class ServerPass:
+    """An argrpc.aio server's loop callback, registered with its loop's bridge: every
+    waiting call started (through server._start_call, _carry_on; a planned method's
+    answered at once in C) and event passed on (server._on_event), while the server
+    lives."""
+    @property
+    def server_ref(self) -> Any: ...
+    @property
+    def state_type(self) -> type[ServerCallState]: ...
+    @property
+    def context_type(self) -> Any: ...
+    @property
+    def started(self) -> Any: ...
+    def __init__(self, server_ref: Any, state_type: type[ServerCallState], context_type: Any,
+                 started: Any, /) -> None: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> None: ...  # takes none
+
+@disjoint_base
 class ServicerContextFields:
     """The fields of an argrpc.aio fast-path call's servicer context
     (argrpc/aio/_context.py); `_loop` is the state's."""
@@ -293,10 +322,6 @@ def answer_unary(state: ServerCallState, plan: tuple[Any, Any, Any], context: An
 def make_unary_call(cls: type[UnaryCallState], channel: Any, bridge: Any, conn: Connection,
                     method: str, timeout: Optional[float], request: Any, deserializer: Any,
                     retry_unsent: bool, /) -> Any: ...
-# Every waiting call started (through server._start_call, _carry_on) and event passed on
-# (server._on_event).
-def serve_events(server_core: Server, server: Any, state_type: type[ServerCallState],
-                 context_type: Any, started: Any, /) -> None: ...
 
 class Connection:
     @property

@@ -31,7 +31,7 @@ from .._transports import Caller
 from . import _inline_start
 from ._context import RpcState, ServicerContext
 from ._loop import LoopBridge, bridge
-from ._server_handlers import answer_unary, intercept, serve, serve_events, unary_plan
+from ._server_handlers import ServerPass, answer_unary, intercept, serve, unary_plan
 
 __all__ = ["Server", "server"]
 
@@ -49,7 +49,7 @@ def _refs_of_an_argument() -> int:
 
 
 # References to a call's state answered at once, in _carry_on, when nothing but its
-# caller (_start_call, or serve_events, which passes it the same way) holds it.
+# caller (_start_call, or the server's pass, which passes it the same way) holds it.
 _ONLY_OURS = _refs_of_an_argument()
 
 
@@ -117,7 +117,16 @@ def _check_interceptors(interceptors: Sequence[Any]) -> None:
 
 
 # --- the server -------------------------------------------------------------------------
-class Server(aio.Server):
+try:
+    # The fields its loop pass (ServerPass) reads on every pass with calls, in C
+    # (aio_server_state.cc).
+    from .._core import AioServerState
+except ImportError:  # no engine: no fast-path calls, no pass
+    class AioServerState:  # type: ignore[no-redef]
+        pass
+
+
+class Server(AioServerState, aio.Server):
     """Drop-in for the server `grpc.aio.server()` returns."""
 
     def __init__(
@@ -230,19 +239,12 @@ class Server(aio.Server):
                                if (plan := unary_plan(handler)) is not None}
             b = bridge(self._engine)
             self._bridge = b
-            # Weak: a server nobody holds may be collected (and stopped) while the
-            # loop's bridge lives on.
-            ref = weakref.ref(self)
-
-            def on_events() -> None:
-                # The engine server's watch fired: start every waiting call (a planned
-                # method's, answered at once, all in C), then every event, as
-                # _start_call, _carry_on and _on_event say.
-                srv = ref()
-                if srv is not None:
-                    serve_events(srv._core, srv, RpcState, ServicerContext, _serving.STARTED)
-
-            self._token = b.register(on_events)
+            # The engine server's watch fired: start every waiting call (a planned
+            # method's, answered at once, all in C), then every event, as _start_call,
+            # _carry_on and _on_event say. The pass holds the server weakly: a server
+            # nobody holds may be collected (and stopped) while the loop's bridge lives on.
+            self._token = b.register(ServerPass(weakref.ref(self), RpcState, ServicerContext,
+                                                _serving.STARTED))
             b.started()  # a server taking calls: the loop polls the engine before sleeping
             core.watch(b.notifier, self._token)
         self._stage = _serving.STARTED
@@ -361,7 +363,7 @@ class Server(aio.Server):
             self._start_call(sc, sc.method, sc.key, True)
 
     def _start_call(self, sc: Any, method: str, key: int, refused: bool) -> None:
-        """A call the engine gave that serve_events did not answer itself: not a
+        """A call the engine gave that the server's pass did not answer itself: not a
         planned method's, or the server is not STARTED."""
         state = RpcState(sc, method, key, self, self._loop)
         plan = None if refused else self._plans.get(method)

@@ -37,11 +37,11 @@ _NO_METADATA: tuple[Any, ...] = ()
 _RAISED, _WAITS, _AWAIT, _RETURNED, _SEND = range(5)
 
 try:
+    from .._core import ServerPass as ServerPass
     from .._core import answer_unary as answer_unary
-    from .._core import serve_events as serve_events
 except ImportError:  # no engine: no fast-path calls, so no call is ever answered here
+    ServerPass = None  # type: ignore[assignment,misc]
     answer_unary = None  # type: ignore[assignment]
-    serve_events = None  # type: ignore[assignment]
 
 
 def is_async_handler(handler: Any) -> bool:

@@ -12,8 +12,10 @@
 // set, an abort, a send limit, a response the serializer must see as text, no room to
 // send the end yet. What grpc.aio does there is written once, in Python.
 #include <Python.h>
+#include <structmember.h>
 #include <pybind11/pybind11.h>
 
+#include <cstddef>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -200,29 +202,33 @@ PyObject* answer_unary(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return answer_in(st, *call, args[1], args[2], args[3], max_send);
 }
 
-// What the Python server's loop callback did for each call and event a pass took
-// (ServerSide._start_call, _carry_on, _on_event in argrpc/aio/_server.py), with a
+// An asyncio server's loop callback, called by its bridge's poll (LoopBridgeState) when
+// the server's watch fires: what the Python server did for each call and event a pass
+// took (Server._start_call, _carry_on, _on_event in argrpc/aio/_server.py), with a
 // planned method's call answered here to the end when nothing about it needs Python:
 // answered at once, nobody waiting on it or called back by it, and its state held by
-// nothing else (the handler kept no context).
-PyObject* serve_events(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 5 || !PyType_Check(args[2]) || !PyType_IsSubtype(
-          reinterpret_cast<PyTypeObject*>(args[2]), server_call_state_type())) {
-    PyErr_SetString(PyExc_TypeError,
-                    "serve_events(server_core, server, state_type, context_type, started): "
-                    "the engine's Server, the asyncio server, a ServerCallState type, the "
-                    "ServicerContext type and the stage that lets calls be answered here");
-    return nullptr;
-  }
-  PyObject* srv = args[1];
-  auto* state_type = reinterpret_cast<PyTypeObject*>(args[2]);
-  PyObject* context_type = args[3];
+// nothing else (the handler kept no context). A C object rather than a Python closure,
+// so the bridge's poll reaches the pass without a frame; it holds the server weakly (a
+// server nobody holds may be collected while the loop's bridge lives on) and the
+// server's fields are read off its C base.
+struct ServerPass {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  PyObject* server_ref;    // a weak reference to the argrpc.aio Server (an AioServerState)
+  PyObject* state_type;    // the call state's type (RpcState)
+  PyObject* context_type;  // the handler's context's type (ServicerContext)
+  PyObject* started;       // the stage in which calls are answered here
+};
+
+PyObject* serve_pass(ServerPass* self, PyObject* srv, AioServerState* fields) {
+  auto* state_type = reinterpret_cast<PyTypeObject*>(self->state_type);
+  PyObject* context_type = self->context_type;
   // Each call held by its handle from the start: one this pass does not reach (a
   // handler's error ended it) is abandoned, as a dropped handle's always is.
   std::vector<std::unique_ptr<PyServerCall>> calls;
   std::vector<std::pair<bool, std::unique_ptr<PyServerCall>>> changes;  // (over limit, call)
   try {
-    PyServer& core = py::cast<PyServer&>(py::handle(args[0]));
+    PyServer& core = py::cast<PyServer&>(py::handle(fields->core));
     std::vector<std::shared_ptr<Stream>> streams;
     std::vector<ServerEvent> events;
     take_waiting(core, &streams, &events);
@@ -237,25 +243,19 @@ PyObject* serve_events(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     restore_python_error(std::current_exception());
     return nullptr;
   }
-  // What a pass's planned calls share, read once.
-  py::object plans, context, loop;
-  long long max_send = -1;
-  bool planned = false;
   try {
-    static PyObject* const stage_name = interned("_stage");
-    static PyObject* const plans_name = interned("_plans");
-    static PyObject* const context_name = interned("_context");
-    static PyObject* const loop_name = interned("_loop");
-    static PyObject* const max_send_name = interned("_max_send");
-    py::handle server(srv);
-    if (!calls.empty() && server.attr(stage_name).ptr() == args[4]) {
-      plans = server.attr(plans_name);
-      planned = PyDict_CheckExact(plans.ptr());
+    // What a pass's planned calls share, held for the pass (a handler may set them).
+    py::object plans, context, loop;
+    long long max_send = -1;
+    bool planned = false;
+    if (!calls.empty() && fields->stage == self->started) {
+      plans = py::reinterpret_borrow<py::object>(fields->plans);
+      planned = PyDict_CheckExact(plans.ptr()) && PyContext_CheckExact(fields->context);
       if (planned) {
-        context = server.attr(context_name);
-        loop = server.attr(loop_name);
-        max_send = server.attr(max_send_name).cast<long long>();
-        planned = PyContext_CheckExact(context.ptr());
+        context = py::reinterpret_borrow<py::object>(fields->context);
+        loop = py::reinterpret_borrow<py::object>(fields->loop);
+        max_send = PyLong_AsLongLong(fields->max_send);
+        if (max_send == -1 && PyErr_Occurred()) throw py::error_already_set();
       }
     }
     for (auto& c : calls) {
@@ -277,13 +277,13 @@ PyObject* serve_events(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       if (!state) throw py::error_already_set();
       py::object call_context = py::reinterpret_steal<py::object>(PyContext_Copy(context.ptr()));
       if (!call_context) throw py::error_already_set();
-      auto* fields = reinterpret_cast<ServerCallState*>(state.ptr());
+      auto* state_fields = reinterpret_cast<ServerCallState*>(state.ptr());
       py::object started = py::reinterpret_steal<py::object>(
-          answer_in(fields, *call, plan, call_context.ptr(), context_type, max_send));
+          answer_in(state_fields, *call, plan, call_context.ptr(), context_type, max_send));
       if (!started) throw py::error_already_set();
       sc = py::object();  // the state's reference is the one left
-      if (started.ptr() == Py_True && empty_list(fields->waiters) &&
-          empty_list(fields->callbacks) && Py_REFCNT(state.ptr()) == 1)
+      if (started.ptr() == Py_True && empty_list(state_fields->waiters) &&
+          empty_list(state_fields->callbacks) && Py_REFCNT(state.ptr()) == 1)
         continue;  // done; the state goes, its engine handle with it
       // Passed as a Python caller passes it (no argument tuple): _carry_on counts on the
       // references a state answered at once has there.
@@ -302,15 +302,82 @@ PyObject* serve_events(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_NONE;
 }
 
+PyObject* pass_call(PyObject* o, PyObject* const*, size_t nargsf, PyObject* kwnames) {
+  if (PyVectorcall_NARGS(nargsf) != 0 || (kwnames != nullptr && PyTuple_GET_SIZE(kwnames))) {
+    PyErr_SetString(PyExc_TypeError, "a server's pass takes no arguments");
+    return nullptr;
+  }
+  auto* self = reinterpret_cast<ServerPass*>(o);
+  PyObject* srv = PyWeakref_GetObject(self->server_ref);  // borrowed; None once it is gone
+  if (srv == nullptr) return nullptr;
+  if (srv == Py_None) Py_RETURN_NONE;
+  AioServerState* fields = aio_server_state(srv);
+  if (fields == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "a server's pass serves an AioServerState");
+    return nullptr;
+  }
+  Py_INCREF(srv);  // the pass's handlers may drop every other reference
+  PyObject* out = serve_pass(self, srv, fields);
+  Py_DECREF(srv);
+  return out;
+}
+
+// ServerPass(server_ref, state_type, context_type, started)
+PyObject* pass_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  if (!PyTuple_Check(args) || PyTuple_GET_SIZE(args) != 4 ||
+      (kwargs != nullptr && PyDict_GET_SIZE(kwargs) != 0) ||
+      !PyWeakref_CheckRef(PyTuple_GET_ITEM(args, 0)) || !PyType_Check(PyTuple_GET_ITEM(args, 1)) ||
+      !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(args, 1)),
+                        server_call_state_type())) {
+    PyErr_SetString(PyExc_TypeError,
+                    "ServerPass(server_ref, state_type, context_type, started): a weak "
+                    "reference to the asyncio server, a ServerCallState type, the "
+                    "ServicerContext type and the stage that lets calls be answered here");
+    return nullptr;
+  }
+  auto* self = reinterpret_cast<ServerPass*>(type->tp_alloc(type, 0));
+  if (self == nullptr) return nullptr;
+  self->vectorcall = pass_call;
+  self->server_ref = Py_NewRef(PyTuple_GET_ITEM(args, 0));
+  self->state_type = Py_NewRef(PyTuple_GET_ITEM(args, 1));
+  self->context_type = Py_NewRef(PyTuple_GET_ITEM(args, 2));
+  self->started = Py_NewRef(PyTuple_GET_ITEM(args, 3));
+  return reinterpret_cast<PyObject*>(self);
+}
+
+// Read-only: the pass counts on what it was made with.
+#define PASS_OBJ(name, field) \
+  { const_cast<char*>(name), T_OBJECT_EX, offsetof(ServerPass, field), READONLY, nullptr }
+PyMemberDef pass_members[] = {
+    PASS_OBJ("server_ref", server_ref),
+    PASS_OBJ("state_type", state_type),
+    PASS_OBJ("context_type", context_type),
+    PASS_OBJ("started", started),
+    {nullptr, 0, 0, 0, nullptr},
+};
+#undef PASS_OBJ
+
+PyTypeObject server_pass_type = [] {
+  PyTypeObject t = static_type(
+      "argrpc._core.ServerPass",
+      "An argrpc.aio server's loop callback: every call and event its engine half has "
+      "waiting, started (csrc/bindings/aio_serve.cc).",
+      sizeof(ServerPass), Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL);
+  t.tp_new = pass_new;
+  t.tp_dealloc = dealloc_members<pass_members>;
+  t.tp_traverse = traverse_members<pass_members>;
+  t.tp_clear = clear_members<pass_members>;
+  t.tp_members = pass_members;
+  t.tp_vectorcall_offset = offsetof(ServerPass, vectorcall);
+  t.tp_call = PyVectorcall_Call;
+  return t;
+}();
+
 PyMethodDef serve_functions[] = {
     {"answer_unary", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(answer_unary)),
      METH_FASTCALL,
      "A planned unary method's call answered in one crossing, or where the Python server "
      "goes on from (csrc/bindings/aio_serve.cc)."},
-    {"serve_events", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(serve_events)),
-     METH_FASTCALL,
-     "Every call and event an asyncio server's engine half has waiting, started "
-     "(csrc/bindings/aio_serve.cc)."},
     {nullptr, nullptr, 0, nullptr},
 };
 
@@ -318,6 +385,8 @@ PyMethodDef serve_functions[] = {
 
 void add_aio_serve(py::module_& m) {
   if (PyModule_AddFunctions(m.ptr(), serve_functions) < 0) throw py::error_already_set();
+  if (PyType_Ready(&server_pass_type) < 0) throw py::error_already_set();
+  m.add_object("ServerPass", py::handle(reinterpret_cast<PyObject*>(&server_pass_type)));
 }
 
 }  // namespace bindings

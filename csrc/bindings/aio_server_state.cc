@@ -3,7 +3,8 @@
 // handler runs: as a Python __init__ its twenty field stores were a frame of their own on
 // every call's critical path. Here the fields are C members, set to their defaults as
 // the object is allocated; the constructor stores only what the call brings. Every
-// method stays in Python.
+// method stays in Python. Beside it, the fields of the server itself that its loop pass
+// reads (AioServerState).
 #include <Python.h>
 #include <structmember.h>
 #include <pybind11/pybind11.h>
@@ -162,7 +163,28 @@ PyTypeObject context_fields_type = fields_type<context_members>(
     "The fields of an argrpc.aio fast-path call's servicer context.", sizeof(ServicerContextFields),
     none_new<context_members>, context_init);
 
+#define SERVER_OBJ(name, field) ARGRPC_OBJECT_MEMBER(AioServerState, name, field)
+PyMemberDef aio_server_members[] = {
+    SERVER_OBJ("_core", core),
+    SERVER_OBJ("_stage", stage),
+    SERVER_OBJ("_plans", plans),
+    SERVER_OBJ("_context", context),
+    SERVER_OBJ("_loop", loop),
+    SERVER_OBJ("_max_send", max_send),
+    {nullptr, 0, 0, 0, nullptr},
+};
+#undef SERVER_OBJ
+
+PyTypeObject aio_server_type = fields_type<aio_server_members>(
+    "argrpc._core.AioServerState",
+    "The fields of an argrpc.aio server that its loop pass reads in C.", sizeof(AioServerState),
+    none_new<aio_server_members>, nullptr);
+
 }  // namespace
+
+AioServerState* aio_server_state(PyObject* o) {
+  return PyObject_TypeCheck(o, &aio_server_type) ? reinterpret_cast<AioServerState*>(o) : nullptr;
+}
 
 bool is_server_call_state(PyObject* o) { return PyObject_TypeCheck(o, &server_state_type); }
 
@@ -187,6 +209,8 @@ void add_aio_server_state(py::module_& m) {
   if (PyType_Ready(&context_fields_type) < 0) throw py::error_already_set();
   m.add_object("ServicerContextFields",
                py::handle(reinterpret_cast<PyObject*>(&context_fields_type)));
+  if (PyType_Ready(&aio_server_type) < 0) throw py::error_already_set();
+  m.add_object("AioServerState", py::handle(reinterpret_cast<PyObject*>(&aio_server_type)));
 }
 
 }  // namespace bindings

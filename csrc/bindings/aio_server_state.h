@@ -1,5 +1,6 @@
-// The fields of argrpc.aio's server-side call state (RpcState's C base,
-// aio_server_state.cc), read and set in C by the planned unary answer (aio_serve.cc).
+// The fields of argrpc.aio's server and of its server-side call state (the C bases of its
+// Server and RpcState, aio_server_state.cc), read and set in C by the server's loop pass
+// and the planned unary answer (aio_serve.cc).
 #pragma once
 #include <Python.h>
 
@@ -34,6 +35,22 @@ struct ServerCallState {
   PyObject* status_sent;
   PyObject* disable_next_compression;
 };
+
+// The fields of argrpc.aio's Server (its C base) that its loop pass (ServerPass,
+// aio_serve.cc) reads on every pass with calls: read through the server's attributes, they
+// were five lookups a pass. Set by the Python server; each an object, as above.
+struct AioServerState {
+  PyObject_HEAD
+  PyObject* core;      // _core: the engine's Server, or None without the fast path
+  PyObject* stage;     // _stage
+  PyObject* plans;     // _plans: {method: plan} of the methods answered in C
+  PyObject* context;   // _context: what each call's context is copied from
+  PyObject* loop;      // _loop
+  PyObject* max_send;  // _max_send: an int, -1 for no limit
+};
+
+// `o` as an AioServerState, or nullptr when it is not one (no error set).
+AioServerState* aio_server_state(PyObject* o);
 
 bool is_server_call_state(PyObject* o);
 PyTypeObject* server_call_state_type();

@@ -712,9 +712,11 @@ void add_aio_unary_callable(pybind11::module_& m);
 // unary_callable.cc: MultiCallableState, the C base of the threaded API's
 // multicallables; a unary-unary one is called in C.
 void add_unary_callable(pybind11::module_& m);
-// aio_server_state.cc: ServerCallState, the fields of argrpc.aio's server-side call state.
+// aio_server_state.cc: ServerCallState and AioServerState, the fields of argrpc.aio's
+// server-side call state and of its server.
 void add_aio_server_state(pybind11::module_& m);
-// aio_serve.cc: answer_unary, a planned unary method's call answered in one crossing.
+// aio_serve.cc: answer_unary, a planned unary method's call answered in one crossing, and
+// ServerPass, an asyncio server's loop callback.
 void add_aio_serve(pybind11::module_& m);
 // aio.cc: a server call's next message (None: not yet, False: none will come) and its
 // end without waiting (SendResult as an int: 1 sent, 0 the call ended, -1 no room yet;

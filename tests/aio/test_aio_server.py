@@ -14,6 +14,7 @@ import hashlib
 import socket
 import threading
 import time
+import weakref
 from typing import Any, AsyncIterator, Callable, Optional
 
 import grpc
@@ -471,7 +472,7 @@ def test_a_planned_call_answered_at_once_takes_one_crossing(monkeypatch: Any) ->
 
 
 def test_a_pass_ends_in_c_only_the_calls_nothing_else_holds(monkeypatch: Any) -> None:
-    """serve_events ends a planned call answered at once by itself only when nothing
+    """The server's pass ends a planned call answered at once by itself only when nothing
     else refers to it; a handler that kept its context or added a done callback has its
     call handed to the Python server's _carry_on, which lets go of the engine handle
     and runs the callback, as grpc.aio does once the call is over."""
@@ -517,6 +518,34 @@ def test_a_pass_ends_in_c_only_the_calls_nothing_else_holds(monkeypatch: Any) ->
     for context in kept:
         assert type(context._state.sc).__name__ == "_EndedCall"
         assert context.peer().startswith("ipv4:127.0.0.1:") and context.done()
+
+
+def test_a_started_server_nobody_holds_is_collected() -> None:
+    """The loop's bridge keeps the server's pass, which holds the server weakly: a
+    started server that served fast-path calls and that nobody refers to any more is
+    collected (its engine half then stops taking calls), and its pass does nothing."""
+    import gc
+
+    async def body() -> tuple[str, list, bool]:
+        srv = aio_server.server()
+        srv.add_registered_method_handlers(
+            SERVICE, {"echo": grpc.unary_unary_rpc_method_handler(echo)})
+        port = srv.add_insecure_port("127.0.0.1:0")
+        await srv.start()
+        transport, outcomes = await in_thread(fast_calls, f"127.0.0.1:{port}",
+                                              [("echo", b"a"), ("echo", b"b")])
+        ref = weakref.ref(srv)
+        callbacks = list(srv._bridge._callbacks.values())
+        del srv
+        gc.collect()
+        for callback in callbacks:
+            callback()  # the bridge may still call the gone server's pass: it does nothing
+        return transport, outcomes, ref() is None
+
+    transport, outcomes, collected = run(body())
+    assert transport == "shm"
+    assert [o[:2] for o in outcomes] == [("OK", b"a"), ("OK", b"b")]
+    assert collected, "a started server nobody holds stayed alive"
 
 
 # What grpc's auth_context() gives on an insecure connection.
@@ -1408,7 +1437,21 @@ def test_the_server_call_state_is_made_with_grpc_aio_defaults() -> None:
         _core.answer_unary(object(), (None, None, None), contextvars.copy_context(), None, -1)
     with pytest.raises(TypeError, match="ServerCall"):  # nor a state whose sc is no call
         _core.answer_unary(a, (None, None, None), contextvars.copy_context(), None, -1)
+    # A pass whose server is gone does nothing; one given another object refuses it.
+    class Gone:
+        pass
     with pytest.raises(TypeError, match="ServerCallState type"):
-        _core.serve_events(None, None, object, None, None)
+        _core.ServerPass(weakref.ref(Gone()), object, None, None)
+    with pytest.raises(TypeError, match="weak reference"):  # it holds the server weakly
+        _core.ServerPass(a, RpcState, ServicerContext, None)
+    gone = Gone()
+    dead = _core.ServerPass(weakref.ref(gone), RpcState, ServicerContext, None)
+    del gone
+    assert dead() is None
+    with pytest.raises(TypeError, match="no arguments"):
+        dead(1)
+    other = Gone()
+    with pytest.raises(TypeError, match="AioServerState"):
+        _core.ServerPass(weakref.ref(other), RpcState, ServicerContext, None)()
     with pytest.raises(TypeError):  # only the engine's server makes calls
         _core.ServerCall()
