@@ -84,6 +84,7 @@ struct Names {
   PyObject* collected;
   PyObject* deserialize_error;
   PyObject* done;
+  PyObject* set_result;
   PyObject* cancel;
   PyObject* cancelled_error;  // asyncio.CancelledError
 };
@@ -142,9 +143,41 @@ bool set_up(CallState* self) {
   return false;
 }
 
+// Every task waiting for the call's next change (_future) woken, as _on_change wakes
+// them.
+int wake_waiters(CallState* self) {
+  if (is_none(self->waiters)) return 0;
+  PyObject* waiters = self->waiters;
+  self->waiters = Py_NewRef(Py_None);
+  PyObject* seq = PySequence_Fast(waiters, "waiters");
+  Py_DECREF(waiters);
+  if (seq == nullptr) return -1;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); ++i) {
+    PyObject* fut = PySequence_Fast_GET_ITEM(seq, i);
+    PyObject* done = PyObject_CallMethodNoArgs(fut, names.done);
+    int woken = done == nullptr ? -1 : PyObject_IsTrue(done);  // 1: done already
+    Py_XDECREF(done);
+    if (woken == 0) {
+      PyObject* r = PyObject_CallMethodOneArg(fut, names.set_result, Py_None);
+      woken = r == nullptr ? -1 : 1;
+      Py_XDECREF(r);
+    }
+    if (woken < 0) {
+      Py_DECREF(seq);
+      return -1;
+    }
+  }
+  Py_DECREF(seq);
+  return 0;
+}
+
 int on_end(CallState* self) {
   if (!set_up(self)) return -1;
   self->ended = 1;
+  // An awaiter that found the call ended took its outcome before the loop read the end's
+  // post, which comes to nobody once the token is let go of below: whoever else waits
+  // for the call's next change is woken here, or never.
+  if (wake_waiters(self) < 0) return -1;
   PyObject* token = PyLong_FromUnsignedLongLong(self->token);
   if (token == nullptr) return -1;
   LoopBridgeState* bridge = loop_bridge_state(self->bridge);
@@ -709,6 +742,7 @@ void add_aio_call(py::module_& m) {
       {&names.ready, "ready"},           {&names.settle, "_settle"},
       {&names.collected, "_collected"},  {&names.deserialize_error, "_deserialize_error"},
       {&names.done, "done"},             {&names.cancel, "cancel"},
+      {&names.set_result, "set_result"},
       {&names.next, "_next"},            {&names.callbacks, "_callbacks"},
       {&names.on_change, "_on_change"},  {&names.bridge_inflight, "_inflight"},
       {&names.send_later, "_send_later"},

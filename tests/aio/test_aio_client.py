@@ -366,6 +366,39 @@ def test_every_way_to_await_a_unary_call(pair: tuple[str, str],
     run_pair(pair, aio_servers, body)
 
 
+def test_an_awaiter_that_takes_the_end_wakes_the_others(pair: tuple[str, str],
+                                                         aio_servers: AioServers) -> None:
+    """A call awaited by one task that waits for it, then by another that finds it ended
+    before the loop read the end's post: the second takes the outcome itself, and the
+    first still wakes to it (it once waited for a post that came to nobody)."""
+
+    async def body(channel: Any, target: str) -> None:
+        for request, want in ((b"100", b"100"),
+                              (fail_request("NOT_FOUND", "gone"),
+                               ("AioRpcError", grpc.StatusCode.NOT_FOUND, "gone"))):
+            name = "delay" if request == b"100" else "fail"
+            call = channel.unary_unary(method(name))(request, timeout=HANG_S)
+            first = asyncio.ensure_future(outcome(call))
+            for _ in range(3):  # the first awaiter asks, finds nothing yet and waits
+                await asyncio.sleep(0)
+            # The loop held up: the engine reads the end and posts it, nobody drains it.
+            ends_by = time.monotonic() + HANG_S
+            core = getattr(call, "_core", None)  # a fast-path call's (else grpc.aio's)
+            if core is not None:
+                while not core.settled() and time.monotonic() < ends_by:
+                    time.sleep(0.01)
+            else:
+                time.sleep(0.5)
+            try:  # awaited in this step, before the loop looks at its posts again
+                got: Any = await call
+            except aio.AioRpcError as e:
+                got = ("AioRpcError", e.code(), e.details())
+            assert got == want
+            assert await first == want
+
+    run_pair(pair, aio_servers, body)
+
+
 def test_a_call_object_not_made_by_a_channel_says_so() -> None:
     """The engine's base types of the call classes, made bare, raise a clear error where
     a channel's call would run, not crash the interpreter."""
