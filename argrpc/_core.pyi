@@ -152,6 +152,7 @@ class CallState:
     _locally_cancelled: bool
     _have_result: bool
     def _on_end(self) -> None: ...
+    def _on_change(self) -> None: ...
 
 class UnaryCallState(CallState):
     """A CallState awaited for its one response."""

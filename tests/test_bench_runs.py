@@ -325,6 +325,7 @@ def test_cli_both_apis_in_one_real_run(tmp_path: Path,
 
     rc = cli.main(["latency", "--api", "both", "--sizes", "64", "--mode", "raw",
                    "--iterations", "5", "--warmup", "1", "--concurrency", "3",
+                   "--clients", "1",  # the process fan-out has its own test below
                    "--transports", ",".join(LIVE), "--no-plots", "--out", str(tmp_path)])
     assert rc == 0
     out = capsys.readouterr().out

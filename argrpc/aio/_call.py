@@ -165,15 +165,8 @@ class FastCall(CallState):
         return self._bridge.loop
 
     # -- the watch --------------------------------------------------------------
-    def _on_change(self) -> None:
-        waiters = self._waiters
-        if waiters:
-            self._waiters = None
-            for fut in waiters:
-                if not fut.done():
-                    fut.set_result(None)
-        if not self._ended and self._core.settled():
-            self._on_end()
+    # _on_change (CallState, in C) is the call's token callback: it wakes the tasks
+    # waiting in _future, and ends a call whose engine side has settled.
 
     def _run_callback(self, cb: Callable[[Any], None]) -> None:
         try:

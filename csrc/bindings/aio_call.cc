@@ -86,6 +86,7 @@ struct Names {
   PyObject* done;
   PyObject* set_result;
   PyObject* cancel;
+  PyObject* settled;
   PyObject* cancelled_error;  // asyncio.CancelledError
 };
 Names names;
@@ -143,8 +144,8 @@ bool set_up(CallState* self) {
   return false;
 }
 
-// Every task waiting for the call's next change (_future) woken, as _on_change wakes
-// them.
+// Every task waiting for the call's next change (_future) woken: on every change
+// (_on_change) and at the end.
 int wake_waiters(CallState* self) {
   if (is_none(self->waiters)) return 0;
   PyObject* waiters = self->waiters;
@@ -231,9 +232,25 @@ PyObject* call_on_end(PyObject* o, PyObject*) {
   Py_RETURN_NONE;
 }
 
+// _on_change: the call's token callback. The tasks waiting for a change are woken; a
+// call whose engine side has settled ends here unless an awaiter ended it first.
+PyObject* call_on_change(PyObject* o, PyObject*) {
+  auto* self = reinterpret_cast<CallState*>(o);
+  if (wake_waiters(self) < 0) return nullptr;
+  if (!self->ended && !is_none(self->core)) {
+    PyObject* settled = PyObject_CallMethodNoArgs(self->core, names.settled);
+    const int is_settled = settled == nullptr ? -1 : PyObject_IsTrue(settled);
+    Py_XDECREF(settled);
+    if (is_settled < 0 || (is_settled && on_end(self) < 0)) return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
 PyMethodDef call_methods[] = {
     {"_on_end", call_on_end, METH_NOARGS,
      "The call ended: its loop and channel let go of it; its done callbacks run."},
+    {"_on_change", call_on_change, METH_NOARGS,
+     "The call changed: its waiting tasks wake; a settled call ends."},
     {nullptr, nullptr, 0, nullptr},
 };
 
@@ -742,7 +759,7 @@ void add_aio_call(py::module_& m) {
       {&names.ready, "ready"},           {&names.settle, "_settle"},
       {&names.collected, "_collected"},  {&names.deserialize_error, "_deserialize_error"},
       {&names.done, "done"},             {&names.cancel, "cancel"},
-      {&names.set_result, "set_result"},
+      {&names.set_result, "set_result"}, {&names.settled, "settled"},
       {&names.next, "_next"},            {&names.callbacks, "_callbacks"},
       {&names.on_change, "_on_change"},  {&names.bridge_inflight, "_inflight"},
       {&names.send_later, "_send_later"},

@@ -24,8 +24,9 @@ SEED = int(os.environ.get("ARGRPC_CHAOS_SEED", random.randrange(1 << 20)))
 # shrinks by itself, so one OS thread more than the baseline after a kill proves nothing.
 @pytest.mark.timeout(1500)
 def test_kill_at_random_moments_over_verbs(rdma: SimpleNamespace, tmp_path: Path) -> None:
-    # Four trials: two of each victim; every trial waits out a kill under an emulated CPU.
-    cfg = chaos.ChaosConfig(trials=4, seed=SEED, transport="verbs", workdir=str(tmp_path),
+    # Two trials, one of each victim: every trial waits out a kill under an emulated CPU,
+    # and the suite's chaos test (shm) samples the faults and arities more widely.
+    cfg = chaos.ChaosConfig(trials=2, seed=SEED, transport="verbs", workdir=str(tmp_path),
                             sizes=("0B", "over_acc", "chunks"))
     doc = chaos.run(cfg, say=print)
     assert doc["ok"], f"seed {SEED}\n{chaos.report(doc)}"

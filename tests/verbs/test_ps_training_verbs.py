@@ -1,7 +1,8 @@
 """examples/ps_training over verbs: the PS cluster with every argrpc channel forced
-onto the RDMA device, against plain grpc in the same guest boot, synchronous and
-asynchronous. A synchronous run must end in the same variables to the last bit, whichever
-transport carried them."""
+onto the RDMA device, against plain grpc in the same guest boot. A synchronous run must
+end in the same variables to the last bit, whichever transport carried them. (The
+asynchronous mode, whose arithmetic follows arrival order, runs over shm in the suite: over
+verbs it would add a minute of emulated CPU and only a falling loss to compare.)"""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-import pytest
 
 from tests.support.procs import REPO_ROOT, child_env
 
@@ -25,12 +25,11 @@ def _final(directory: Path) -> dict[str, np.ndarray]:
         return {k: z[k] for k in z.files}
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_training_over_verbs_and_grpc(mode: str, rdma: SimpleNamespace, tmp_path: Path) -> None:
+def test_training_over_verbs_and_grpc(rdma: SimpleNamespace, tmp_path: Path) -> None:
     summary = tmp_path / "summary.json"
     r = subprocess.run(
         [sys.executable, "-m", "examples.ps_training.launch", "--ps=1", "--workers=2",
-         "--compare", f"--mode={mode}", "--train_steps=20", "--hidden=64", "--log_every=5",
+         "--compare", "--mode=sync", "--train_steps=20", "--hidden=64", "--log_every=5",
          "--startup_timeout=300", f"--output_dir={tmp_path / 'ckpt'}", f"--json={summary}"],
         cwd=REPO_ROOT, env=child_env(ENV, ["TF_CONFIG"]), capture_output=True, text=True,
         timeout=900)
@@ -41,8 +40,6 @@ def test_training_over_verbs_and_grpc(mode: str, rdma: SimpleNamespace, tmp_path
     for s in runs.values():
         assert s["last_loss"] < s["first_loss"], s
     grpc_vars, verbs_vars = _final(tmp_path / "ckpt" / "grpc"), _final(tmp_path / "ckpt" / "argrpc")
-    assert int(verbs_vars["global_step"]) == (20 if mode == "sync" else 40)
-    if mode == "async":
-        return  # arrival order decides the arithmetic: only the falling loss is comparable
+    assert int(verbs_vars["global_step"]) == 20
     for name, value in grpc_vars.items():
         assert np.array_equal(value, verbs_vars[name]), name
