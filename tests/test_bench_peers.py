@@ -65,3 +65,46 @@ def test_ucxx_round_trips_every_size(peer: str) -> None:
                     reason="PyTorch is not installed (pip install torch; its CPU build)")
 def test_torch_rpc_round_trips_every_size() -> None:
     _round_trips_every_size("torch-rpc")
+
+
+def test_the_rounds_table_pairs_each_row_with_the_reference_of_its_own_round() -> None:
+    # NIXL is faster than shm in a quiet round and slower in a loud one: the medians of
+    # the per-round ratios, and the count of rounds at or below, say so; a round in which
+    # a row was skipped does not count for it.
+    quiet = [_row("shm", 64, p50_us=10.0, p99_us=20.0),
+             _row("nixl-none", 64, p50_us=5.0, p99_us=40.0)]
+    loud = [_row("shm", 64, p50_us=20.0, p99_us=30.0),
+            _row("nixl-none", 64, p50_us=30.0, p99_us=33.0)]
+    gone = [_row("shm", 64, p50_us=8.0, p99_us=16.0),
+            _row("nixl-none", 64, note="not measured: it hung", skipped=True)]
+    text = peers.rounds_table([quiet, loud, gone]).splitlines()
+    assert text[0].startswith("over 3 rounds; ratios and counts against shm")
+    shm = next(line for line in text if line.startswith("shm")).split()
+    nixl = next(line for line in text if line.startswith("nixl-none")).split()
+    assert shm[2:] == ["10.0", "20.0", "1.00×", "1.00×", "3/3", "3/3"]
+    # p50: 0.5× and 1.5× (median 1.00×), one round of two at or below; p99: 2.0× and 1.1×
+    assert nixl[2:] == ["17.5", "36.5", "1.00×", "1.55×", "1/2", "0/2"]
+    against_nixl = peers.rounds_table([quiet, loud, gone], "nixl-none").splitlines()
+    shm = next(line for line in against_nixl if line.startswith("shm")).split()
+    assert shm[4:] == ["1.33×", "0.70×", "1/2", "2/2"]  # p99: 0.50× and 0.91×
+
+
+def test_the_table_can_be_taken_against_a_peer() -> None:
+    rows = [_row("shm", 64, p50_us=10.0, p99_us=20.0),
+            _row("nixl-none", 64, p50_us=5.0, p99_us=40.0)]
+    text = peers.table(rows, "nixl-none").splitlines()
+    assert "p50/nixl-none" in text[0]
+    assert next(line for line in text if line.startswith("shm")).split()[-2:] == \
+        ["2.00×", "0.50×"]
+
+
+@pytest.mark.parametrize("argv,complaint", [
+    (["--rounds", "0"], "--rounds must be at least 1"),
+    (["--peers", "nixl-none", "--reference", "ucxx-none"], "is not a row of this run"),
+])
+def test_a_bad_rounds_or_reference_is_refused_by_name(
+        argv: list[str], complaint: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        peers.main(argv)
+    assert e.value.code == 2
+    assert complaint in capsys.readouterr().err

@@ -35,6 +35,13 @@ that says why.
   and A's are made once per size; the tensors each end receives are PyTorch's to make,
   per call.
 
+On a shared machine another tenant's load comes and goes within a run, and a row measured
+in a quiet minute beats one measured in a loud one. ``--rounds R`` measures every row R
+times, one round after another (each round: argrpc's rows, then the peers), and ends with
+a table over the rounds: each row's median p50 and p99, the median of its per-round ratio
+to the reference row (``--reference``, default ``shm``; one round's rows were measured
+minutes apart at most), and in how many rounds it was at or below the reference.
+
 Each peer's pair of processes (``python -m argrpc_bench.peers side ...``) exchanges its
 set-up (NIXL's agent metadata and buffer address, ucxx's listening port, PyTorch's
 rendezvous port) through this process: a side prints one JSON line, reads the other's
@@ -393,21 +400,70 @@ def _ratio(m: Measurement, ref: Measurement | None, metric: str) -> str:
     return f"{mine / theirs:.2f}×"
 
 
-def table(ms: Sequence[Measurement]) -> str:
-    """One row per (row, size), each row's p50 and p99 as a multiple of argrpc's raw
-    unary call over shared memory at that size (above 1: that argrpc call is faster)."""
-    shm = {m.size: m for m in ms if label(m) == "shm" and not m.skipped}
+def _order(m: Measurement) -> tuple[int, bool, str]:
+    return (m.size, not label(m).startswith("shm"), label(m))
+
+
+def table(ms: Sequence[Measurement], reference: str = "shm") -> str:
+    """One row per (row, size), each row's p50 and p99 as a multiple of the reference
+    row's at that size (argrpc's raw unary call over shared memory unless asked
+    otherwise; above 1: the reference is faster)."""
+    ref = {m.size: m for m in ms if label(m) == reference and not m.skipped}
+    head = f"/{reference}"
+    w = max(8, len(head) + 3)
     lines = [f"{'row':<10} {'size':>10} {'p50 µs':>10} {'p99 µs':>10} "
-             f"{'p50/shm':>8} {'p99/shm':>8}  note"]
-    for m in sorted(ms, key=lambda m: (m.size, not label(m).startswith("shm"), label(m))):
+             f"{'p50' + head:>{w}} {'p99' + head:>{w}}  note"]
+    for m in sorted(ms, key=_order):
         name = label(m)
         if m.skipped:
-            lines.append(f"{name:<10} {m.size:>10} {'–':>10} {'–':>10} {'–':>8} "
-                         f"{'–':>8}  skipped: {m.note}")
+            lines.append(f"{name:<10} {m.size:>10} {'–':>10} {'–':>10} {'–':>{w}} "
+                         f"{'–':>{w}}  skipped: {m.note}")
             continue
         lines.append(f"{name:<10} {m.size:>10} {m.p50_us:>10.1f} {m.p99_us:>10.1f} "
-                     f"{_ratio(m, shm.get(m.size), 'p50_us'):>8} "
-                     f"{_ratio(m, shm.get(m.size), 'p99_us'):>8}")
+                     f"{_ratio(m, ref.get(m.size), 'p50_us'):>{w}} "
+                     f"{_ratio(m, ref.get(m.size), 'p99_us'):>{w}}")
+    return "\n".join(lines)
+
+
+def _median(xs: Sequence[float]) -> float:
+    ys = sorted(xs)
+    mid = len(ys) // 2
+    return ys[mid] if len(ys) % 2 else (ys[mid - 1] + ys[mid]) / 2
+
+
+def rounds_table(rounds: Sequence[Sequence[Measurement]], reference: str = "shm") -> str:
+    """Each (row, size) over the rounds: the median p50 and p99, the median of its
+    per-round ratio to the reference row (a ratio taken within a round, whose rows ran
+    close together), and the rounds in which it was at or below the reference. A round
+    in which the row or the reference was skipped does not count."""
+    cells: dict[tuple[str, int], list[tuple[Measurement, Measurement | None]]] = {}
+    first: dict[tuple[str, int], Measurement] = {}
+    for ms in rounds:
+        ref = {m.size: m for m in ms if label(m) == reference and not m.skipped}
+        for m in ms:
+            key = (label(m), m.size)
+            first.setdefault(key, m)
+            if not m.skipped and m.p50_us and m.p99_us:
+                cells.setdefault(key, []).append((m, ref.get(m.size)))
+    lines = [f"over {len(rounds)} rounds; ratios and counts against {reference}, round by round",
+             f"{'row':<10} {'size':>10} {'p50 µs':>10} {'p99 µs':>10} {'p50 ×':>7} "
+             f"{'p99 ×':>7} {'p50 ≤':>6} {'p99 ≤':>6}"]
+    for key, m0 in sorted(first.items(), key=lambda kv: _order(kv[1])):
+        got = cells.get(key, [])
+        if not got:
+            lines.append(f"{key[0]:<10} {key[1]:>10} {'–':>10} {'–':>10}  skipped: {m0.note}")
+            continue
+        cols = [f"{key[0]:<10} {key[1]:>10}",
+                f"{_median([m.p50_us or 0.0 for m, _ in got]):>10.1f}",
+                f"{_median([m.p99_us or 0.0 for m, _ in got]):>10.1f}"]
+        paired = [(m, r) for m, r in got if r is not None and r.p50_us and r.p99_us]
+        for metric in ("p50_us", "p99_us"):
+            ratios = [getattr(m, metric) / getattr(r, metric) for m, r in paired]
+            cols.append(f"{_median(ratios):>6.2f}×" if ratios else f"{'–':>7}")
+        for metric in ("p50_us", "p99_us"):
+            wins = sum(getattr(m, metric) <= getattr(r, metric) for m, r in paired)
+            cols.append(f"{f'{wins}/{len(paired)}':>6}" if paired else f"{'–':>6}")
+        lines.append(" ".join(cols))
     return "\n".join(lines)
 
 
@@ -429,8 +485,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="seconds per (row, size), split over the repeats (default 2)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure every row this many times, a round at a time, and end "
+                        "with each row's medians and per-round ratios over the rounds "
+                        "(default 1)")
+    p.add_argument("--reference", default="shm",
+                   help="the row the ratio columns are taken against, e.g. nixl-none "
+                        "(default shm: argrpc's raw unary call over shared memory)")
     p.add_argument("--json", help="write the rows here too")
     a = p.parse_args(argv)
+    if a.rounds < 1:
+        p.error("--rounds must be at least 1")
+    rows = ["shm", "grpc", "shm ser", "shm aio", *[s for s in a.peers.split(",") if s]]
+    if a.reference not in rows:
+        p.error(f"--reference {a.reference!r} is not a row of this run; choose from "
+                f"{', '.join(rows)}")
     peers = [s for s in a.peers.split(",") if s]
     unknown = [s for s in peers if s not in PEERS]
     if unknown:
@@ -443,8 +512,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     # serialized mode, and the raw call from argrpc.aio.
     others = [dataclasses.replace(spec, transports=["shm"], mode="serialized"),
               dataclasses.replace(spec, transports=["shm"], api="aio")]
-    print("argrpc: unary calls over grpcio and shared memory", file=sys.stderr, flush=True)
-    ms = [m for s in (spec, *others) for m in runner.run(s)]
     plan_args = ["--warmup", str(a.warmup), "--repeats", str(a.repeats),
                  *(["--iterations", str(a.iterations)] if a.iterations is not None
                    else ["--duration", str(duration)])]
@@ -456,13 +523,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     def progress(what: str, done: float) -> None:
         print(f"peers: {what}", file=sys.stderr, flush=True)
 
-    ms += run_peers(peers, a.sizes, plan_args, budget, base, progress)
-    print("round trip: A sends N bytes, B answers N bytes; p50/p99 of A's clock")
-    print(table(ms))
+    rounds: list[list[Measurement]] = []
+    for r in range(a.rounds):
+        if a.rounds > 1:
+            print(f"peers: round {r + 1} of {a.rounds}", file=sys.stderr, flush=True)
+        print("argrpc: unary calls over grpcio and shared memory", file=sys.stderr, flush=True)
+        ms = [m for s in (spec, *others) for m in runner.run(s)]
+        ms += run_peers(peers, a.sizes, plan_args, budget, base, progress)
+        rounds.append(ms)
+        print("round trip: A sends N bytes, B answers N bytes; p50/p99 of A's clock"
+              + (f" (round {r + 1} of {a.rounds})" if a.rounds > 1 else ""), flush=True)
+        print(table(ms, a.reference), flush=True)
+    if a.rounds > 1:
+        print(rounds_table(rounds, a.reference))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump([m.__dict__ for m in ms], f, indent=1)
-    failed = sorted({f"{label(m)} {m.size} B" for m in ms if m.failed})
+            json.dump([{**m.__dict__, **({"round": i + 1} if a.rounds > 1 else {})}
+                       for i, ms in enumerate(rounds) for m in ms], f, indent=1)
+    failed = sorted({f"{label(m)} {m.size} B" for ms in rounds for m in ms if m.failed})
     if failed:
         # as argrpc-bench: every row is written, and the status says some failed
         print(f"failed: {', '.join(failed)}")
