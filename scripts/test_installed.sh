@@ -193,8 +193,10 @@ if [ "${ARGRPC_SKIP_SDIST:-0}" != "1" ]; then
     "$PY" -m venv --clear "$VS"
     # --no-cache-dir: pip would otherwise reuse a wheel it built from an earlier sdist of
     # the same name and version (a previous run's), and test that instead of this build.
+    # Only the smoke set's own needs beside it (the wheel venv has the whole test extra:
+    # its frameworks take minutes to install and nothing here runs them).
     (export PYTHONNOUSERSITE=1; pip_in "$VS" --no-cache-dir --find-links "$DIST" \
-        "argrpc[test] @ file://$SDIST")
+        "argrpc @ file://$SDIST" pytest pytest-timeout numpy grpcio-tools uvloop argrpc-bench)
     times+=("sdist venv: create + build and install the sdist: $((SECONDS - t))s")
     (export PYTHONNOUSERSITE=1 PYTHONPATH=; preflight "$VS" 0)
     t=$SECONDS
