@@ -57,6 +57,7 @@ import os
 import selectors
 import socket
 import subprocess
+import statistics
 import sys
 import time
 from typing import IO, Any, Callable, Sequence
@@ -425,12 +426,6 @@ def table(ms: Sequence[Measurement], reference: str = "shm") -> str:
     return "\n".join(lines)
 
 
-def _median(xs: Sequence[float]) -> float:
-    ys = sorted(xs)
-    mid = len(ys) // 2
-    return ys[mid] if len(ys) % 2 else (ys[mid - 1] + ys[mid]) / 2
-
-
 def rounds_table(rounds: Sequence[Sequence[Measurement]], reference: str = "shm") -> str:
     """Each (row, size) over the rounds: the median p50 and p99, the median of its
     per-round ratio to the reference row (a ratio taken within a round, whose rows ran
@@ -454,12 +449,12 @@ def rounds_table(rounds: Sequence[Sequence[Measurement]], reference: str = "shm"
             lines.append(f"{key[0]:<10} {key[1]:>10} {'–':>10} {'–':>10}  skipped: {m0.note}")
             continue
         cols = [f"{key[0]:<10} {key[1]:>10}",
-                f"{_median([m.p50_us or 0.0 for m, _ in got]):>10.1f}",
-                f"{_median([m.p99_us or 0.0 for m, _ in got]):>10.1f}"]
+                f"{statistics.median([m.p50_us or 0.0 for m, _ in got]):>10.1f}",
+                f"{statistics.median([m.p99_us or 0.0 for m, _ in got]):>10.1f}"]
         paired = [(m, r) for m, r in got if r is not None and r.p50_us and r.p99_us]
         for metric in ("p50_us", "p99_us"):
             ratios = [getattr(m, metric) / getattr(r, metric) for m, r in paired]
-            cols.append(f"{_median(ratios):>6.2f}×" if ratios else f"{'–':>7}")
+            cols.append(f"{statistics.median(ratios):>6.2f}×" if ratios else f"{'–':>7}")
         for metric in ("p50_us", "p99_us"):
             wins = sum(getattr(m, metric) <= getattr(r, metric) for m, r in paired)
             cols.append(f"{f'{wins}/{len(paired)}':>6}" if paired else f"{'–':>6}")
@@ -496,14 +491,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.rounds < 1:
         p.error("--rounds must be at least 1")
-    rows = ["shm", "grpc", "shm ser", "shm aio", *[s for s in a.peers.split(",") if s]]
-    if a.reference not in rows:
-        p.error(f"--reference {a.reference!r} is not a row of this run; choose from "
-                f"{', '.join(rows)}")
     peers = [s for s in a.peers.split(",") if s]
     unknown = [s for s in peers if s not in PEERS]
     if unknown:
         p.error(f"unknown peer(s) {', '.join(unknown)}; choose from {', '.join(PEERS)}")
+    rows = ["shm", "grpc", "shm ser", "shm aio", *peers]
+    if a.reference not in rows:
+        p.error(f"--reference {a.reference!r} is not a row of this run; choose from "
+                f"{', '.join(rows)}")
     duration = None if a.iterations is not None else (a.duration or 2.0)
     spec = runner.RunSpec(benchmark="latency", transports=["grpc", "shm"], mode="raw",
                           sizes=a.sizes, warmup=a.warmup, iterations=a.iterations,
