@@ -7,6 +7,10 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib.sh"
 [ $# -gt 0 ] || { echo "usage: $0 CMD [ARGS...]   (see $here/README.md)" >&2; exit 2; }
 
+# One guest holds both ends of every test: a 256 MiB echo alone has two processes that
+# each hold the message twice beside their pools, which left 2G a few hundred MB from the
+# OOM killer.
+default_mem=3G
 start_run
 write_cmd guest "$@"
 cpus=${SOFTROCE_CPUS:-$(( $(nproc) < 2 ? $(nproc) : 2 ))}

@@ -27,7 +27,7 @@ start_run() {
     # $PWD is shared read-write: never hand the guest the whole host.
     [ "$cwd" != / ] || { echo "softroce: will not run in /: it would be shared read-write" >&2; exit 2; }
     timeout_s=${SOFTROCE_TIMEOUT:-1800}
-    mem=${SOFTROCE_MEM:-2G}
+    mem=${SOFTROCE_MEM:-$default_mem}
     accel=${SOFTROCE_ACCEL:-auto}
     if [ "$accel" = auto ]; then
         # /dev/kvm may exist without hardware virtualisation behind it (a nested or

@@ -27,6 +27,7 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do cmd_b+=("$1"); shift; done
 shift
 [ ${#cmd_b[@]} -gt 0 ] && [ $# -gt 0 ] || usage
 
+default_mem=2G
 start_run
 write_cmd a "$@"
 write_cmd b "${cmd_b[@]}"

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -292,6 +293,19 @@ def test_client_kill_server_keeps_serving_and_frees(verbs_env: None, stubs_dir: 
         server.kill()
 
 
+def _server_fate(server: ServerProcess) -> str:
+    """What became of the server, for a failure's message: a server the kernel killed
+    leaves its client only a transport error (its queue pair stops answering)."""
+    rc = server.proc.poll()
+    try:
+        kernel = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        kernel = f"(dmesg: {exc})"
+    oom = [l for l in kernel.splitlines() if "Out of memory" in l or "oom-kill" in l]
+    return (f"server: {'running' if rc is None else f'exited rc={rc}'}; "
+            f"kernel OOM lines: {oom[-3:] or 'none'}\n{server.log_tail(15)}")
+
+
 def test_256mib_unary_echo_byte_exact(rdma: SimpleNamespace, stubs_dir: str) -> None:
     size = 256 * MiB
     # Byte exactness, not how soon a dead peer fails: an emulated CPU copying 256 MiB
@@ -306,7 +320,8 @@ def test_256mib_unary_echo_byte_exact(rdma: SimpleNamespace, stubs_dir: str) -> 
         assert client.ready_transport(START_TIMEOUT) == "verbs", (
             f"{client.lines} {client.stderr_tail()}")
         line = client.wait_line("RESULT", 1200)
-        assert line, f"no result: {client.lines} {client.stderr_tail()}"
+        assert line, (f"no result: {client.lines} {client.stderr_tail()}\n"
+                      f"{_server_fate(server)}")
         result = json.loads(line.split(" ", 1)[1])
         _log(f"256 MiB echo: {result}")
         assert result["transport"] == "verbs" and result["size"] == size, result
