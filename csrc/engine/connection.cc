@@ -143,6 +143,7 @@ bool Connection::fail(uint32_t code, const std::string& why) {
   {
     std::lock_guard<std::mutex> g(pullq_mu_);
     pullq_.clear();
+    pullq_queued_.store(false, std::memory_order_relaxed);
   }
   engine_->detach(this);
   return true;

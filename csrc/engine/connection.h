@@ -389,6 +389,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<uint64_t> leased_bytes_{0};  // peer memory held through views
   std::mutex pullq_mu_;
   std::vector<std::shared_ptr<Pull>> pullq_;
+  // pullq_ is not empty: every progress pass asks, and almost none has a pull to start.
+  std::atomic<bool> pullq_queued_{false};
 };
 
 }  // namespace argrpc

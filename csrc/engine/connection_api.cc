@@ -158,6 +158,7 @@ bool Connection::take_message(const std::shared_ptr<Stream>& sp, Payload* out) {
     {
       std::lock_guard<std::mutex> g(pullq_mu_);
       pullq_.push_back(next);
+      pullq_queued_.store(true, std::memory_order_release);
     }
     kick_.store(true, std::memory_order_seq_cst);
     progress();

@@ -239,10 +239,11 @@ void Connection::on_read_done(uint64_t wr_id) {
 }
 
 void Connection::start_queued_pulls() {
+  if (!pullq_queued_.load(std::memory_order_acquire)) return;
   std::vector<std::shared_ptr<Pull>> q;
   {
     std::lock_guard<std::mutex> g(pullq_mu_);
-    if (pullq_.empty()) return;
+    pullq_queued_.store(false, std::memory_order_relaxed);
     q.swap(pullq_);
   }
   for (auto& p : q) start_pull(p);
