@@ -299,11 +299,12 @@ def _server_fate(server: ServerProcess) -> str:
     rc = server.proc.poll()
     try:
         kernel = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10).stdout
+        oom = [l for l in kernel.splitlines() if "Out of memory" in l or "oom-kill" in l]
+        oom_text = str(oom[-3:] or "none")
     except (OSError, subprocess.SubprocessError) as exc:
-        kernel = f"(dmesg: {exc})"
-    oom = [l for l in kernel.splitlines() if "Out of memory" in l or "oom-kill" in l]
+        oom_text = f"unknown (dmesg: {exc})"
     return (f"server: {'running' if rc is None else f'exited rc={rc}'}; "
-            f"kernel OOM lines: {oom[-3:] or 'none'}\n{server.log_tail(15)}")
+            f"kernel OOM lines: {oom_text}\n{server.log_tail(15)}")
 
 
 def test_256mib_unary_echo_byte_exact(rdma: SimpleNamespace, stubs_dir: str) -> None:
