@@ -125,6 +125,14 @@ if [ "$bench_at" != "$ROOT/bench/argrpc_bench/__init__.py" ]; then
     pip_install --no-build-isolation --no-deps -e "$ROOT/bench"
 fi
 
+# The checkout's bytecode, written once. An environment may forbid writing it
+# (PYTHONDONTWRITEBYTECODE, as some container images set), and then every process the
+# suite, the bench and the Soft-RoCE guests start would compile argrpc's modules again:
+# about a third of `import argrpc`, and seconds a process under an emulated CPU. The
+# interpreter checks each file against its source, so an edit is never run stale.
+"$PY" -m compileall -q -j 0 argrpc bench/argrpc_bench examples tests >/dev/null \
+    || log "compileall failed: processes will compile argrpc's modules at every start"
+
 # Prove the result is importable from outside the checkout too.
 (cd / && "$PY" -c 'import argrpc, argrpc._core; print("[setup] argrpc ready:", argrpc.__file__)')
 (cd / && "$PY" -c 'import argrpc_bench; print("[setup] argrpc-bench ready:", argrpc_bench.__file__)')
