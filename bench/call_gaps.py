@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""A 64 B call's round trip when calls are spaced out: argrpc (threaded, shared memory),
+grpcio, and a pipe between two processes (the kernel's own wake-up, nothing else).
+
+    python3 bench/call_gaps.py [--gaps 0,50,300,1000] [--calls N] [--rounds R]
+                               [--stacks argrpc,grpc,pipe]
+
+A latency benchmark calls back to back, so the server is still awake when the next call
+comes; a service's calls come when its users send them. Between two calls the client
+here waits `gap` µs, in one of two ways: `spin` keeps its CPU busy (a client with work of
+its own between calls), `sleep` gives it up (a client waiting for its next request).
+Printed per stack, gap and way: the median over rounds of each round's p50 and p99 (µs).
+Rounds interleave the stacks, so drift of a shared machine hits all alike.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+# The checkout this file is in wins over an installed argrpc.
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+import grpc  # noqa: E402
+
+import argrpc  # noqa: E402
+from argrpc_bench import messages as msg  # noqa: E402
+
+STACKS = ("argrpc", "grpc", "pipe")
+WAYS = ("spin", "sleep")
+PAYLOAD = b"x" * 64
+# The pipe's far end: echoes each read until EOF.
+PIPE_ECHO = """import os
+while data := os.read(0, 64):
+    os.write(1, data)
+"""
+
+
+def _quantiles(lat: list[int]) -> tuple[float, float]:
+    lat.sort()
+    return lat[len(lat) // 2] / 1e3, lat[min(len(lat) - 1, len(lat) * 99 // 100)] / 1e3
+
+
+def timed(call: Callable[[], object], gap_us: int, way: str, calls: int) -> tuple[float, float]:
+    clock = time.perf_counter_ns
+    gap_ns = gap_us * 1000
+    lat = []
+    for _ in range(calls):
+        t = clock()
+        call()
+        end = clock()
+        lat.append(end - t)
+        if way == "sleep":
+            time.sleep(gap_ns / 1e9)
+        else:
+            while clock() - end < gap_ns:
+                pass
+    return _quantiles(lat)
+
+
+class Peer:
+    """The far end of one stack, in its own process: the bench's echo server (argrpc or
+    grpcio) or a process that echoes what a pipe brings."""
+
+    def __init__(self, stack: str) -> None:
+        self.stack = stack
+        if stack == "pipe":
+            # A process of its own (not a fork of this one, whose engine has threads and
+            # whose other children's pipes it would hold open).
+            self._srv = subprocess.Popen([sys.executable, "-c", PIPE_ECHO],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            assert self._srv.stdin is not None and self._srv.stdout is not None
+            to_child, from_child = self._srv.stdin.fileno(), self._srv.stdout.fileno()
+
+            def pipe_call() -> bytes:
+                os.write(to_child, PAYLOAD)
+                return os.read(from_child, 64)
+            self.call: Callable[[], object] = pipe_call
+            return
+        self._srv = subprocess.Popen(
+            [sys.executable, "-m", "argrpc_bench.server", "--stack", stack],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path[:2])})
+        assert self._srv.stdout is not None
+        port = int(self._srv.stdout.readline().split()[1])
+        factory = argrpc.insecure_channel if stack == "argrpc" else grpc.insecure_channel
+        self._channel = factory(f"127.0.0.1:{port}")
+        method = self._channel.unary_unary(msg.path(msg.SERVICE, msg.ECHO_RAW),
+                                           _registered_method=True)
+        self.call = lambda: method(PAYLOAD, timeout=60)
+        for _ in range(2000):
+            self.call()
+        if stack == "argrpc" and self._channel.transport != "shm":  # type: ignore[attr-defined]
+            raise SystemExit(f"argrpc is on {self._channel.transport}, not shm: "  # type: ignore[attr-defined]
+                             f"{self._channel.fallback_reason}")  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        if self.stack != "pipe":
+            self._channel.close()
+        assert self._srv.stdin is not None
+        self._srv.stdin.close()
+        try:
+            self._srv.wait(30)
+        except subprocess.TimeoutExpired:
+            self._srv.kill()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--gaps", default="0,50,300,1000",
+                   help="µs the client waits between two calls, comma-separated")
+    p.add_argument("--calls", type=int, default=1000,
+                   help="timed calls per stack, gap, way and round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--stacks", default=",".join(STACKS))
+    a = p.parse_args()
+    gaps = [int(g) for g in a.gaps.split(",")]
+    stacks = [s for s in a.stacks.split(",") if s]
+    if bad := [s for s in stacks if s not in STACKS]:
+        p.error(f"unknown stack(s) {', '.join(bad)}; choose from {', '.join(STACKS)}")
+    if any(g < 0 for g in gaps) or a.calls < 1 or a.rounds < 1:
+        p.error("gaps must be >= 0, --calls and --rounds >= 1")
+    peers = [Peer(s) for s in stacks]
+    got: dict[tuple[str, int, str], list[tuple[float, float]]] = {}
+    try:
+        for r in range(a.rounds):
+            print(f"round {r + 1} of {a.rounds}", file=sys.stderr, flush=True)
+            for peer in peers:
+                for gap in gaps:
+                    for way in WAYS:
+                        got.setdefault((peer.stack, gap, way), []).append(
+                            timed(peer.call, gap, way, a.calls))
+    finally:
+        for peer in peers:
+            peer.close()
+    print(f"64 B round trip, p50 / p99 µs (median of {a.rounds} rounds' quantiles)")
+    print(f"{'stack':8s} {'gap µs':>7s} " + " ".join(f"{w:>17s}" for w in WAYS))
+    for s in stacks:
+        for gap in gaps:
+            cells = []
+            for way in WAYS:
+                rows = got[(s, gap, way)]
+                cells.append(f"{statistics.median(x for x, _ in rows):7.1f} / "
+                             f"{statistics.median(y for _, y in rows):7.1f}")
+            print(f"{s:8s} {gap:7d} " + " ".join(f"{c:>17s}" for c in cells))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
