@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any, Callable
 
 from tests.support.clients import UNLIMITED_SERVER_ARGS
 from tests.support.procs import REPO_ROOT, child_env
 
-SMALL_POOL = {"TF_RDMA_BUF_SIZE": "256M"}  # the guest has 2 GiB for every process's pool
+SMALL_POOL = {"TF_RDMA_BUF_SIZE": "256M"}  # the guest's memory holds every process's pool
 
 
 def _doctor_target(target: str, transport: str) -> dict[str, Any]:
@@ -25,21 +26,30 @@ def _doctor_target(target: str, transport: str) -> dict[str, Any]:
 
 
 def test_choice_with_a_device(rdma: SimpleNamespace, spawn: Callable[..., Any]) -> None:
-    auto = spawn("argrpc", UNLIMITED_SERVER_ARGS, SMALL_POOL)
-    report = _doctor_target(auto.target, "auto")
-    assert report["selection"]["device"] == rdma.select["device"]
-    t = report["target"]
+    # Every process here imports argrpc under an emulated CPU: the three servers start
+    # together, and the doctors run two at a time (each holds a pool: the guest's memory).
+    envs = [SMALL_POOL, {**SMALL_POOL, "TF_RDMA_TRANSPORT": "verbs"},
+            {**SMALL_POOL, "TF_RDMA_TRANSPORT": "shm"}]
+    with ThreadPoolExecutor(3) as ex:
+        auto, forced, shm_only = ex.map(lambda e: spawn("argrpc", UNLIMITED_SERVER_ARGS, e),
+                                        envs)
+    with ThreadPoolExecutor(2) as ex:
+        auto_auto, auto_verbs, forced_auto, shm_only_verbs = ex.map(
+            lambda a: _doctor_target(*a),
+            [(auto.target, "auto"), (auto.target, "verbs"), (forced.target, "auto"),
+             (shm_only.target, "verbs")])
+
+    assert auto_auto["selection"]["device"] == rdma.select["device"]
+    t = auto_auto["target"]
     assert t["offered"] == ["shm", "verbs"] and t["client_verbs_reason"] == ""
     assert t["transport"] == "shm", t  # one host: shm, although both ends have a device
-    t = _doctor_target(auto.target, "verbs")["target"]
+    t = auto_verbs["target"]
     assert t["transport"] == "verbs" and t["reason"] == "", t  # the client forces verbs
 
-    forced = spawn("argrpc", UNLIMITED_SERVER_ARGS, {**SMALL_POOL, "TF_RDMA_TRANSPORT": "verbs"})
-    t = _doctor_target(forced.target, "auto")["target"]
+    t = forced_auto["target"]
     assert t["transport"] == "verbs", t  # the server forces verbs
 
-    shm_only = spawn("argrpc", UNLIMITED_SERVER_ARGS, {**SMALL_POOL, "TF_RDMA_TRANSPORT": "shm"})
-    t = _doctor_target(shm_only.target, "verbs")["target"]
+    t = shm_only_verbs["target"]
     assert t["transport"] == "grpc"
     assert t["reason"].startswith("TF_RDMA_TRANSPORT=verbs but RDMA verbs is not possible: "
                                   "server: no common fast transport"), t

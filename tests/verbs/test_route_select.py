@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any, Iterator
 
@@ -190,15 +191,17 @@ print("RESULT " + json.dumps(out), flush=True)
 def servers7(two_devices: SimpleNamespace, stubs_dir: str) -> Iterator[SimpleNamespace]:
     """An argrpc server listening on 10.77.0.1 that chooses freely, and one on 127.0.0.1
     with TF_RDMA_GID_INDEX=1 (an IPv4-mapped GID); stopped before rxe7 goes."""
-    started: list[ServerProcess] = []
+    # Both import argrpc under an emulated CPU: they start together.
+    with ThreadPoolExecutor(2) as ex:
+        starts = [ex.submit(ServerProcess, "argrpc", stubs_dir,
+                            [*UNLIMITED_SERVER_ARGS, "--host", ADDR7], SMALL_POOL,
+                            start_timeout=START_TIMEOUT),
+                  ex.submit(ServerProcess, "argrpc", stubs_dir, UNLIMITED_SERVER_ARGS,
+                            {**SMALL_POOL, "TF_RDMA_GID_INDEX": "1"},
+                            start_timeout=START_TIMEOUT)]
+    started = [f.result() for f in starts if f.exception() is None]
     try:
-        free = ServerProcess("argrpc", stubs_dir, [*UNLIMITED_SERVER_ARGS, "--host", ADDR7],
-                             SMALL_POOL, start_timeout=START_TIMEOUT)
-        started.append(free)
-        mapped = ServerProcess("argrpc", stubs_dir, UNLIMITED_SERVER_ARGS,
-                               {**SMALL_POOL, "TF_RDMA_GID_INDEX": "1"},
-                               start_timeout=START_TIMEOUT)
-        started.append(mapped)
+        free, mapped = (f.result() for f in starts)  # the first failure, if one failed
         yield SimpleNamespace(core=two_devices.core, free=free, target7=f"{ADDR7}:{free.port}",
                               mapped=mapped)
     finally:
