@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Callable
 
@@ -31,6 +32,8 @@ import grpc  # noqa: E402
 
 import argrpc  # noqa: E402
 from argrpc_bench import messages as msg  # noqa: E402
+from argrpc_bench.client import stats_us  # noqa: E402
+from argrpc_bench.runner import start_server  # noqa: E402
 
 STACKS = ("argrpc", "grpc", "pipe")
 WAYS = ("spin", "sleep")
@@ -40,11 +43,6 @@ PIPE_ECHO = """import os
 while data := os.read(0, 64):
     os.write(1, data)
 """
-
-
-def _quantiles(lat: list[int]) -> tuple[float, float]:
-    lat.sort()
-    return lat[len(lat) // 2] / 1e3, lat[min(len(lat) - 1, len(lat) * 99 // 100)] / 1e3
 
 
 def timed(call: Callable[[], object], gap_us: int, way: str, calls: int) -> tuple[float, float]:
@@ -61,54 +59,44 @@ def timed(call: Callable[[], object], gap_us: int, way: str, calls: int) -> tupl
         else:
             while clock() - end < gap_ns:
                 pass
-    return _quantiles(lat)
+    st = stats_us(lat)
+    return st["p50_us"], st["p99_us"]
 
 
 class Peer:
-    """The far end of one stack, in its own process: the bench's echo server (argrpc or
-    grpcio) or a process that echoes what a pipe brings."""
+    """The far end of one stack, in its own process (stopped with `procs`): the bench's
+    echo server (argrpc or grpcio) or a process that echoes what a pipe brings."""
 
-    def __init__(self, stack: str) -> None:
+    def __init__(self, stack: str, procs: ExitStack) -> None:
         self.stack = stack
         if stack == "pipe":
             # A process of its own (not a fork of this one, whose engine has threads and
             # whose other children's pipes it would hold open).
-            self._srv = subprocess.Popen([sys.executable, "-c", PIPE_ECHO],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-            assert self._srv.stdin is not None and self._srv.stdout is not None
-            to_child, from_child = self._srv.stdin.fileno(), self._srv.stdout.fileno()
+            echo = subprocess.Popen([sys.executable, "-c", PIPE_ECHO],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            procs.callback(echo.wait, 30)
+            procs.callback(echo.kill)
+            assert echo.stdin is not None and echo.stdout is not None
+            to_child, from_child = echo.stdin.fileno(), echo.stdout.fileno()
 
             def pipe_call() -> bytes:
                 os.write(to_child, PAYLOAD)
                 return os.read(from_child, 64)
             self.call: Callable[[], object] = pipe_call
             return
-        self._srv = subprocess.Popen(
-            [sys.executable, "-m", "argrpc_bench.server", "--stack", stack],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path[:2])})
-        assert self._srv.stdout is not None
-        port = int(self._srv.stdout.readline().split()[1])
+        _, port = start_server(procs, f"{stack} server", "argrpc_bench.server",
+                               ["--stack", stack],
+                               {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path[:2])})
         factory = argrpc.insecure_channel if stack == "argrpc" else grpc.insecure_channel
-        self._channel = factory(f"127.0.0.1:{port}")
-        method = self._channel.unary_unary(msg.path(msg.SERVICE, msg.ECHO_RAW),
-                                           _registered_method=True)
+        channel = procs.enter_context(factory(f"127.0.0.1:{port}"))
+        method = channel.unary_unary(msg.path(msg.SERVICE, msg.ECHO_RAW),
+                                     _registered_method=True)
         self.call = lambda: method(PAYLOAD, timeout=60)
         for _ in range(2000):
             self.call()
-        if stack == "argrpc" and self._channel.transport != "shm":  # type: ignore[attr-defined]
-            raise SystemExit(f"argrpc is on {self._channel.transport}, not shm: "  # type: ignore[attr-defined]
-                             f"{self._channel.fallback_reason}")  # type: ignore[attr-defined]
-
-    def close(self) -> None:
-        if self.stack != "pipe":
-            self._channel.close()
-        assert self._srv.stdin is not None
-        self._srv.stdin.close()
-        try:
-            self._srv.wait(30)
-        except subprocess.TimeoutExpired:
-            self._srv.kill()
+        if stack == "argrpc" and channel.transport != "shm":  # type: ignore[attr-defined]
+            raise SystemExit(f"argrpc is on {channel.transport}, not shm: "  # type: ignore[attr-defined]
+                             f"{channel.fallback_reason}")  # type: ignore[attr-defined]
 
 
 def main() -> int:
@@ -126,9 +114,9 @@ def main() -> int:
         p.error(f"unknown stack(s) {', '.join(bad)}; choose from {', '.join(STACKS)}")
     if any(g < 0 for g in gaps) or a.calls < 1 or a.rounds < 1:
         p.error("gaps must be >= 0, --calls and --rounds >= 1")
-    peers = [Peer(s) for s in stacks]
     got: dict[tuple[str, int, str], list[tuple[float, float]]] = {}
-    try:
+    with ExitStack() as procs:
+        peers = [Peer(s, procs) for s in stacks]
         for r in range(a.rounds):
             print(f"round {r + 1} of {a.rounds}", file=sys.stderr, flush=True)
             for peer in peers:
@@ -136,9 +124,6 @@ def main() -> int:
                     for way in WAYS:
                         got.setdefault((peer.stack, gap, way), []).append(
                             timed(peer.call, gap, way, a.calls))
-    finally:
-        for peer in peers:
-            peer.close()
     print(f"64 B round trip, p50 / p99 µs (median of {a.rounds} rounds' quantiles)")
     print(f"{'stack':8s} {'gap µs':>7s} " + " ".join(f"{w:>17s}" for w in WAYS))
     for s in stacks:
