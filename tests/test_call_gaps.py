@@ -1,5 +1,5 @@
 """bench/call_gaps.py runs end to end: every stack measured at every gap, both ways of
-waiting, and an unknown stack refused by name."""
+waiting, with the server's CPU beside each, and an unknown stack refused by name."""
 from __future__ import annotations
 
 import re
@@ -12,18 +12,23 @@ SCRIPT = str(REPO_ROOT / "bench" / "call_gaps.py")
 
 
 def test_every_stack_gap_and_way_is_measured() -> None:
-    out = subprocess.run([sys.executable, SCRIPT, "--calls", "30", "--rounds", "1",
+    out = subprocess.run([sys.executable, SCRIPT, "--calls", "100", "--rounds", "1",
                           "--gaps", "0,200"], env=child_env(), capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr
     rows = {}
     for line in out.stdout.splitlines():
-        m = re.fullmatch(r"(\w+)\s+(\d+)\s+([\d.]+) /\s+([\d.]+)\s+([\d.]+) /\s+([\d.]+)", line)
+        m = re.fullmatch(r"([\w-]+)\s+(\d+)" + r"\s+([\d.]+) /\s+([\d.]+)\s+(\d+)%" * 2, line)
         if m:
             rows[(m[1], int(m[2]))] = [float(x) for x in m.groups()[2:]]
-    assert set(rows) == {(s, g) for s in ("argrpc", "grpc", "pipe") for g in (0, 200)}, out.stdout
-    for key, (p50_spin, p99_spin, p50_sleep, p99_sleep) in rows.items():
+    stacks = ("argrpc", "argrpc-spin", "grpc", "pipe")
+    assert set(rows) == {(s, g) for s in stacks for g in (0, 200)}, out.stdout
+    for key, (p50_spin, p99_spin, cpu_spin, p50_sleep, p99_sleep, cpu_sleep) in rows.items():
         assert 0 < p50_spin <= p99_spin and 0 < p50_sleep <= p99_sleep, (key, out.stdout)
+        assert 0 <= cpu_spin <= 210 and 0 <= cpu_sleep <= 210, (key, out.stdout)
+    # Between calls 200 us apart the spinning server keeps its CPU busy and the default
+    # one sleeps (the client asleep too, so the server's CPU is there to be had).
+    assert rows[("argrpc-spin", 200)][5] > rows[("argrpc", 200)][5], out.stdout
 
 
 def test_an_unknown_stack_is_refused_by_name() -> None:
