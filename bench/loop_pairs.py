@@ -33,6 +33,7 @@ import grpc  # noqa: E402
 import argrpc  # noqa: E402
 import argrpc.aio  # noqa: E402
 from argrpc_bench import loops  # noqa: E402  (bench/, this file's folder)
+from argrpc_bench.client import stats_us  # noqa: E402
 
 KINDS = ("threaded", "asyncio", "uvloop")
 METHOD = "/loop_pairs.Echo/Call"
@@ -67,8 +68,8 @@ def serve(kind: str) -> None:
 
 
 def _quantiles(lat: list[int]) -> tuple[float, float]:
-    lat.sort()
-    return lat[len(lat) // 2] / 1e3, lat[min(len(lat) - 1, len(lat) * 99 // 100)] / 1e3
+    st = stats_us(lat)
+    return st["p50_us"], st["p99_us"]
 
 
 def measure(kind: str, target: str, calls: int) -> tuple[float, float]:
