@@ -49,11 +49,9 @@ while data := os.read(0, 64):
 """
 
 
-def cpu_s(pid: int | None) -> float:
+def cpu_s(pid: int) -> float:
     """CPU seconds process `pid`'s live threads have used so far (the scheduler's own
     count in nanoseconds: the tick-based utime and stime say nothing of a short run)."""
-    if pid is None:
-        return 0.0
     total = 0
     for task in os.listdir(f"/proc/{pid}/task"):
         try:
@@ -65,7 +63,7 @@ def cpu_s(pid: int | None) -> float:
 
 
 def timed(call: Callable[[], object], gap_us: int, way: str, calls: int,
-          server_pid: int | None) -> tuple[float, float, float]:
+          server_pid: int) -> tuple[float, float, float]:
     clock = time.perf_counter_ns
     gap_ns = gap_us * 1000
     lat = []
@@ -91,7 +89,6 @@ class Peer:
 
     def __init__(self, stack: str, procs: ExitStack, server_spin_us: int) -> None:
         self.stack = stack
-        self.pid: int | None = None
         if stack == "pipe":
             # A process of its own (not a fork of this one, whose engine has threads and
             # whose other children's pipes it would hold open).
@@ -99,7 +96,7 @@ class Peer:
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             procs.callback(echo.wait, 30)
             procs.callback(echo.kill)
-            self.pid = echo.pid
+            self.pid = echo.pid  # the process whose CPU is measured
             assert echo.stdin is not None and echo.stdout is not None
             to_child, from_child = echo.stdin.fileno(), echo.stdout.fileno()
 
