@@ -26,9 +26,6 @@ def test_every_stack_gap_and_way_is_measured() -> None:
     for key, (p50_spin, p99_spin, cpu_spin, p50_sleep, p99_sleep, cpu_sleep) in rows.items():
         assert 0 < p50_spin <= p99_spin and 0 < p50_sleep <= p99_sleep, (key, out.stdout)
         assert 0 <= cpu_spin <= 210 and 0 <= cpu_sleep <= 210, (key, out.stdout)
-    # Between calls 200 us apart the spinning server keeps its CPU busy and the default
-    # one sleeps (the client asleep too, so the server's CPU is there to be had).
-    assert rows[("argrpc-spin", 200)][5] > rows[("argrpc", 200)][5], out.stdout
 
 
 def test_an_unknown_stack_is_refused_by_name() -> None:
